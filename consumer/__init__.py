@@ -1,0 +1,1 @@
+"""rowbatch consumer: the subscriber service (grows in later issues)."""

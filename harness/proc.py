@@ -1,0 +1,119 @@
+"""One native service process: start, wait for readiness, keep its log, stop it by pid."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from harness.errors import ServiceFailed
+
+LOOPBACK = "127.0.0.1"
+_LOG_TAIL_CHARS = 4000
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((LOOPBACK, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def port_open(port: int, host: str = LOOPBACK) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.5):
+        return True
+    return False
+
+
+def log_tail(path: Path, chars: int = _LOG_TAIL_CHARS) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    return text[-chars:]
+
+
+@dataclass
+class ServiceProcess:
+    """A child process in its own session (so its whole group can be stopped by our pid)."""
+
+    name: str
+    argv: Sequence[str]
+    log_path: Path
+    env: Mapping[str, str] | None = None
+    cwd: Path | None = None
+    user: str | None = None
+    _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
+    _log: IO[bytes] | None = field(default=None, init=False, repr=False)
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = self.log_path.open("ab")
+        argv = list(self.argv)
+        if self.user is not None:
+            argv = ["runuser", "-u", self.user, "--", *argv]
+        self._proc = subprocess.Popen(
+            argv,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=dict(self.env) if self.env is not None else None,
+            cwd=self.cwd,
+            start_new_session=True,
+        )
+
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def fail(self, why: str) -> ServiceFailed:
+        """A ServiceFailed naming the service, the reason, and the tail of its log."""
+        return ServiceFailed(
+            f"{self.name}: {why}\n--- last lines of {self.log_path} ---\n{log_tail(self.log_path)}"
+        )
+
+    def wait_ready(
+        self,
+        check: Callable[[], bool],
+        timeout_s: float,
+        interval_s: float = 0.2,
+    ) -> None:
+        """Poll ``check`` until it returns True; raise (quoting the log) if the process dies or
+        the deadline passes. ``check`` makes a real client call and returns False on failure."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if not self.running():
+                code = self._proc.returncode if self._proc else None
+                raise self.fail(f"exited with code {code} before it was ready")
+            if check():
+                return
+            if time.monotonic() > deadline:
+                raise self.fail(f"not ready after {timeout_s:.0f} s")
+            time.sleep(interval_s)
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM the process group we started (by our child's pid), SIGKILL after grace."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=grace_s)
+        if self._log is not None:
+            self._log.close()
+            self._log = None

@@ -1,0 +1,1 @@
+"""rowbatch producer: the wire contract and the publishing side."""

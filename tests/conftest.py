@@ -1,0 +1,69 @@
+"""Session fixtures: each real service is started once, on first use, and stopped at the end
+(also when tests fail). Logs stay under ``.stack/test-run/logs/`` for debugging."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from harness.service import REPO_ROOT, RunDir
+
+if TYPE_CHECKING:
+    from harness.kafka import KafkaEndpoint
+    from harness.postgres import PostgresEndpoint
+    from harness.pubsub import PubSubEndpoint
+    from harness.triton import TritonEndpoint
+
+
+@pytest.fixture(scope="session")
+def run_dir() -> Iterator[RunDir]:
+    root = REPO_ROOT / ".stack" / "test-run"
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    yield RunDir(root)
+    # Data dirs go; logs stay for debugging a failed run.
+    for child in root.iterdir():
+        if child.name != "logs":
+            shutil.rmtree(child, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def kafka(run_dir: RunDir) -> Iterator[KafkaEndpoint]:
+    from harness.kafka import KafkaService
+
+    with KafkaService(run_dir) as endpoint:
+        yield endpoint
+
+
+@pytest.fixture(scope="session")
+def pubsub(run_dir: RunDir) -> Iterator[PubSubEndpoint]:
+    from harness.pubsub import PubSubService
+
+    with PubSubService(run_dir) as endpoint:
+        yield endpoint
+
+
+@pytest.fixture(scope="session")
+def triton(run_dir: RunDir) -> Iterator[TritonEndpoint]:
+    from harness.triton import TritonService
+
+    with TritonService(run_dir) as endpoint:
+        yield endpoint
+
+
+@pytest.fixture(scope="session")
+def postgres(run_dir: RunDir) -> Iterator[PostgresEndpoint]:
+    from harness.postgres import PostgresService
+
+    with PostgresService(run_dir) as endpoint:
+        yield endpoint
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if Path(str(item.fspath)).parent.name == "integration":
+            item.add_marker(pytest.mark.integration)
