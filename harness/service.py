@@ -78,4 +78,3 @@ class ManagedService(Generic[EndpointT]):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}>"
-
