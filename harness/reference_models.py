@@ -1,0 +1,51 @@
+"""What the test models in ``deploy/models/`` compute, in plain numpy, importable by tests.
+
+Each Triton ``model.py`` carries its own copy of the function below (a model file cannot import
+this project); keep the copies identical. ``tests/integration/test_triton_smoke.py`` checks
+that Triton's answers equal these functions' answers exactly.
+
+- ``embedder`` / ``chaos``: :func:`embed` — hashed character 3-grams of ``"^^" + text + "$$"``
+  (each 3-gram UTF-8 encoded, ``zlib.crc32`` modulo 384 picks a bucket, buckets count
+  occurrences), then L2-normalised. The padding gives every text, the empty one included,
+  at least two 3-grams, so the norm is never zero.
+- ``scorer``: :func:`score` — ``SCORE = tanh(mean(FEATURES)) + 0.01 * log1p(max(COUNT, 0))``
+  (computed in float64, returned as float32) and ``LABEL = 1 if SCORE > 0 else 0`` (int32).
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import numpy.typing as npt
+
+EMBEDDING_DIM = 384
+FEATURE_DIM = 16
+
+
+def embed(text: str) -> npt.NDArray[np.float32]:
+    """The 384-float, L2-normalised embedding of one text."""
+    padded = "^^" + text + "$$"
+    counts = np.zeros(EMBEDDING_DIM, dtype=np.float64)
+    for i in range(len(padded) - 2):
+        counts[zlib.crc32(padded[i : i + 3].encode("utf-8")) % EMBEDDING_DIM] += 1.0
+    return (counts / np.linalg.norm(counts)).astype(np.float32)
+
+
+def embed_batch(texts: list[str]) -> npt.NDArray[np.float32]:
+    """``embed`` for each text, stacked to shape ``[len(texts), 384]``."""
+    return (
+        np.stack([embed(t) for t in texts]) if texts else np.zeros((0, EMBEDDING_DIM), np.float32)
+    )
+
+
+def score(
+    features: npt.NDArray[np.float32], count: npt.NDArray[np.int64]
+) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int32]]:
+    """``SCORE`` ``[n, 1]`` float32 and ``LABEL`` ``[n, 1]`` int32 for ``FEATURES`` ``[n, 16]``
+    and ``COUNT`` ``[n, 1]``."""
+    mean = features.astype(np.float64).mean(axis=1, keepdims=True)
+    counts = np.maximum(count.astype(np.float64), 0.0)
+    scores = (np.tanh(mean) + 0.01 * np.log1p(counts)).astype(np.float32)
+    labels = (scores > 0).astype(np.int32)
+    return scores, labels

@@ -1,0 +1,206 @@
+"""Launcher for a real NVIDIA Triton Inference Server (the ``tritonserver`` binary shipped in the
+``nvidia-pytriton`` wheel), serving the Python-backend models in ``deploy/models/`` on CPU.
+
+Recipe (see HARNESS.md): a backend dir ``<run>/triton/backends/python/`` with the wheel's
+``libtriton_python.so``, ``triton_python_backend_utils.py`` and the Python-backend stub for the
+running Python; ``LD_LIBRARY_PATH`` naming the wheel's bundled libs and this Python's own
+``libpython`` (else the stub loads the system one and fails); this venv first on ``PATH`` so the
+stub imports numpy from it. Ports are picked free at start; everything binds to 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import logging
+import os
+import shutil
+import sys
+import sysconfig
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from harness.chaos import CONTROL_ENV, ChaosControl
+from harness.errors import PrerequisiteMissing
+from harness.proc import LOOPBACK, ServiceProcess, free_port
+from harness.service import REPO_ROOT, ManagedService, RunDir
+
+log = logging.getLogger(__name__)
+
+READY_TIMEOUT_S = 90.0
+_INSTALL_HINT = (
+    "pip install -e '.[dev]' (or '.[server]') into this venv; the nvidia-pytriton wheel that "
+    "ships tritonserver needs Linux x86_64/aarch64 with glibc >= 2.35 and a CPython built "
+    "with a shared libpython"
+)
+
+
+@dataclass(frozen=True)
+class TritonEndpoint:
+    """Where a running Triton listens, and the files that steer its test models."""
+
+    grpc_url: str  # "127.0.0.1:PORT", as tritonclient.grpc wants it
+    http_url: str  # "http://127.0.0.1:PORT"
+    metrics_url: str  # "http://127.0.0.1:PORT/metrics" (Prometheus text)
+    model_repository: Path
+    chaos_control: Path  # write harness.chaos.ChaosControl here to steer the "chaos" model
+
+
+@dataclass(frozen=True)
+class _Install:
+    """The pieces of the nvidia-pytriton wheel that running tritonserver needs."""
+
+    server: Path
+    backend_lib: Path
+    backend_utils: Path
+    stub: Path
+    bundled_libs: Path
+
+
+def _find_install() -> _Install:
+    """Locate the wheel's files for the running Python, or say what is missing."""
+    glibc = os.confstr("CS_GNU_LIBC_VERSION") if hasattr(os, "confstr") else None
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or spec.origin is None:
+        raise PrerequisiteMissing(
+            f"the nvidia-pytriton package in {sys.executable} (glibc here: {glibc})", _INSTALL_HINT
+        )
+    root = Path(spec.origin).parent
+    bundle = root / "tritonserver"
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    install = _Install(
+        server=bundle / "bin" / "tritonserver",
+        backend_lib=bundle / "backends" / "python" / "libtriton_python.so",
+        backend_utils=bundle / "backends" / "python" / "triton_python_backend_utils.py",
+        stub=bundle / "python_backend_stubs" / version / "triton_python_backend_stub",
+        bundled_libs=root.parent / "nvidia_pytriton.libs",
+    )
+    for path in (install.server, install.backend_lib, install.backend_utils, install.stub):
+        if not path.is_file():
+            raise PrerequisiteMissing(f"{path} (glibc here: {glibc})", _INSTALL_HINT)
+    return install
+
+
+def _libpython_dir() -> Path:
+    """The directory holding this Python's shared libpython, which the stub must load."""
+    libdir = Path(str(sysconfig.get_config_var("LIBDIR")))
+    name = f"libpython{sys.version_info.major}.{sys.version_info.minor}.so.1.0"
+    if not (libdir / name).exists():
+        raise PrerequisiteMissing(
+            f"{libdir / name} (the Python-backend stub needs this Python's shared libpython)",
+            "use a CPython built with --enable-shared "
+            "(pyenv: PYTHON_CONFIGURE_OPTS=--enable-shared pyenv install 3.11)",
+        )
+    return libdir
+
+
+def _backend_dir(install: _Install, root: Path) -> Path:
+    """``root/backends`` with ``python/`` laid out as tritonserver's --backend-directory wants."""
+    python_dir = root / "backends" / "python"
+    python_dir.mkdir(parents=True, exist_ok=True)
+    for src in (install.backend_lib, install.backend_utils, install.stub):
+        shutil.copy2(src, python_dir / src.name)
+    return root / "backends"
+
+
+def _model_names(repository: Path) -> list[str]:
+    return sorted(p.parent.name for p in repository.glob("*/config.pbtxt"))
+
+
+class TritonService(ManagedService[TritonEndpoint]):
+    """``with TritonService(run) as endpoint:`` runs tritonserver until the block ends."""
+
+    name = "triton"
+
+    def __init__(
+        self,
+        run: RunDir,
+        model_repository: Path = REPO_ROOT / "deploy" / "models",
+        chaos_control: Path | None = None,
+    ) -> None:
+        self.run = run
+        self.model_repository = model_repository.resolve()
+        self.chaos_control = chaos_control or run.data(self.name) / "chaos-control.json"
+        self._process: ServiceProcess | None = None
+
+    def _env(self, install: _Install) -> dict[str, str]:
+        env = dict(os.environ)
+        libs = [str(install.bundled_libs), str(_libpython_dir())]
+        if env.get("LD_LIBRARY_PATH"):
+            libs.append(env["LD_LIBRARY_PATH"])
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(libs)
+        bins = [str(Path(sys.prefix) / "bin"), str(Path(sys.executable).parent)]
+        env["PATH"] = os.pathsep.join([*dict.fromkeys(bins), env.get("PATH", "")])
+        env[CONTROL_ENV] = str(self.chaos_control)
+        return env
+
+    def start(self) -> TritonEndpoint:
+        install = _find_install()
+        models = _model_names(self.model_repository)
+        if not models:
+            raise PrerequisiteMissing(
+                f"models in {self.model_repository}", "a Triton model repository (deploy/models)"
+            )
+        backends = _backend_dir(install, self.run.data(self.name))
+        ChaosControl().write(self.chaos_control)  # every run starts without faults
+        grpc_port, http_port, metrics_port = free_port(), free_port(), free_port()
+        argv = [
+            str(install.server),
+            f"--model-repository={self.model_repository}",
+            f"--backend-directory={backends}",
+            f"--grpc-address={LOOPBACK}",
+            f"--grpc-port={grpc_port}",
+            "--allow-http=true",
+            f"--http-address={LOOPBACK}",
+            f"--http-port={http_port}",
+            f"--metrics-address={LOOPBACK}",
+            f"--metrics-port={metrics_port}",
+            "--allow-gpu-metrics=false",
+            "--exit-on-error=true",
+        ]
+        self._process = ServiceProcess(
+            self.name, argv, self.run.log(self.name), env=self._env(install)
+        )
+        started = time.monotonic()
+        self._process.start()
+        grpc_url = f"{LOOPBACK}:{grpc_port}"
+        self._process.wait_ready(_ReadyCheck(grpc_url, models), READY_TIMEOUT_S, 0.25)
+        log.info(
+            "triton ready in %.1f s on %s (models %s)", time.monotonic() - started, grpc_url, models
+        )
+        return TritonEndpoint(
+            grpc_url=grpc_url,
+            http_url=f"http://{LOOPBACK}:{http_port}",
+            metrics_url=f"http://{LOOPBACK}:{metrics_port}/metrics",
+            model_repository=self.model_repository,
+            chaos_control=self.chaos_control,
+        )
+
+    def stop(self) -> None:
+        if self._process is not None:
+            self._process.stop()
+            self._process = None
+
+
+class _ReadyCheck:
+    """True once a real gRPC client sees the server ready and every model ready."""
+
+    def __init__(self, grpc_url: str, models: list[str]) -> None:
+        self.grpc_url = grpc_url
+        self.models = models
+
+    def __call__(self) -> bool:
+        client = grpcclient.InferenceServerClient(self.grpc_url)
+        try:
+            return bool(client.is_server_ready(client_timeout=2.0)) and all(
+                client.is_model_ready(m, client_timeout=2.0) for m in self.models
+            )
+        except InferenceServerException:
+            return False
+        finally:
+            with contextlib.suppress(Exception):
+                client.close()
