@@ -1,0 +1,70 @@
+"""``python -m harness``: the local stack on 127.0.0.1.
+
+python -m harness up      start Kafka, Pub/Sub, Triton, PostgreSQL; print where; wait for Ctrl-C
+python -m harness demo    start the stack, run the demo job end to end, stop everything
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from harness.demo import run_demo
+from harness.errors import PrerequisiteMissing, ServiceFailed
+from harness.service import REPO_ROOT, RunDir
+from harness.stack import StackEndpoints, local_stack
+
+log = logging.getLogger("harness")
+
+
+def _print_stack(stack: StackEndpoints, env_file: Path) -> None:
+    print("rowbatch local stack (all on 127.0.0.1):")
+    print(stack.describe())
+    env_file.write_text("".join(f"export {k}={v}\n" for k, v in stack.env().items()))
+    print(f"Environment for other shells: source {env_file}")
+
+
+def _wait_for_signal() -> None:
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    print("Stack is up; Ctrl-C (or SIGTERM) stops it.")
+    stop.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m harness", description=__doc__.split("\n")[1])
+    parser.add_argument("command", choices=["up", "demo"])
+    parser.add_argument(
+        "--run-dir",
+        type=Path,
+        default=REPO_ROOT / ".stack" / "local",
+        help="where service data and logs go (default: .stack/local)",
+    )
+    parser.add_argument("--hold", action="store_true", help="demo: keep the stack up afterwards")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+
+    run = RunDir(args.run_dir)
+    run.root.mkdir(parents=True, exist_ok=True)
+    try:
+        with local_stack(run) as stack:
+            _print_stack(stack, run.root / "stack.env")
+            if args.command == "demo":
+                run_demo(stack)
+            if args.command == "up" or args.hold:
+                _wait_for_signal()
+    except (PrerequisiteMissing, ServiceFailed) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        print(f"Service logs: {run.root / 'logs'}", file=sys.stderr)
+        return 2
+    print("Stack stopped.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

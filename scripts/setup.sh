@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Idempotent set-up for a fresh machine of this project's kind (Debian 12, Python 3.11):
+# system packages (PostgreSQL, Java, Maven) when missing, then the project's venv.
+# Kafka's jars are fetched from Maven Central by the launcher on first start, into
+# ${ROWBATCH_CACHE:-~/.cache/rowbatch}, and reused after that.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+say() { printf '[setup] %s\n' "$*"; }
+die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
+
+PYTHON=${PYTHON:-python3}
+"$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+  || die "Python >= 3.11 is required (found $("$PYTHON" --version 2>&1)); set PYTHON=/path/to/python3.11"
+
+missing_pkgs=()
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing_pkgs+=(postgresql)
+command -v java >/dev/null 2>&1 || missing_pkgs+=(openjdk-17-jre-headless)
+command -v mvn >/dev/null 2>&1 || missing_pkgs+=(maven)
+if ((${#missing_pkgs[@]})); then
+  if [ "$(id -u)" -ne 0 ]; then
+    die "missing system packages: ${missing_pkgs[*]}. Install them: sudo apt-get install -y ${missing_pkgs[*]}"
+  fi
+  say "installing ${missing_pkgs[*]} from Debian's packages"
+  apt-get update -qq || die "apt-get update failed: no network to the Debian mirror?"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing_pkgs[@]}" >/dev/null \
+    || die "apt-get install ${missing_pkgs[*]} failed"
+fi
+if [ ! -x /usr/lib/google-cloud-sdk/platform/pubsub-emulator/bin/cloud-pubsub-emulator ]; then
+  command -v go >/dev/null 2>&1 \
+    || die "neither the Pub/Sub emulator (Debian package google-cloud-cli-pubsub-emulator) nor Go (for the pstest fallback) is installed"
+  say "Pub/Sub emulator absent: the tests will build and use Google's Go fake 'pstest'"
+fi
+
+stamp=.venv/.rowbatch-installed
+want=$(cat pyproject.toml | sha256sum | cut -c1-16)
+if [ ! -x .venv/bin/python ]; then
+  say "creating .venv"
+  "$PYTHON" -m venv .venv
+fi
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  say "installing rowbatch and its dev dependencies into .venv"
+  .venv/bin/python -m pip install -q --upgrade pip \
+    || die "pip could not reach the package index"
+  .venv/bin/python -m pip install -q -e '.[dev]' \
+    || die "pip install -e '.[dev]' failed (see above)"
+  echo "$want" > "$stamp"
+fi
+say "ready"
