@@ -36,7 +36,7 @@ def test_pubsub_rejects_unknown_forced_kind(monkeypatch: pytest.MonkeyPatch) -> 
 def test_pubsub_without_emulator_or_go(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("ROWBATCH_CACHE", str(tmp_path))
     monkeypatch.setattr(pubsub.shutil, "which", lambda name: None)
-    with pytest.raises(PrerequisiteMissing, match="pubsub-emulator.*Go"):
+    with pytest.raises(PrerequisiteMissing, match=r"pubsub-emulator.*Go"):
         pubsub._build_pstest()
 
 
