@@ -1,0 +1,187 @@
+"""Rows from many messages packed into batches of the model's preferred size.
+
+A message's rows are queued whole and taken in arrival order; a message may span several
+batches. A batch is flushed when ``target`` rows are waiting, or when the oldest waiting row has
+waited ``max_wait_s`` (the latency bound). The clock is injected, so tests need no sleeping.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A run of consecutive rows of one message inside a batch."""
+
+    message: int
+    """The message's ledger key."""
+    start: int
+    """Index, inside the message, of the segment's first row."""
+    stop: int
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+
+@dataclass(frozen=True, eq=False)
+class Batch:
+    """Rows ready for one inference call: table columns concatenated across segments."""
+
+    columns: Mapping[str, NDArray[Any]]
+    nulls: Mapping[str, NDArray[np.bool_]]
+    """Null masks (True = null) for the columns that have a null in this batch."""
+    segments: tuple[Segment, ...]
+    oldest_at: float
+    """Clock time at which the batch's oldest row was queued."""
+
+    def __len__(self) -> int:
+        return sum(len(s) for s in self.segments)
+
+    def offsets(self) -> list[int]:
+        """Row offset of each segment inside the batch."""
+        out, at = [], 0
+        for seg in self.segments:
+            out.append(at)
+            at += len(seg)
+        return out
+
+    def select(self, chosen: Sequence[Segment]) -> Batch:
+        """A batch of just ``chosen`` (segments of this batch), e.g. one half of a bisection."""
+        where = dict(zip(self.segments, self.offsets(), strict=True))
+        index = np.concatenate(
+            [np.arange(where[s], where[s] + len(s)) for s in chosen] or [np.empty(0, np.int64)]
+        )
+        nulls = {k: m[index] for k, m in self.nulls.items() if m[index].any()}
+        return Batch(
+            columns={k: v[index] for k, v in self.columns.items()},
+            nulls=nulls,
+            segments=tuple(chosen),
+            oldest_at=self.oldest_at,
+        )
+
+
+@dataclass
+class _Pending:
+    message: int
+    columns: Mapping[str, NDArray[Any]]
+    nulls: Mapping[str, NDArray[np.bool_]]
+    rows: int
+    queued_at: float
+    taken: int = 0
+
+    @property
+    def left(self) -> int:
+        return self.rows - self.taken
+
+
+@dataclass
+class Batcher:
+    target: int
+    max_wait_s: float
+    clock: Clock = time.monotonic
+    _queue: deque[_Pending] = field(default_factory=deque, init=False)
+    _rows: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        if self.target < 1:
+            raise ValueError(f"batch target size must be >= 1, got {self.target}")
+        if self.max_wait_s < 0:
+            raise ValueError(f"max_wait must be >= 0 s, got {self.max_wait_s}")
+
+    @property
+    def pending_rows(self) -> int:
+        return self._rows
+
+    def add(
+        self,
+        message: int,
+        columns: Mapping[str, NDArray[Any]],
+        nulls: Mapping[str, NDArray[np.bool_]] | None = None,
+    ) -> None:
+        """Queue all rows of one message (every column has the same number of rows)."""
+        rows = {int(v.shape[0]) for v in columns.values()}
+        if len(rows) > 1:
+            raise ValueError(f"message {message}: columns have different lengths {sorted(rows)}")
+        count = rows.pop() if rows else 0
+        if count == 0:
+            return
+        self._queue.append(_Pending(message, columns, nulls or {}, count, self.clock()))
+        self._rows += count
+
+    def next_deadline(self) -> float | None:
+        """Clock time at which the oldest queued row reaches ``max_wait_s``; None if empty."""
+        return self._queue[0].queued_at + self.max_wait_s if self._queue else None
+
+    def ready(self) -> Batch | None:
+        """A full batch if ``target`` rows wait, a partial one if the oldest row waited long
+        enough, else None."""
+        if self._rows >= self.target:
+            return self._take(self.target)
+        deadline = self.next_deadline()
+        if deadline is not None and self.clock() >= deadline:
+            return self._take(self._rows)
+        return None
+
+    def drain(self) -> list[Batch]:
+        """Everything queued, in batches of at most ``target`` rows (for shutdown)."""
+        out = []
+        while self._rows:
+            out.append(self._take(min(self.target, self._rows)))
+        return out
+
+    def discard(self, message: int) -> int:
+        """Drop the queued rows of ``message``; returns how many were dropped."""
+        dropped = 0
+        kept: deque[_Pending] = deque()
+        for p in self._queue:
+            if p.message == message:
+                dropped += p.left
+            else:
+                kept.append(p)
+        self._queue = kept
+        self._rows -= dropped
+        return dropped
+
+    def _take(self, want: int) -> Batch:
+        parts: list[tuple[_Pending, int, int]] = []
+        oldest = self._queue[0].queued_at
+        while want > 0:
+            head = self._queue[0]
+            n = min(want, head.left)
+            parts.append((head, head.taken, head.taken + n))
+            head.taken += n
+            want -= n
+            self._rows -= n
+            if head.left == 0:
+                self._queue.popleft()
+        return _concat(parts, oldest)
+
+
+def _concat(parts: Sequence[tuple[_Pending, int, int]], oldest: float) -> Batch:
+    names = list(parts[0][0].columns)
+    if len(parts) == 1:
+        p, a, b = parts[0]
+        columns = {k: p.columns[k][a:b] for k in names}
+    else:
+        columns = {k: np.concatenate([p.columns[k][a:b] for p, a, b in parts]) for k in names}
+    nulls: dict[str, NDArray[np.bool_]] = {}
+    for name in {k for p, _, _ in parts for k in p.nulls}:
+        masks = [
+            p.nulls[name][a:b] if name in p.nulls else np.zeros(b - a, np.bool_)
+            for p, a, b in parts
+        ]
+        mask = np.concatenate(masks)
+        if mask.any():
+            nulls[name] = mask
+    segments = tuple(Segment(p.message, a, b) for p, a, b in parts)
+    return Batch(columns=columns, nulls=nulls, segments=segments, oldest_at=oldest)

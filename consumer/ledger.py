@@ -1,0 +1,90 @@
+"""Per-message completion: a message may span several batches; it is settled (acked, or
+dead-lettered) only when every one of its rows is resolved (written, or failed)."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from consumer.sources.base import DeadLetterReason, Delivery
+
+
+@dataclass
+class Entry:
+    """One in-flight message."""
+
+    key: int
+    delivery: Delivery
+    chunk_id: str
+    rows: int
+    reserved_bytes: int
+    """What the message holds of the memory budget; released when it is settled."""
+    accepted_at: float
+    unresolved: int = field(init=False)
+    failure: DeadLetterReason | None = None
+    """Set when any of its rows failed for good: the whole message is dead-lettered."""
+    written_rows: int = 0
+
+    def __post_init__(self) -> None:
+        self.unresolved = self.rows
+
+
+class Ledger:
+    def __init__(self) -> None:
+        self._entries: dict[int, Entry] = {}
+        self._keys = itertools.count()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: int) -> bool:
+        return key in self._entries
+
+    def open(
+        self,
+        delivery: Delivery,
+        chunk_id: str,
+        rows: int,
+        reserved_bytes: int,
+        accepted_at: float,
+    ) -> Entry:
+        entry = Entry(next(self._keys), delivery, chunk_id, rows, reserved_bytes, accepted_at)
+        self._entries[entry.key] = entry
+        return entry
+
+    def get(self, key: int) -> Entry:
+        return self._entries[key]
+
+    def written(self, key: int, rows: int) -> Entry | None:
+        """``rows`` of message ``key`` are durably written; returns the entry once it is
+        complete (and forgets it)."""
+        entry = self._entries[key]
+        entry.written_rows += rows
+        return self._resolve(entry, rows)
+
+    def failed(self, key: int, rows: int, reason: DeadLetterReason) -> Entry | None:
+        """``rows`` of message ``key`` failed for good; the message will be dead-lettered.
+        Returns the entry once every row is resolved (and forgets it)."""
+        entry = self._entries[key]
+        if entry.failure is None:
+            entry.failure = reason
+        return self._resolve(entry, rows)
+
+    def _resolve(self, entry: Entry, rows: int) -> Entry | None:
+        if rows > entry.unresolved:
+            raise ValueError(
+                f"message {entry.delivery.message_id}: {rows} rows resolved but only "
+                f"{entry.unresolved} were outstanding"
+            )
+        entry.unresolved -= rows
+        if entry.unresolved == 0:
+            del self._entries[entry.key]
+            return entry
+        return None
+
+    def unsettled(self) -> list[Entry]:
+        """Messages not yet complete (for shutdown: they are nacked)."""
+        return list(self._entries.values())
+
+    def oldest_accepted_at(self) -> float | None:
+        return min((e.accepted_at for e in self._entries.values()), default=None)

@@ -1,0 +1,1 @@
+"""Where results go: one adapter per table store behind the ``Sink`` protocol."""

@@ -1,0 +1,1 @@
+"""Where messages come from: one adapter per broker behind the ``Source`` protocol."""

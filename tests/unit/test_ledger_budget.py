@@ -1,0 +1,66 @@
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from consumer.budget import ByteBudget
+from consumer.ledger import Ledger
+from consumer.sources.base import DeadLetterReason, Delivery, ReasonClass
+
+
+def delivery(mid: str) -> Delivery:
+    return Delivery(mid, b"", {}, 0.0, 1, "projects/p/subscriptions/s")
+
+
+def test_message_completes_when_all_rows_written_across_batches() -> None:
+    ledger = Ledger()
+    e = ledger.open(delivery("m1"), "c1", rows=10, reserved_bytes=100, accepted_at=0.0)
+    assert ledger.written(e.key, 4) is None
+    done = ledger.written(e.key, 6)
+    assert done is e
+    assert done.failure is None
+    assert len(ledger) == 0
+
+
+def test_failure_waits_for_the_rest_then_dead_letters_whole_message() -> None:
+    ledger = Ledger()
+    e = ledger.open(delivery("m1"), "c1", rows=10, reserved_bytes=100, accepted_at=0.0)
+    reason = DeadLetterReason(ReasonClass.REJECTED_BY_MODEL, "row 3 rejected")
+    assert ledger.failed(e.key, 5, reason) is None
+    done = ledger.written(e.key, 5)
+    assert done is not None
+    assert done.failure == reason
+    assert done.written_rows == 5
+
+
+def test_over_resolution_is_an_error() -> None:
+    ledger = Ledger()
+    e = ledger.open(delivery("m1"), "c1", rows=2, reserved_bytes=0, accepted_at=0.0)
+    with pytest.raises(ValueError, match="only 2 were outstanding"):
+        ledger.written(e.key, 3)
+
+
+async def test_budget_blocks_until_released() -> None:
+    budget = ByteBudget(100)
+    await budget.acquire(60)
+    waiter = asyncio.create_task(budget.acquire(50))
+    await asyncio.sleep(0)  # let the waiter run up to its wait (a yield, not a timed wait)
+    assert not waiter.done()
+    await budget.release(60)
+    await asyncio.wait_for(waiter, timeout=5)
+    assert budget.used == 50
+
+
+async def test_oversized_request_admitted_alone() -> None:
+    budget = ByteBudget(100)
+    await budget.acquire(500)
+    assert budget.used == 500
+    assert not budget.fits(1)
+    await budget.release(500)
+    assert budget.fits(100)
+
+
+def test_budget_rejects_nonsense() -> None:
+    with pytest.raises(ValueError, match="must be > 0"):
+        ByteBudget(0)
