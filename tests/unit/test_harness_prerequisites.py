@@ -14,7 +14,7 @@ from harness.service import RunDir
 
 def test_postgres_without_server(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(Path, "glob", lambda self, pattern: iter(()))
-    monkeypatch.setattr(postgres.shutil, "which", lambda name: None)
+    monkeypatch.setattr("shutil.which", lambda name: None)
     with pytest.raises(
         PrerequisiteMissing, match=r"PostgreSQL server.*apt-get install -y postgresql"
     ):
@@ -22,7 +22,7 @@ def test_postgres_without_server(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_kafka_without_java(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(kafka.shutil, "which", lambda name: None)
+    monkeypatch.setattr("shutil.which", lambda name: None)
     with pytest.raises(PrerequisiteMissing, match="java"):
         kafka._require_java()
 
@@ -35,7 +35,7 @@ def test_pubsub_rejects_unknown_forced_kind(monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_pubsub_without_emulator_or_go(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("ROWBATCH_CACHE", str(tmp_path))
-    monkeypatch.setattr(pubsub.shutil, "which", lambda name: None)
+    monkeypatch.setattr("shutil.which", lambda name: None)
     with pytest.raises(PrerequisiteMissing, match=r"pubsub-emulator.*Go"):
         pubsub._build_pstest()
 
