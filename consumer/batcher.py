@@ -55,12 +55,15 @@ class Batch:
             at += len(seg)
         return out
 
+    def rows_of(self, chosen: Sequence[Segment]) -> NDArray[np.int64]:
+        """Row positions, inside this batch, of the segments ``chosen``."""
+        where = dict(zip(self.segments, self.offsets(), strict=True))
+        parts = [np.arange(where[s], where[s] + len(s), dtype=np.int64) for s in chosen]
+        return np.concatenate(parts) if parts else np.empty(0, np.int64)
+
     def select(self, chosen: Sequence[Segment]) -> Batch:
         """A batch of just ``chosen`` (segments of this batch), e.g. one half of a bisection."""
-        where = dict(zip(self.segments, self.offsets(), strict=True))
-        index = np.concatenate(
-            [np.arange(where[s], where[s] + len(s)) for s in chosen] or [np.empty(0, np.int64)]
-        )
+        index = self.rows_of(chosen)
         nulls = {k: m[index] for k, m in self.nulls.items() if m[index].any()}
         return Batch(
             columns={k: v[index] for k, v in self.columns.items()},

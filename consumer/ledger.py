@@ -57,15 +57,19 @@ class Ledger:
 
     def written(self, key: int, rows: int) -> Entry | None:
         """``rows`` of message ``key`` are durably written; returns the entry once it is
-        complete (and forgets it)."""
-        entry = self._entries[key]
+        complete (and forgets it). A message already abandoned is ignored."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
         entry.written_rows += rows
         return self._resolve(entry, rows)
 
     def failed(self, key: int, rows: int, reason: DeadLetterReason) -> Entry | None:
         """``rows`` of message ``key`` failed for good; the message will be dead-lettered.
         Returns the entry once every row is resolved (and forgets it)."""
-        entry = self._entries[key]
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
         if entry.failure is None:
             entry.failure = reason
         return self._resolve(entry, rows)
@@ -81,6 +85,11 @@ class Ledger:
             del self._entries[entry.key]
             return entry
         return None
+
+    def abandon(self, key: int) -> Entry:
+        """Forget message ``key`` whatever its rows' state (it will be nacked and redelivered;
+        rows written meanwhile are rewritten idempotently)."""
+        return self._entries.pop(key)
 
     def unsettled(self) -> list[Entry]:
         """Messages not yet complete (for shutdown: they are nacked)."""

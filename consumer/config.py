@@ -1,0 +1,183 @@
+"""Consumer configuration: a TOML file plus ``ROWBATCH_*`` environment variables (which win),
+validated by pydantic with errors that name the field.
+
+Nested fields use ``__`` in the environment: ``ROWBATCH_MODEL__URL=127.0.0.1:8001``,
+``ROWBATCH_SINK__DSN=postgresql://...``. See ``deploy/consumer.example.toml``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+MiB = 1024 * 1024
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class PubSubSettings(_Section):
+    kind: Literal["pubsub"] = "pubsub"
+    subscription: str = Field(pattern=r"^projects/[^/]+/subscriptions/[^/]{3,}$")
+    """Full path: ``projects/P/subscriptions/S``."""
+    dead_letter_topic: str | None = Field(default=None, pattern=r"^projects/[^/]+/topics/[^/]{3,}$")
+    """Full path of the topic poison messages go to (``projects/P/topics/T``). May be left out
+    only when the subscription has its own dead-letter policy (poison is then nacked until
+    Pub/Sub moves it)."""
+    max_messages: int = Field(default=1000, ge=1)
+    """Flow control: most messages held (leased, not yet acked) at once."""
+    max_bytes: int = Field(default=64 * MiB, ge=1024)
+    """Flow control: most payload bytes held at once."""
+    max_lease_duration_s: float = Field(default=3600.0, gt=0)
+    """How long a held message's ack deadline keeps being extended; must exceed the worst
+    batch time plus backoff."""
+    max_delivery_attempts: int | None = Field(default=None, ge=1)
+    """Dead-letter a message delivered more often than this (needs a subscription with a
+    dead-letter policy, which is what makes Pub/Sub count attempts)."""
+
+
+class KafkaSettings(_Section):
+    kind: Literal["kafka"] = "kafka"
+    bootstrap_servers: str
+    topic: str
+    group_id: str
+    dead_letter_topic: str | None = None
+    """Default: ``<topic>.dlq``."""
+
+
+class ModelSettings(_Section):
+    url: str = "127.0.0.1:8001"
+    """Triton (KServe v2) gRPC address, ``host:port``."""
+    name: str
+    version: str = ""
+    """Empty: the server's choice (its version policy)."""
+    batch_size: int | None = Field(default=None, ge=1)
+    """Override the batch size read from the server (largest preferred size, else
+    max_batch_size). Required for servers without a ModelConfig RPC."""
+    max_wait_ms: float = Field(default=100.0, ge=0)
+    """Latency bound: a partial batch is sent once its oldest row has waited this long."""
+    max_in_flight: int | None = Field(default=None, ge=1)
+    """Batches in flight at once. Default: 2 x the model's instance count."""
+    timeout_s: float = Field(default=60.0, gt=0)
+    """Per-request deadline."""
+    backoff_initial_s: float = Field(default=0.1, gt=0)
+    backoff_max_s: float = Field(default=10.0, gt=0)
+
+
+class BindingSettings(_Section):
+    inputs: dict[str, str]
+    """Table column -> model input."""
+    outputs: dict[str, str]
+    """Model output -> result column."""
+    passthrough: list[str] = []
+    """Input columns copied into the result table (keys for joining back)."""
+
+
+class SqliteSinkSettings(_Section):
+    kind: Literal["sqlite"] = "sqlite"
+    path: Path = Path("rowbatch-results.sqlite")
+    table: str = "results"
+
+
+class PostgresSinkSettings(_Section):
+    kind: Literal["postgres"] = "postgres"
+    dsn: SecretStr
+    table: str = "results"
+    db_schema: str = "public"
+
+
+class ParquetSinkSettings(_Section):
+    kind: Literal["parquet"] = "parquet"
+    url: str
+    """A local path or an object-store URL understood by pyarrow (``s3://``, ``gs://``)."""
+    table: str = "results"
+
+
+SourceSettings = Annotated[PubSubSettings | KafkaSettings, Field(discriminator="kind")]
+SinkSettings = Annotated[
+    SqliteSinkSettings | PostgresSinkSettings | ParquetSinkSettings, Field(discriminator="kind")
+]
+
+
+class ServerSettings(_Section):
+    host: str = "127.0.0.1"
+    """Where /metrics, /healthz and /readyz listen (0.0.0.0 in a container)."""
+    port: int = Field(default=9464, ge=0, le=65535)
+    """0 picks a free port."""
+
+
+class ConsumerConfig(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="ROWBATCH_", env_nested_delimiter="__", frozen=True, extra="forbid"
+    )
+
+    source: SourceSettings
+    model: ModelSettings
+    binding: BindingSettings
+    sink: SinkSettings = SqliteSinkSettings()
+    budget_bytes: int = Field(default=256 * MiB, ge=MiB)
+    """Memory budget for everything in flight: decoded inputs plus expected outputs."""
+    shutdown_grace_s: float = Field(default=30.0, gt=0)
+    server: ServerSettings = ServerSettings()
+    log_format: Literal["json", "text"] = "json"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ConsumerConfig:
+        if self.model.backoff_initial_s > self.model.backoff_max_s:
+            raise ValueError("model.backoff_initial_s must not exceed model.backoff_max_s")
+        clash = set(self.binding.outputs.values()) & set(self.binding.passthrough)
+        if clash:
+            raise ValueError(
+                f"binding: result column(s) {sorted(clash)} are both passthrough and output"
+            )
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls))
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; the message lists each bad field."""
+
+
+def load_config(path: Path | None) -> ConsumerConfig:
+    """Read ``path`` (TOML) and the environment; raise ``ConfigError`` naming bad fields."""
+    if path is not None and not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+
+    class _FromFile(ConsumerConfig):
+        model_config = SettingsConfigDict(**{**ConsumerConfig.model_config, "toml_file": path})
+
+    try:
+        return _FromFile()  # type: ignore[call-arg]  # fields come from the file and env
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, path)) from None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read config {path}: {exc}") from None
+
+
+def _describe(exc: ValidationError, path: Path | None) -> str:
+    where = f"{path}" if path else "the environment"
+    lines = [f"invalid configuration ({where}; env vars ROWBATCH_<SECTION>__<FIELD> override):"]
+    for err in exc.errors():
+        field = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-"))
+        lines.append(f"  {field or '(top level)'}: {err['msg']}")
+    return "\n".join(lines)

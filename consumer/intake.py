@@ -1,0 +1,92 @@
+"""From a delivery to rows ready for the batcher, or to a dead-letter reason.
+
+Decoding and schema checks happen here, once per message, so a poison message never reaches a
+batch (and never costs an inference call)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from consumer.sources.base import DeadLetterReason, Delivery, ReasonClass
+from producer.errors import WireError
+from producer.wire import DecodedChunk, decode_chunk
+
+
+class PoisonMessage(Exception):
+    """This message can never be processed; it goes to the dead-letter topic."""
+
+    def __init__(self, reason: DeadLetterReason) -> None:
+        super().__init__(reason.message)
+        self.reason = reason
+
+
+@dataclass(frozen=True, eq=False)
+class MessageRows:
+    """The columns of one message that the consumer needs (model inputs and passthrough)."""
+
+    chunk_id: str
+    rows: int
+    columns: Mapping[str, NDArray[Any]]
+    nulls: Mapping[str, NDArray[np.bool_]]
+    nbytes: int
+    """Memory the decoded columns hold (text counted by its UTF-8 length plus overhead)."""
+
+
+SchemaCheck = Callable[[DecodedChunk], None]
+"""Raises an exception with a message naming the column when a chunk cannot feed the model."""
+
+
+def _nbytes(values: NDArray[Any]) -> int:
+    if values.dtype == np.object_:
+        # A Python str costs ~49 bytes plus its length; count that, not the 8-byte pointer.
+        return int(sum(len(v) + 49 if v is not None else 16 for v in values.flat)) + values.nbytes
+    return int(values.nbytes)
+
+
+class Intake:
+    def __init__(
+        self,
+        needed_columns: tuple[str, ...],
+        check: SchemaCheck,
+        max_delivery_attempts: int | None = None,
+    ) -> None:
+        self._needed = needed_columns
+        self._check = check
+        self._max_attempts = max_delivery_attempts
+
+    def rows(self, delivery: Delivery) -> MessageRows:
+        """Decode and check one delivery; raises ``PoisonMessage`` with the reason."""
+        if self._max_attempts is not None and delivery.delivery_attempt > self._max_attempts:
+            raise PoisonMessage(
+                DeadLetterReason(
+                    ReasonClass.TOO_MANY_ATTEMPTS,
+                    f"delivered {delivery.delivery_attempt} times "
+                    f"(max_delivery_attempts={self._max_attempts}) without being written",
+                )
+            )
+        try:
+            chunk = decode_chunk(delivery.payload, delivery.attributes)
+        except WireError as exc:
+            raise PoisonMessage(
+                DeadLetterReason(ReasonClass.UNDECODABLE, f"{type(exc).__name__}: {exc}")
+            ) from exc
+        try:
+            self._check(chunk)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise PoisonMessage(
+                DeadLetterReason(ReasonClass.SCHEMA_MISMATCH, f"{type(exc).__name__}: {exc}")
+            ) from exc
+        columns = {name: chunk.columns[name] for name in self._needed}
+        nulls = {name: chunk.null_masks[name] for name in self._needed if name in chunk.null_masks}
+        return MessageRows(
+            chunk_id=chunk.chunk_id,
+            rows=chunk.row_count,
+            columns=columns,
+            nulls=nulls,
+            nbytes=sum(_nbytes(v) for v in columns.values()),
+        )

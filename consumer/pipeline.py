@@ -1,0 +1,396 @@
+"""The engine: deliveries -> intake -> batcher -> inference -> sink -> ledger -> ack.
+
+Broker-agnostic: it sees a ``Source``, a ``Sink`` and a ``run_batch`` callable (tensor building
+plus inference with retries). Three kinds of tasks share one event loop:
+
+- *intake* takes deliveries while the budget has room and the server is not backing off,
+  decodes them (poison goes straight to the dead-letter topic) and queues their rows;
+- the *flusher* turns queued rows into batches (full, or partial after ``max_wait``);
+- *workers* (``max_in_flight`` of them) run batches, write results, and settle messages whose
+  rows are all written: ack, or, when any row failed for good, delete its written rows and
+  dead-letter the whole message (so each row ends up in exactly one place).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+import numpy as np
+from numpy.typing import NDArray
+
+from consumer.batcher import Batch, Batcher, Clock, Segment
+from consumer.budget import ByteBudget
+from consumer.intake import Intake, MessageRows, PoisonMessage
+from consumer.ledger import Entry, Ledger
+from consumer.metrics import Metrics
+from consumer.sinks.base import ResultRows, Sink
+from consumer.sources.base import DeadLetterReason, Delivery, ReasonClass, Source
+
+log = logging.getLogger(__name__)
+
+RunBatch = Callable[[Batch], Awaitable[Mapping[str, NDArray[Any]]]]
+"""Runs one batch through the model; returns model output name -> array (rows first)."""
+
+
+class Isolate(Protocol):
+    async def __call__(
+        self, batch: Batch, run: RunBatch
+    ) -> tuple[list[tuple[Batch, Mapping[str, NDArray[Any]]]], list[tuple[Segment, BaseException]]]:
+        """Split a batch the server rejected into sub-batches that succeed (with their
+        outputs) and single segments that fail alone."""
+
+
+@dataclass(frozen=True)
+class PipelineSettings:
+    target_batch_size: int
+    max_wait_s: float
+    max_in_flight: int
+    output_bytes_per_row: int
+    """Expected output bytes per row, reserved in the budget with the decoded inputs."""
+    outputs: Mapping[str, str]
+    """Model output -> result column."""
+    passthrough: tuple[str, ...]
+    model_name: str
+    model_version: str
+    grace_s: float = 30.0
+
+
+class Gate:
+    """Open unless someone is backing off; intake waits on it. Counts nested closers."""
+
+    def __init__(self, on_change: Callable[[bool], None]) -> None:
+        self._open = asyncio.Event()
+        self._open.set()
+        self._closers = 0
+        self._on_change = on_change
+
+    def close(self) -> None:
+        self._closers += 1
+        if self._closers == 1:
+            self._open.clear()
+            self._on_change(False)
+
+    def reopen(self) -> None:
+        self._closers = max(0, self._closers - 1)
+        if self._closers == 0 and not self._open.is_set():
+            self._open.set()
+            self._on_change(True)
+
+    async def wait(self) -> None:
+        await self._open.wait()
+
+    @property
+    def is_open(self) -> bool:
+        return self._open.is_set()
+
+
+class Pipeline:
+    def __init__(
+        self,
+        *,
+        source: Source,
+        sink: Sink,
+        intake: Intake,
+        run_batch: RunBatch,
+        isolate: Isolate,
+        is_poison: Callable[[BaseException], bool],
+        settings: PipelineSettings,
+        budget: ByteBudget,
+        metrics: Metrics,
+        clock: Clock = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self._source = source
+        self._sink = sink
+        self._intake = intake
+        self._run_batch = run_batch
+        self._isolate = isolate
+        self._is_poison = is_poison
+        self._s = settings
+        self._budget = budget
+        self._metrics = metrics
+        self._clock = clock
+        self._wall = wall
+        self._batcher = Batcher(settings.target_batch_size, settings.max_wait_s, clock)
+        self._ledger = Ledger()
+        self.gate = Gate(self._gate_changed)
+        self._rows_queued = asyncio.Event()
+        self._batches: asyncio.Queue[Batch | None] = asyncio.Queue(maxsize=settings.max_in_flight)
+        self._intake_done = asyncio.Event()
+        metrics.budget_bytes.set(budget.limit)
+        metrics.target_batch_size.set(settings.target_batch_size)
+
+    # --- backoff hooks (passed to the inferencer and the sink writer) -----------------------
+
+    def backoff_started(self) -> None:
+        self._metrics.backoffs.inc()
+        self.gate.close()
+
+    def backoff_ended(self) -> None:
+        self.gate.reopen()
+
+    def _gate_changed(self, is_open: bool) -> None:
+        self._metrics.paused.labels("backoff").set(0 if is_open else 1)
+        if is_open:
+            self._source.resume()
+        else:
+            self._source.pause()
+
+    # --- run ---------------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Consume until ``stop`` is set (or the source ends), then drain within the grace
+        period; what could not finish is nacked."""
+        workers = [
+            asyncio.create_task(self._worker(), name=f"rowbatch-worker-{i}")
+            for i in range(self._s.max_in_flight)
+        ]
+        intake = asyncio.create_task(self._intake_loop(), name="rowbatch-intake")
+        flusher = asyncio.create_task(self._flush_loop(), name="rowbatch-flusher")
+        stopper = asyncio.create_task(stop.wait())
+        try:
+            await asyncio.wait({intake, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            for task in (intake, stopper):
+                task.cancel()
+            await asyncio.gather(intake, stopper, return_exceptions=True)
+            if intake.done() and not intake.cancelled() and intake.exception() is not None:
+                log.error("intake failed", exc_info=intake.exception())
+            self._intake_done.set()
+            self._rows_queued.set()
+            await self._drain(flusher, workers)
+        finally:
+            for task in (flusher, *workers):
+                task.cancel()
+            await asyncio.gather(flusher, *workers, return_exceptions=True)
+            await self._nack_unsettled()
+
+    async def _drain(self, flusher: asyncio.Task[None], workers: list[asyncio.Task[None]]) -> None:
+        try:
+            async with asyncio.timeout(self._s.grace_s):
+                await flusher
+                for _ in workers:
+                    await self._batches.put(None)
+                await asyncio.gather(*workers)
+        except TimeoutError:
+            log.warning(
+                "grace period of %.0f s over with %d messages unsettled; nacking them",
+                self._s.grace_s,
+                len(self._ledger),
+            )
+
+    async def _nack_unsettled(self) -> None:
+        for entry in self._ledger.unsettled():
+            self._ledger.abandon(entry.key)
+            await self._settle_nack(entry)
+
+    # --- intake ------------------------------------------------------------------------------
+
+    async def _intake_loop(self) -> None:
+        async for delivery in self._source.deliveries():
+            self._metrics.messages_in.inc()
+            try:
+                rows = self._intake.rows(delivery)
+            except PoisonMessage as poison:
+                await self._dead_letter(delivery, poison.reason, None)
+                continue
+            reserve = rows.nbytes + rows.rows * self._s.output_bytes_per_row
+            try:
+                await self._admit(reserve)
+            except asyncio.CancelledError:
+                await self._nack(delivery)
+                raise
+            self._accept(delivery, rows, reserve)
+
+    async def _admit(self, reserve: int) -> None:
+        """Wait for the gate (not backing off) and for room in the budget."""
+        await self.gate.wait()
+        if not self._budget.fits(reserve):
+            self._metrics.paused.labels("budget").set(1)
+            self._source.pause()
+            try:
+                await self._budget.acquire(reserve)
+            finally:
+                self._metrics.paused.labels("budget").set(0)
+                if self.gate.is_open:
+                    self._source.resume()
+        else:
+            await self._budget.acquire(reserve)
+        self._metrics.inflight_bytes.set(self._budget.used)
+
+    def _accept(self, delivery: Delivery, rows: MessageRows, reserve: int) -> None:
+        entry = self._ledger.open(delivery, rows.chunk_id, rows.rows, reserve, self._clock())
+        self._metrics.rows_in.inc(rows.rows)
+        self._metrics.inflight_messages.set(len(self._ledger))
+        if rows.rows == 0:
+            done = self._ledger.written(entry.key, 0)
+            assert done is not None
+            asyncio.get_running_loop().create_task(self._settle(done))
+            return
+        self._batcher.add(entry.key, rows.columns, rows.nulls)
+        self._rows_queued.set()
+
+    # --- flusher -----------------------------------------------------------------------------
+
+    async def _flush_loop(self) -> None:
+        while True:
+            batch = self._batcher.ready()
+            if batch is not None:
+                await self._batches.put(batch)
+                continue
+            if self._intake_done.is_set():
+                for rest in self._batcher.drain():
+                    await self._batches.put(rest)
+                return
+            self._rows_queued.clear()
+            deadline = self._batcher.next_deadline()
+            timeout = None if deadline is None else max(0.0, deadline - self._clock())
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await self._rows_queued.wait()
+
+    # --- workers -----------------------------------------------------------------------------
+
+    async def _worker(self) -> None:
+        while (batch := await self._batches.get()) is not None:
+            self._metrics.inflight_batches.inc()
+            try:
+                await self._process(batch)
+            finally:
+                self._metrics.inflight_batches.dec()
+
+    async def _process(self, batch: Batch) -> None:
+        size = len(batch)
+        self._metrics.batch_size.observe(size)
+        self._metrics.batch_fill.observe(size / self._s.target_batch_size)
+        good: list[tuple[Batch, Mapping[str, NDArray[Any]]]]
+        bad: list[tuple[Segment, BaseException]]
+        try:
+            outputs = await self._timed_run(batch)
+            good, bad = [(batch, outputs)], []
+        except Exception as exc:
+            if not self._is_poison(exc):
+                self._metrics.inference_errors.labels("fatal").inc()
+                log.exception("inference failed for good; nacking the batch's messages")
+                await self._abandon(batch.segments)
+                return
+            self._metrics.inference_errors.labels("invalid-argument").inc()
+            good, bad = await self._isolate(batch, self._timed_run)
+        for sub, out in good:
+            await self._write(sub, out)
+        for segment, error in bad:
+            reason = DeadLetterReason(ReasonClass.REJECTED_BY_MODEL, f"{error}")
+            await self._fail(segment, reason)
+
+    async def _timed_run(self, batch: Batch) -> Mapping[str, NDArray[Any]]:
+        started = self._clock()
+        out = await self._run_batch(batch)
+        self._metrics.inference_seconds.observe(self._clock() - started)
+        return out
+
+    async def _write(self, batch: Batch, outputs: Mapping[str, NDArray[Any]]) -> None:
+        live = [s for s in batch.segments if s.message in self._ledger]
+        if not live:
+            return
+        if len(live) != len(batch.segments):  # some messages were abandoned meanwhile
+            index = batch.rows_of(live)
+            batch = batch.select(live)
+            outputs = {k: v[index] for k, v in outputs.items()}
+        rows = self._result_rows(batch, outputs)
+        started = self._clock()
+        await self._sink.write(rows)
+        self._metrics.sink_seconds.observe(self._clock() - started)
+        self._metrics.rows_written.inc(len(rows))
+        for segment in batch.segments:
+            done = self._ledger.written(segment.message, len(segment))
+            if done is not None:
+                await self._settle(done)
+
+    def _result_rows(self, batch: Batch, outputs: Mapping[str, NDArray[Any]]) -> ResultRows:
+        entries = [self._ledger.get(s.message) for s in batch.segments]
+        lengths = [len(s) for s in batch.segments]
+        return ResultRows(
+            chunk_id=np.repeat(np.array([e.chunk_id for e in entries], dtype=object), lengths),
+            row_index=np.concatenate(
+                [np.arange(s.start, s.stop, dtype=np.int64) for s in batch.segments]
+            ),
+            source_message_id=np.repeat(
+                np.array([e.delivery.message_id for e in entries], dtype=object), lengths
+            ),
+            passthrough={k: batch.columns[k] for k in self._s.passthrough},
+            outputs={col: outputs[out] for out, col in self._s.outputs.items()},
+            nulls={k: m for k, m in batch.nulls.items() if k in self._s.passthrough},
+            model_name=self._s.model_name,
+            model_version=self._s.model_version,
+            processed_at=datetime.fromtimestamp(self._wall(), UTC),
+        )
+
+    async def _fail(self, segment: Segment, reason: DeadLetterReason) -> None:
+        if segment.message not in self._ledger:
+            return
+        dropped = self._batcher.discard(segment.message)
+        done = self._ledger.failed(segment.message, len(segment) + dropped, reason)
+        if done is not None:
+            await self._settle(done)
+
+    async def _abandon(self, segments: Sequence[Segment]) -> None:
+        for segment in segments:
+            if segment.message in self._ledger:
+                self._batcher.discard(segment.message)
+                entry = self._ledger.abandon(segment.message)
+                await self._settle_nack(entry)
+
+    # --- settling ----------------------------------------------------------------------------
+
+    async def _settle(self, entry: Entry) -> None:
+        if entry.failure is None:
+            await self._source.ack(entry.delivery)
+            self._metrics.messages_acked.inc()
+            self._metrics.end_to_end_seconds.observe(
+                max(0.0, self._wall() - entry.delivery.publish_time)
+            )
+        else:
+            if entry.written_rows:
+                await self._sink.delete_chunks([entry.chunk_id])
+            await self._dead_letter(entry.delivery, entry.failure, entry.chunk_id)
+        await self._release(entry)
+
+    async def _settle_nack(self, entry: Entry) -> None:
+        await self._nack(entry.delivery)
+        await self._release(entry)
+
+    async def _release(self, entry: Entry) -> None:
+        await self._budget.release(entry.reserved_bytes)
+        self._metrics.inflight_bytes.set(self._budget.used)
+        self._metrics.inflight_messages.set(len(self._ledger))
+
+    async def _nack(self, delivery: Delivery) -> None:
+        await self._source.nack(delivery)
+        self._metrics.messages_nacked.inc()
+
+    async def _dead_letter(
+        self, delivery: Delivery, reason: DeadLetterReason, chunk_id: str | None
+    ) -> None:
+        try:
+            await self._source.dead_letter(delivery, reason)
+        except Exception:
+            log.exception(
+                "dead-letter publish failed for message %s (chunk %s); nacking it",
+                delivery.message_id,
+                chunk_id,
+            )
+            await self._nack(delivery)
+            return
+        self._metrics.dead_lettered.labels(reason.reason_class.value).inc()
+        log.warning(
+            "dead-lettered message %s: %s: %s",
+            delivery.message_id,
+            reason.reason_class.value,
+            reason.message,
+        )
