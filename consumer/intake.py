@@ -73,7 +73,7 @@ class Intake:
             chunk = decode_chunk(delivery.payload, delivery.attributes)
         except WireError as exc:
             raise PoisonMessage(
-                DeadLetterReason(ReasonClass.UNDECODABLE, f"{type(exc).__name__}: {exc}")
+                DeadLetterReason(ReasonClass.UNDECODABLE, f"{exc.reason}: {exc}")
             ) from exc
         try:
             self._check(chunk)

@@ -1,0 +1,36 @@
+from __future__ import annotations
+
+import asyncio
+
+from consumer.health import HealthServer
+from consumer.metrics import Metrics
+
+
+async def get(port: int, path: str) -> tuple[int, str]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    await writer.drain()
+    data = await asyncio.wait_for(reader.read(), timeout=5)
+    writer.close()
+    await writer.wait_closed()
+    head, _, body = data.decode().partition("\r\n\r\n")
+    return int(head.split()[1]), body
+
+
+async def test_endpoints() -> None:
+    metrics = Metrics()
+    metrics.rows_written.inc(7)
+    ready = False
+    server = HealthServer(metrics.registry, lambda: ready, "127.0.0.1", 0)
+    await server.start()
+    try:
+        assert await get(server.port, "/healthz") == (200, "ok\n")
+        assert (await get(server.port, "/readyz"))[0] == 503
+        ready = True
+        assert (await get(server.port, "/readyz"))[0] == 200
+        status, body = await get(server.port, "/metrics")
+        assert status == 200
+        assert "rowbatch_rows_written_total 7.0" in body
+        assert (await get(server.port, "/nope"))[0] == 404
+    finally:
+        await server.close()
