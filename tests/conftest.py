@@ -1,9 +1,11 @@
 """Session fixtures: each real service is started once, on first use, and stopped at the end
-(also when tests fail). Logs stay under ``.stack/test-run/logs/`` for debugging."""
+(also when tests fail). Logs stay under ``.stack/test-runs/<session>/logs/`` for debugging."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -19,11 +21,19 @@ if TYPE_CHECKING:
     from harness.triton import TritonEndpoint
 
 
+_KEEP_RUNS = 5
+
+
 @pytest.fixture(scope="session")
 def run_dir() -> Iterator[RunDir]:
-    root = REPO_ROOT / ".stack" / "test-run"
-    shutil.rmtree(root, ignore_errors=True)
-    root.mkdir(parents=True)
+    """A directory of this test session's own (two sessions at once never share one); the
+    last few sessions' logs are kept under ``.stack/test-runs/``."""
+    runs = REPO_ROOT / ".stack" / "test-runs"
+    runs.mkdir(parents=True, exist_ok=True)
+    for old in sorted(runs.iterdir())[:-_KEEP_RUNS]:
+        shutil.rmtree(old, ignore_errors=True)
+    root = runs / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    root.mkdir()
     yield RunDir(root)
     # Data dirs go; logs stay for debugging a failed run.
     for child in root.iterdir():

@@ -1,0 +1,208 @@
+"""Model specs from the server's config (as tritonclient's JSON renders it), discovery errors,
+the target batch size and bytes per row."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from tritonclient.utils import InferenceServerException
+
+from consumer.model import (
+    DEFAULT_BYTES_ESTIMATE,
+    ModelConfigError,
+    ModelConfigUnavailable,
+    ModelDiscoveryError,
+    ModelNotFound,
+    ModelServerUnavailable,
+    ModelSpec,
+    TensorSpec,
+    discover_model,
+    input_bytes_per_row,
+    output_bytes_per_row,
+    spec_from_config,
+    target_batch_size,
+)
+
+# What tritonclient 2.73 returns for deploy/models/scorer (64-bit numbers as strings).
+SCORER_CONFIG: dict[str, Any] = {
+    "name": "scorer",
+    "platform": "",
+    "backend": "python",
+    "version_policy": {"latest": {"num_versions": 1}},
+    "max_batch_size": 512,
+    "input": [
+        {"name": "FEATURES", "data_type": "TYPE_FP32", "format": "FORMAT_NONE", "dims": ["16"]},
+        {"name": "COUNT", "data_type": "TYPE_INT64", "dims": ["1"]},
+    ],
+    "output": [
+        {"name": "SCORE", "data_type": "TYPE_FP32", "dims": ["1"]},
+        {"name": "LABEL", "data_type": "TYPE_INT32", "dims": ["1"]},
+    ],
+    "dynamic_batching": {
+        "preferred_batch_size": [256],
+        "max_queue_delay_microseconds": "1000",
+        "default_queue_policy": {"max_queue_size": 2048},
+    },
+    "instance_group": [
+        {"name": "scorer_0", "kind": "KIND_CPU", "count": 1},
+        {"name": "scorer_1", "kind": "KIND_GPU", "count": 2, "gpus": [0]},
+    ],
+}
+
+EMBEDDER = ModelSpec(
+    name="embedder",
+    version="1",
+    inputs=(TensorSpec("TEXT", "BYTES", (1,)),),
+    outputs=(TensorSpec("EMBEDDING", "FP32", (384,)),),
+    max_batch_size=256,
+    preferred_batch_sizes=(64, 128),
+)
+
+
+def test_spec_from_config() -> None:
+    spec = spec_from_config(SCORER_CONFIG, "3")
+    assert spec == ModelSpec(
+        name="scorer",
+        version="3",
+        inputs=(TensorSpec("FEATURES", "FP32", (16,)), TensorSpec("COUNT", "INT64", (1,))),
+        outputs=(TensorSpec("SCORE", "FP32", (1,)), TensorSpec("LABEL", "INT32", (1,))),
+        max_batch_size=512,
+        preferred_batch_sizes=(256,),
+        instance_count=3,
+    )
+
+
+def test_spec_from_minimal_config_defaults() -> None:
+    # Zero/default fields are omitted: no max_batch_size, no batching, no instance groups,
+    # an instance group without count (means 1), TYPE_STRING is BYTES, dims missing = [].
+    config = {
+        "name": "m",
+        "input": [{"name": "T", "data_type": "TYPE_STRING", "dims": ["-1", "1"]}],
+        "output": [{"name": "O", "data_type": "TYPE_BOOL"}],
+    }
+    spec = spec_from_config(config)
+    assert spec.max_batch_size == 0
+    assert spec.preferred_batch_sizes == ()
+    assert spec.instance_count == 1
+    # A non-batching model's first dim is its row axis.
+    assert spec.inputs == (TensorSpec("T", "BYTES", (1,)),)
+    assert spec.outputs == (TensorSpec("O", "BOOL", ()),)
+    grouped = spec_from_config({**config, "instance_group": [{"kind": "KIND_CPU"}]})
+    assert grouped.instance_count == 1
+
+
+def test_tensor_spec_str_and_lookup() -> None:
+    assert str(EMBEDDER.inputs[0]) == "TEXT (BYTES [1])"
+    assert EMBEDDER.input("TEXT") is EMBEDDER.inputs[0]
+    assert EMBEDDER.input("EMBEDDING") is None
+    assert EMBEDDER.output("EMBEDDING") is EMBEDDER.outputs[0]
+
+
+class FakeClient:
+    """Answers get_model_config / get_model_metadata like tritonclient.grpc.aio."""
+
+    def __init__(
+        self,
+        config: dict[str, Any] | None = None,
+        error: InferenceServerException | None = None,
+        metadata: dict[str, Any] | InferenceServerException | None = None,
+    ) -> None:
+        self.config = config
+        self.error = error
+        self.metadata = metadata
+        self.calls: list[tuple[str, str]] = []
+
+    async def get_model_config(
+        self, name: str, version: str = "", *, as_json: bool, client_timeout: float | None
+    ) -> dict[str, Any]:
+        assert as_json
+        self.calls.append((name, version))
+        if self.error is not None:
+            raise self.error
+        assert self.config is not None
+        return {"config": self.config}
+
+    async def get_model_metadata(
+        self, name: str, *, as_json: bool, client_timeout: float | None
+    ) -> dict[str, Any]:
+        if isinstance(self.metadata, InferenceServerException):
+            raise self.metadata
+        return self.metadata or {}
+
+
+def error(status: str, message: str = "boom") -> InferenceServerException:
+    return InferenceServerException(msg=message, status=f"StatusCode.{status}")
+
+
+async def test_discover_resolves_the_latest_version() -> None:
+    client = FakeClient(SCORER_CONFIG, metadata={"name": "scorer", "versions": ["2", "10", "3"]})
+    spec = await discover_model(client, "scorer")
+    assert spec.version == "10"
+    assert client.calls == [("scorer", "")]
+    assert (await discover_model(client, "scorer", "2")).version == "2"
+
+
+async def test_discover_without_metadata_keeps_empty_version() -> None:
+    spec = await discover_model(FakeClient(SCORER_CONFIG, metadata=error("UNIMPLEMENTED")), "s")
+    assert spec.version == ""
+    assert spec.name == "scorer"
+    unnamed = {k: v for k, v in SCORER_CONFIG.items() if k != "name"}
+    assert (await discover_model(FakeClient(unnamed), "mine")).name == "mine"
+
+
+@pytest.mark.parametrize(
+    ("status", "exc_type", "words"),
+    [
+        ("UNIMPLEMENTED", ModelConfigUnavailable, ["batch_size", "tensor specs", "ModelConfig"]),
+        ("NOT_FOUND", ModelNotFound, ["'nope'", "grpc://h:1"]),
+        ("UNAVAILABLE", ModelServerUnavailable, ["cannot reach", "grpc://h:1"]),
+        ("INTERNAL", ModelDiscoveryError, ["INTERNAL", "boom"]),
+    ],
+)
+async def test_discover_errors(status: str, exc_type: type[Exception], words: list[str]) -> None:
+    client = FakeClient(error=error(status))
+    with pytest.raises(exc_type) as caught:
+        await discover_model(client, "nope", server="grpc://h:1")
+    for word in words:
+        assert word in str(caught.value)
+
+
+async def test_discover_refuses_a_config_without_tensors() -> None:
+    with pytest.raises(ModelDiscoveryError, match="without inputs or outputs"):
+        await discover_model(FakeClient({"name": "x", "max_batch_size": 8}), "x")
+
+
+def test_target_batch_size() -> None:
+    assert target_batch_size(EMBEDDER, None) == 128
+    assert target_batch_size(spec_from_config(SCORER_CONFIG)) == 256
+    no_preferred = ModelSpec("m", "", EMBEDDER.inputs, EMBEDDER.outputs, 32)
+    assert target_batch_size(no_preferred) == 32
+    assert target_batch_size(EMBEDDER, 200) == 200
+    assert target_batch_size(EMBEDDER, 256) == 256
+    with pytest.raises(ModelConfigError, match=r"exceeds .* max_batch_size 256"):
+        target_batch_size(EMBEDDER, 257)
+    with pytest.raises(ModelConfigError, match=">= 1"):
+        target_batch_size(EMBEDDER, 0)
+    unbatched = ModelSpec("m", "", EMBEDDER.inputs, EMBEDDER.outputs, 0)
+    with pytest.raises(ModelConfigError, match="configure batch_size"):
+        target_batch_size(unbatched)
+    assert target_batch_size(unbatched, 1000) == 1000  # no max to exceed
+
+
+def test_bytes_per_row() -> None:
+    scorer = spec_from_config(SCORER_CONFIG)
+    assert input_bytes_per_row(scorer) == 16 * 4 + 8
+    assert output_bytes_per_row(scorer) == 4 + 4
+    assert output_bytes_per_row(EMBEDDER) == 384 * 4
+    assert input_bytes_per_row(EMBEDDER) == DEFAULT_BYTES_ESTIMATE
+    assert input_bytes_per_row(EMBEDDER, bytes_estimate=100) == 100
+    variable = ModelSpec(
+        "v", "", (TensorSpec("X", "FP16", (-1, 3)),), (TensorSpec("Y", "BYTES", (2, -1)),), 8
+    )
+    assert input_bytes_per_row(variable) == 2 * 3
+    assert input_bytes_per_row(variable, variable_dim_estimate=10) == 10 * 3 * 2
+    assert output_bytes_per_row(variable, bytes_estimate=5, variable_dim_estimate=4) == 2 * 4 * 5
+    unknown = ModelSpec("u", "", (TensorSpec("X", "WEIRD", (1,)),), (), 8)
+    with pytest.raises(ModelConfigError, match="WEIRD"):
+        input_bytes_per_row(unknown)

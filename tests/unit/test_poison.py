@@ -1,0 +1,150 @@
+"""Bisecting a failed batch: every group ends up good or bad, bad is exactly the poison groups,
+and the number of attempts stays within 1 + 2 k ceil(log2 n)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Sequence
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from consumer.poison import Isolation, isolate
+
+
+class Poison(Exception):
+    pass
+
+
+class Transient(Exception):
+    pass
+
+
+class Model:
+    """Fails a request that holds any poison group; otherwise answers the groups' sum."""
+
+    def __init__(self, poison: set[int], transient_on: int | None = None) -> None:
+        self.poison = poison
+        self.transient_on = transient_on
+        self.attempts: list[list[int]] = []
+
+    async def __call__(self, groups: Sequence[int]) -> int:
+        self.attempts.append(list(groups))
+        await asyncio.sleep(0)
+        if self.transient_on is not None and len(self.attempts) == self.transient_on:
+            raise Transient("server down")
+        hit = sorted(set(groups) & self.poison)
+        if hit:
+            raise Poison(f"groups {hit}")
+        return sum(groups)
+
+
+def is_poison(exc: BaseException) -> bool:
+    return isinstance(exc, Poison)
+
+
+def bound(n: int, k: int) -> int:
+    return 1 + 2 * k * math.ceil(math.log2(n)) if n > 1 else 1
+
+
+def check(found: Isolation[int, int], groups: list[int], poison: set[int]) -> None:
+    good_groups = [g for part, _ in found.good for g in part]
+    bad_groups = [g for g, _ in found.bad]
+    assert sorted(good_groups + bad_groups) == sorted(groups)  # each group exactly once
+    assert set(bad_groups) == poison & set(groups)
+    assert not set(good_groups) & poison
+    for part, result in found.good:
+        assert result == sum(part)
+    for group, error in found.bad:
+        assert isinstance(error, Poison)
+        assert str(error) == f"groups [{group}]"
+    # Order is kept: good runs and bad groups, merged, give back the input order.
+    assert good_groups == [g for g in groups if g not in poison]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(min_value=0, max_value=200).flatmap(
+        lambda n: st.tuples(
+            st.just(n), st.sets(st.integers(min_value=0, max_value=max(n - 1, 0)), max_size=n)
+        )
+    )
+)
+async def test_isolate_properties(case: tuple[int, set[int]]) -> None:
+    n, poison = case
+    groups = list(range(n))
+    model = Model(poison)
+    found = await isolate(groups, model, is_poison)
+    check(found, groups, poison)
+    k = len(poison)
+    if n:
+        assert len(model.attempts) <= bound(n, k)
+    else:
+        assert model.attempts == []
+    if not poison and n:
+        assert found.good == [(groups, sum(groups))]
+        assert len(model.attempts) == 1
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 10_000), unique=True, min_size=1, max_size=64), st.data())
+async def test_known_failure_skips_the_first_attempt(
+    groups: list[int], data: st.DataObject
+) -> None:
+    poison = set(data.draw(st.lists(st.sampled_from(groups), min_size=1, unique=True)))
+    model = Model(poison)
+    first = Poison(f"groups {sorted(poison)}")
+    found = await isolate(groups, model, is_poison, known_failure=first)
+    check_known = [g for g, _ in found.bad]
+    assert set(check_known) == poison
+    assert groups not in model.attempts  # the whole was not tried again
+    assert len(model.attempts) <= bound(len(groups), len(poison)) - 1
+    if len(groups) == 1:
+        assert found.bad == [(groups[0], first)]
+
+
+async def test_halves_are_tried_in_order() -> None:
+    model = Model({5})
+    found = await isolate(list(range(8)), model, is_poison)
+    assert model.attempts == [
+        [0, 1, 2, 3, 4, 5, 6, 7],
+        [0, 1, 2, 3],
+        [4, 5, 6, 7],
+        [4, 5],
+        [4],
+        [5],
+        [6, 7],
+    ]
+    assert found.good == [([0, 1, 2, 3], 6), ([4], 4), ([6, 7], 13)]
+    assert [g for g, _ in found.bad] == [5]
+
+
+async def test_all_poison() -> None:
+    model = Model({0, 1, 2})
+    found = await isolate([0, 1, 2], model, is_poison)
+    assert found.good == []
+    assert [g for g, _ in found.bad] == [0, 1, 2]
+
+
+async def test_non_poison_error_propagates() -> None:
+    model = Model({3}, transient_on=3)  # whole fails (poison), first half ok, second half down
+    with pytest.raises(Transient, match="server down"):
+        await isolate([0, 1, 2, 3], model, is_poison)
+    assert len(model.attempts) == 3
+
+
+async def test_cancellation_propagates() -> None:
+    started = asyncio.Event()
+
+    async def hang(groups: Sequence[int]) -> int:
+        started.set()
+        await asyncio.Event().wait()
+        return 0
+
+    task = asyncio.create_task(isolate([1, 2], hang, is_poison))
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
