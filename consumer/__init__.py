@@ -1,1 +1,3 @@
 """rowbatch consumer: the subscriber service (grows in later issues)."""
+
+__version__ = "0.1.0"

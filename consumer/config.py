@@ -10,13 +10,23 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     TomlConfigSettingsSource,
 )
+
+from producer.columns import ColumnType
 
 MiB = 1024 * 1024
 
@@ -40,6 +50,9 @@ class PubSubSettings(_Section):
     max_lease_duration_s: float = Field(default=3600.0, gt=0)
     """How long a held message's ack deadline keeps being extended; must exceed the worst
     batch time plus backoff."""
+    max_lease_extension_s: float = Field(default=60.0, ge=10, le=600)
+    """Longest single ack-deadline extension: bounds how long a crashed consumer's messages
+    wait before Pub/Sub redelivers them."""
     max_delivery_attempts: int | None = Field(default=None, ge=1)
     """Dead-letter a message delivered more often than this (needs a subscription with a
     dead-letter policy, which is what makes Pub/Sub count attempts)."""
@@ -78,8 +91,20 @@ class BindingSettings(_Section):
     """Table column -> model input."""
     outputs: dict[str, str]
     """Model output -> result column."""
-    passthrough: list[str] = []
-    """Input columns copied into the result table (keys for joining back)."""
+    passthrough: dict[str, str] = {}
+    """Input columns copied into the result table (keys for joining back), with their wire
+    type (``int64``, ``string``, ``float32``, ``vector[float32,384]``...): messages whose
+    column has another type are dead-lettered as schema mismatches."""
+
+    @field_validator("passthrough")
+    @classmethod
+    def _types_parse(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, text in value.items():
+            try:
+                ColumnType.parse(text)
+            except ValueError as exc:
+                raise ValueError(f"passthrough column {name!r}: {exc}") from None
+        return value
 
 
 class SqliteSinkSettings(_Section):

@@ -62,6 +62,10 @@ class PipelineSettings:
     grace_s: float = 30.0
 
 
+class PipelineFailed(RuntimeError):
+    """A part of the pipeline failed for good; unsettled messages were nacked."""
+
+
 class Gate:
     """Open unless someone is backing off; intake waits on it. Counts nested closers."""
 
@@ -147,7 +151,9 @@ class Pipeline:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Consume until ``stop`` is set (or the source ends), then drain within the grace
-        period; what could not finish is nacked."""
+        period; what could not finish is nacked. If a part fails (a sink that keeps
+        refusing writes, a bug), nothing more is acked: unsettled messages are nacked and
+        ``PipelineFailed`` is raised, so the process exits and the broker redelivers."""
         workers = [
             asyncio.create_task(self._worker(), name=f"rowbatch-worker-{i}")
             for i in range(self._s.max_in_flight)
@@ -155,21 +161,29 @@ class Pipeline:
         intake = asyncio.create_task(self._intake_loop(), name="rowbatch-intake")
         flusher = asyncio.create_task(self._flush_loop(), name="rowbatch-flusher")
         stopper = asyncio.create_task(stop.wait())
+        failure: BaseException | None = None
         try:
-            await asyncio.wait({intake, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(
+                {intake, stopper, flusher, *workers}, return_when=asyncio.FIRST_COMPLETED
+            )
+            broken = [t for t in done if not t.cancelled() and t.exception() is not None]
             for task in (intake, stopper):
                 task.cancel()
             await asyncio.gather(intake, stopper, return_exceptions=True)
-            if intake.done() and not intake.cancelled() and intake.exception() is not None:
-                log.error("intake failed", exc_info=intake.exception())
-            self._intake_done.set()
-            self._rows_queued.set()
-            await self._drain(flusher, workers)
+            if broken:
+                failure = broken[0].exception()
+                log.error("%s failed; stopping", broken[0].get_name(), exc_info=failure)
+            else:
+                self._intake_done.set()
+                self._rows_queued.set()
+                await self._drain(flusher, workers)
         finally:
             for task in (flusher, *workers):
                 task.cancel()
             await asyncio.gather(flusher, *workers, return_exceptions=True)
             await self._nack_unsettled()
+        if failure is not None:
+            raise PipelineFailed(f"the consumer stopped: {failure}") from failure
 
     async def _drain(self, flusher: asyncio.Task[None], workers: list[asyncio.Task[None]]) -> None:
         try:

@@ -72,12 +72,19 @@ class PubSubEndpoint:
 
     def publisher(self) -> pubsub_v1.PublisherClient:
         """A publisher bound to this endpoint, whatever the process environment says."""
-        transport = PublisherGrpcTransport(channel=grpc.insecure_channel(self.host))
+        transport = PublisherGrpcTransport(channel=self._channel())
         return pubsub_v1.PublisherClient(transport=transport)
 
     def subscriber(self) -> pubsub_v1.SubscriberClient:
-        transport = SubscriberGrpcTransport(channel=grpc.insecure_channel(self.host))
+        transport = SubscriberGrpcTransport(channel=self._channel())
         return pubsub_v1.SubscriberClient(transport=transport)
+
+    def _channel(self) -> grpc.Channel:
+        # No 4 MiB cap: streaming-pull responses carry up to ~10 MB of messages.
+        return grpc.insecure_channel(
+            self.host,
+            options=[("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)],
+        )
 
 
 def _choose_kind() -> PubSubKind:

@@ -19,13 +19,17 @@ output columns                one per model output, as configured (vectors as ar
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Any, Protocol
+from datetime import UTC, datetime
+from typing import Any, ParamSpec, Protocol, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -83,3 +87,108 @@ class Sink(Protocol):
         dead-lettered, so its rows end up in exactly one place."""
 
     async def close(self) -> None: ...
+
+
+# --- helpers shared by the sink adapters ------------------------------------------------------
+
+#: The columns every result table has besides the passthrough and output columns.
+KEY_COLUMNS: tuple[str, str] = ("chunk_id", "row_index")
+RESERVED_COLUMNS: frozenset[str] = frozenset(
+    {*KEY_COLUMNS, "source_message_id", "model_name", "model_version", "processed_at"}
+)
+
+#: ``ColumnSpec.dtype`` values every sink stores. Text is ``object`` (or ``str``); raw bytes
+#: (the wire's ``bytes`` kind) are ``bytes``. Vectors (``dim > 0``) take the numeric and bool ones.
+SCALAR_DTYPES: frozenset[str] = frozenset(
+    {
+        "bool",
+        *(f"int{b}" for b in (8, 16, 32, 64)),
+        *(f"uint{b}" for b in (8, 16, 32)),
+        *(f"float{b}" for b in (16, 32, 64)),
+        "object",
+        "str",
+        "bytes",
+    }
+)
+TEXT_DTYPES: frozenset[str] = frozenset({"object", "str"})
+VECTOR_DTYPES: frozenset[str] = SCALAR_DTYPES - TEXT_DTYPES - {"bytes"}
+
+
+class SinkError(Exception):
+    """A sink cannot do what was asked; the message says what and why."""
+
+
+class TableMismatch(SinkError):
+    """The table exists but does not fit the ``TableSpec``; ``column`` names the culprit."""
+
+    def __init__(self, message: str, *, column: str) -> None:
+        super().__init__(message)
+        self.column = column
+
+
+def table_columns(table: TableSpec) -> tuple[ColumnSpec, ...]:
+    """The non-key columns in table order (passthrough, then outputs), after checking names are
+    distinct, not reserved, and of a dtype every sink stores."""
+    seen: set[str] = set()
+    for col in (*table.passthrough, *table.outputs):
+        if col.name in RESERVED_COLUMNS:
+            raise SinkError(f"column {col.name!r} of table {table.name!r} is a reserved name")
+        if col.name in seen:
+            raise SinkError(f"column {col.name!r} appears twice in table {table.name!r}")
+        seen.add(col.name)
+        allowed = VECTOR_DTYPES if col.dim > 0 else SCALAR_DTYPES
+        if col.dim < 0 or col.dtype not in allowed:
+            kind = f"vector (dim {col.dim})" if col.dim else "scalar"
+            raise SinkError(
+                f"column {col.name!r}: dtype {col.dtype!r} is not supported for a {kind} "
+                f"column; supported: {', '.join(sorted(allowed))}"
+            )
+    return (*table.passthrough, *table.outputs)
+
+
+def column_values(rows: ResultRows, col: ColumnSpec) -> NDArray[Any]:
+    """The column's array from ``rows``, checked to have one value (or ``dim`` vector) a row."""
+    source = rows.passthrough if col.name in rows.passthrough else rows.outputs
+    values = source.get(col.name)
+    if values is None:
+        raise SinkError(f"result rows lack column {col.name!r}")
+    want: tuple[int, ...] = (len(rows), col.dim) if col.dim else (len(rows),)
+    if values.shape != want:
+        raise SinkError(f"column {col.name!r} has shape {values.shape}, expected {want}")
+    return values
+
+
+def null_mask(rows: ResultRows, name: str) -> NDArray[np.bool_] | None:
+    """The column's null mask (``True`` = null) when it has a null, else ``None``."""
+    mask = rows.nulls.get(name)
+    if mask is None or not mask.any():
+        return None
+    if mask.shape != (len(rows),):
+        raise SinkError(f"null mask of {name!r} has shape {mask.shape}, expected ({len(rows)},)")
+    return mask
+
+
+def check_keys(rows: ResultRows) -> None:
+    """The key and id arrays have one entry per row."""
+    n = len(rows)
+    for name in ("row_index", "source_message_id"):
+        if getattr(rows, name).shape != (n,):
+            raise SinkError(f"{name} has shape {getattr(rows, name).shape}, expected ({n},)")
+
+
+def utc(moment: datetime) -> datetime:
+    """``moment`` in UTC; a naive datetime is taken to be UTC already."""
+    if moment.tzinfo is None:
+        return moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC)
+
+
+async def in_thread(func: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+    """``asyncio.to_thread`` that, when cancelled, still waits for the thread's work to end
+    before re-raising, so a sink never has two threads on one connection or file at once."""
+    task = asyncio.ensure_future(asyncio.to_thread(func, *args, **kwargs))
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await asyncio.wait([task])
+        raise

@@ -55,6 +55,10 @@ class Source(Protocol):
     """A broker adapter. ``deliveries`` yields messages until ``close``; every delivery must be
     settled by exactly one of ``ack``, ``nack`` or ``dead_letter``."""
 
+    async def check(self) -> None:
+        """Start-up check: the broker answers, the subscription/topic and the dead-letter
+        topic exist. Raises an error naming what is missing."""
+
     def deliveries(self) -> AsyncIterator[Delivery]: ...
 
     async def ack(self, delivery: Delivery) -> None:

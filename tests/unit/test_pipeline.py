@@ -15,7 +15,7 @@ from consumer.batcher import Batch, Segment
 from consumer.budget import ByteBudget
 from consumer.intake import Intake
 from consumer.metrics import Metrics
-from consumer.pipeline import Pipeline, PipelineSettings, RunBatch
+from consumer.pipeline import Pipeline, PipelineFailed, PipelineSettings, RunBatch
 from consumer.sinks.base import ResultRows, TableSpec
 from consumer.sources.base import DeadLetterReason, Delivery
 from producer.wire import DecodedChunk, encode_chunk
@@ -35,6 +35,9 @@ class FakeSource:
         self.pauses = 0
         self.resumes = 0
         self.paused = asyncio.Event()
+
+    async def check(self) -> None:
+        pass
 
     async def deliveries(self) -> AsyncIterator[Delivery]:
         for d in self._deliveries:
@@ -240,3 +243,15 @@ async def test_empty_message_is_acked(rows: int) -> None:
     source, sink = FakeSource([message(0, [])]), FakeSink()
     await asyncio.wait_for(make(source, sink).run(asyncio.Event()), 10)
     assert source.acked == ["m0"]
+
+
+async def test_a_failing_sink_stops_the_pipeline_and_nacks() -> None:
+    class BrokenSink(FakeSink):
+        async def write(self, rows: ResultRows) -> None:
+            raise OSError("disk full")
+
+    source = FakeSource([message(i, [1.0]) for i in range(4)], hold_open=True)
+    with pytest.raises(PipelineFailed, match="disk full"):
+        await asyncio.wait_for(make(source, BrokenSink()).run(asyncio.Event()), 10)
+    assert not source.acked
+    assert sorted(source.nacked) == ["m0", "m1", "m2", "m3"]

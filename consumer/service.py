@@ -1,0 +1,259 @@
+"""Wiring: build the parts from the configuration, run the pipeline until a stop signal, close
+everything. No logic of its own beyond start-up checks."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from numpy.typing import NDArray
+
+from consumer import __version__
+from consumer.batcher import Batch, Segment
+from consumer.binding import Binding, build_inputs, check_binding, check_chunk
+from consumer.budget import ByteBudget
+from consumer.config import (
+    ConsumerConfig,
+    KafkaSettings,
+    ParquetSinkSettings,
+    PostgresSinkSettings,
+    PubSubSettings,
+    SinkSettings,
+    SourceSettings,
+)
+from consumer.health import HealthServer
+from consumer.inference import (
+    InferenceClient,
+    PoisonInferenceError,
+    RetryingInferencer,
+    RetryPolicy,
+)
+from consumer.intake import Intake
+from consumer.metrics import Metrics
+from consumer.model import ModelSpec, output_bytes_per_row, target_batch_size
+from consumer.pipeline import Pipeline, PipelineSettings, RunBatch
+from consumer.poison import isolate
+from consumer.sinks.base import ColumnSpec, Sink, TableSpec
+from consumer.sources.base import Source
+from producer.columns import ColumnType
+from producer.wire import DecodedChunk
+
+log = logging.getLogger(__name__)
+
+_DATATYPE_DTYPES = {
+    "FP32": "float32",
+    "FP64": "float64",
+    "INT64": "int64",
+    "INT32": "int32",
+    "BOOL": "bool",
+    "BYTES": "object",
+}
+
+
+class StartupError(RuntimeError):
+    """The consumer cannot start; the message says what to fix."""
+
+
+@dataclass
+class Running:
+    """Handles a caller (the CLI, a test) can look at while the consumer runs."""
+
+    metrics: Metrics
+    health: HealthServer
+    spec: ModelSpec
+    target_batch_size: int
+    ready: bool = False
+
+
+def make_source(settings: SourceSettings) -> Source:
+    if isinstance(settings, PubSubSettings):
+        from consumer.sources.pubsub import PubSubSource, PubSubSourceConfig  # noqa: PLC0415
+
+        return PubSubSource(
+            PubSubSourceConfig(
+                subscription=settings.subscription,
+                dead_letter_topic=settings.dead_letter_topic,
+                max_messages=settings.max_messages,
+                max_bytes=settings.max_bytes,
+                max_lease_duration_s=settings.max_lease_duration_s,
+                max_lease_extension_s=settings.max_lease_extension_s,
+                max_delivery_attempts=settings.max_delivery_attempts,
+                consumer_version=__version__,
+            )
+        )
+    assert isinstance(settings, KafkaSettings)
+    raise StartupError("source.kind = 'kafka' is not available yet (issue #5); use 'pubsub'")
+
+
+def make_sink(settings: SinkSettings) -> Sink:
+    if isinstance(settings, PostgresSinkSettings):
+        from consumer.sinks.postgres import PostgresSink  # noqa: PLC0415
+
+        return PostgresSink(settings.dsn.get_secret_value(), schema=settings.db_schema)
+    if isinstance(settings, ParquetSinkSettings):
+        from consumer.sinks.parquet import ParquetSink  # noqa: PLC0415
+
+        return ParquetSink(settings.url)
+    from consumer.sinks.sqlite import SqliteSink  # noqa: PLC0415
+
+    return SqliteSink(settings.path)
+
+
+def _column_spec(name: str, ctype: ColumnType) -> ColumnSpec:
+    dtype = "object" if ctype.kind.value in ("string", "bytes") else str(ctype.numpy_dtype)
+    return ColumnSpec(name, dtype, ctype.dim or 0)
+
+
+def table_spec(config: ConsumerConfig, spec: ModelSpec) -> TableSpec:
+    passthrough = tuple(
+        _column_spec(name, ColumnType.parse(text))
+        for name, text in config.binding.passthrough.items()
+    )
+    outputs = []
+    for out_name, column in config.binding.outputs.items():
+        tensor = spec.output(out_name)
+        assert tensor is not None  # check_binding saw it
+        dims = [d for d in tensor.dims if d != 1] or [0]
+        outputs.append(ColumnSpec(column, _DATATYPE_DTYPES[tensor.datatype], dims[0]))
+    return TableSpec(config.sink.table, passthrough, tuple(outputs))
+
+
+def make_check(
+    spec: ModelSpec, binding: Binding, passthrough: Mapping[str, ColumnType]
+) -> Callable[[DecodedChunk], None]:
+    """Per-message check: bound columns fit the model, passthrough columns have their type."""
+
+    def check(chunk: DecodedChunk) -> None:
+        missing = [c for c in binding.columns if c not in chunk.columns]
+        if missing:
+            raise ValueError(
+                f"chunk of table {chunk.table!r} lacks column(s) {missing}; "
+                f"it has {sorted(chunk.columns)}"
+            )
+        for name, want in passthrough.items():
+            got = chunk.types[name]
+            if got != want:
+                raise ValueError(f"passthrough column {name!r} is {got}, configured as {want}")
+        check_chunk(spec, binding, {name: chunk.column(name) for name in binding.columns})
+
+    return check
+
+
+def make_run_batch(inferencer: RetryingInferencer, spec: ModelSpec, binding: Binding) -> RunBatch:
+    """Tensor building plus inference; outputs come back as result columns want them: one
+    value per row for single-element outputs, ``rows x n`` for vectors."""
+    outputs = list(binding.outputs)
+
+    async def run(batch: Batch) -> Mapping[str, NDArray[Any]]:
+        inputs = build_inputs(spec, binding, batch.columns, batch.nulls)
+        answer = await inferencer.infer(inputs, outputs)
+        rows = len(batch)
+        return {
+            name: a.reshape(rows) if a.size == rows else a.reshape(rows, -1)
+            for name, a in answer.items()
+        }
+
+    return run
+
+
+def is_poison(exc: BaseException) -> bool:
+    return isinstance(exc, PoisonInferenceError)
+
+
+async def isolate_batch(
+    batch: Batch, run: RunBatch
+) -> tuple[list[tuple[Batch, Mapping[str, NDArray[Any]]]], list[tuple[Segment, BaseException]]]:
+    found = await isolate(list(batch.segments), lambda segs: run(batch.select(segs)), is_poison)
+    return [(batch.select(segs), out) for segs, out in found.good], found.bad
+
+
+async def run_consumer(
+    config: ConsumerConfig,
+    stop: asyncio.Event,
+    *,
+    source: Source | None = None,
+    sink: Sink | None = None,
+    on_running: Callable[[Running], None] | None = None,
+) -> None:
+    """Run until ``stop`` is set (or the source ends). ``source``/``sink`` replace the
+    configured ones (tests)."""
+    binding = Binding(
+        inputs=config.binding.inputs,
+        outputs=config.binding.outputs,
+        passthrough=tuple(config.binding.passthrough),
+    )
+    passthrough_types = {k: ColumnType.parse(v) for k, v in config.binding.passthrough.items()}
+    client = InferenceClient(config.model.url, config.model.name, config.model.version)
+    try:
+        spec = await client.discover()
+        check_binding(spec, binding)
+        target = target_batch_size(spec, config.model.batch_size)
+        metrics = Metrics()
+        health = HealthServer(
+            metrics.registry, lambda: running.ready, config.server.host, config.server.port
+        )
+        running = Running(metrics, health, spec, target)
+        sink = sink or make_sink(config.sink)
+        await sink.open(table_spec(config, spec))
+        source = source or make_source(config.source)
+        await source.check()
+        pipeline: Pipeline
+        inferencer = RetryingInferencer(
+            client,
+            RetryPolicy(
+                initial_backoff_s=config.model.backoff_initial_s,
+                max_backoff_s=config.model.backoff_max_s,
+                client_timeout_s=config.model.timeout_s,
+            ),
+            on_backoff_start=lambda: pipeline.backoff_started(),  # noqa: PLW0108 (bound later)
+            on_backoff_end=lambda: pipeline.backoff_ended(),  # noqa: PLW0108
+        )
+        pipeline = Pipeline(
+            source=source,
+            sink=sink,
+            intake=Intake(
+                binding.columns,
+                make_check(spec, binding, passthrough_types),
+                getattr(config.source, "max_delivery_attempts", None),
+            ),
+            run_batch=make_run_batch(inferencer, spec, binding),
+            isolate=isolate_batch,
+            is_poison=is_poison,
+            settings=PipelineSettings(
+                target_batch_size=target,
+                max_wait_s=config.model.max_wait_ms / 1000,
+                max_in_flight=config.model.max_in_flight or 2 * spec.instance_count,
+                output_bytes_per_row=output_bytes_per_row(spec),
+                outputs=binding.outputs,
+                passthrough=binding.passthrough,
+                model_name=spec.name,
+                model_version=spec.version,
+                grace_s=config.shutdown_grace_s,
+            ),
+            budget=ByteBudget(config.budget_bytes),
+            metrics=metrics,
+        )
+        await health.start()
+        log.info(
+            "consuming: model %s v%s, batch size %d, %d in flight, budget %d bytes",
+            spec.name,
+            spec.version or "?",
+            target,
+            config.model.max_in_flight or 2 * spec.instance_count,
+            config.budget_bytes,
+        )
+        running.ready = True
+        if on_running is not None:
+            on_running(running)
+        try:
+            await pipeline.run(stop)
+        finally:
+            running.ready = False
+            await source.close()
+            await sink.close()
+            await health.close()
+    finally:
+        await client.close()

@@ -1,0 +1,232 @@
+"""One behaviour suite, run against every sink: idempotent writes under redelivery, deletes,
+reopening, and a clear error for an incompatible existing table."""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psycopg
+import pyarrow.dataset as ds
+import pytest
+from psycopg import sql
+
+from consumer.sinks.base import ResultRows, Sink, SinkError, TableMismatch, TableSpec
+from consumer.sinks.parquet import ParquetSink
+from consumer.sinks.postgres import PostgresSink
+from consumer.sinks.sqlite import SqliteSink
+from tests.sink_data import (
+    CHUNK_ROWS,
+    DIM,
+    FIRST_WRITE,
+    Snapshot,
+    batches,
+    check_snapshot,
+    make_rows,
+    spec,
+)
+
+TOTAL = 10_000
+BATCH = 1_000
+
+
+@dataclass
+class Target:
+    """A sink kind at one location: makes sinks there and reads the table back."""
+
+    kind: str
+    table: TableSpec
+    make: Callable[[], Sink]
+    read: Callable[[], Snapshot]
+
+    @contextlib.asynccontextmanager
+    async def opened(self, table: TableSpec | None = None) -> AsyncIterator[Sink]:
+        sink = self.make()
+        await sink.open(table or self.table)
+        try:
+            yield sink
+        finally:
+            await sink.close()
+
+
+def _read_sqlite(path: Path, name: str) -> Snapshot:
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        rows = conn.execute(
+            "SELECT chunk_id, row_index, source_message_id, doc_id, title, embedding, score,"
+            f' model_name, model_version, processed_at FROM "{name}"'
+        ).fetchall()
+    cols = list(zip(*rows, strict=True)) if rows else [()] * 10
+    return {
+        "chunk_id": list(cols[0]),
+        "row_index": list(cols[1]),
+        "source_message_id": list(cols[2]),
+        "doc_id": list(cols[3]),
+        "title": list(cols[4]),
+        "embedding": np.array([np.frombuffer(b, "<f4") for b in cols[5]]).reshape(-1, DIM),
+        "score": list(cols[6]),
+        "model_name": list(cols[7]),
+        "model_version": list(cols[8]),
+        "processed_at": [datetime.fromisoformat(t) for t in cols[9]],
+    }
+
+
+def _read_postgres(dsn: str, name: str) -> Snapshot:
+    query = sql.SQL(
+        "SELECT chunk_id, row_index, source_message_id, doc_id, title, embedding, score,"
+        " model_name, model_version, processed_at FROM {}"
+    ).format(sql.Identifier(name))
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(query).fetchall()
+    cols = list(zip(*rows, strict=True)) if rows else [()] * 10
+    names = ["chunk_id", "row_index", "source_message_id", "doc_id", "title"]
+    snap: dict[str, Any] = {n: list(c) for n, c in zip(names, cols, strict=False)}
+    snap["embedding"] = np.array(cols[5], dtype=np.float32).reshape(-1, DIM)
+    snap.update(
+        score=list(cols[6]),
+        model_name=list(cols[7]),
+        model_version=list(cols[8]),
+        processed_at=list(cols[9]),
+    )
+    return snap
+
+
+_COLUMNS = (
+    "chunk_id",
+    "row_index",
+    "source_message_id",
+    "doc_id",
+    "title",
+    "embedding",
+    "score",
+    "model_name",
+    "model_version",
+    "processed_at",
+)
+
+
+def _read_parquet(root: Path) -> Snapshot:
+    table = ds.dataset(root, partitioning="hive").to_table()
+    if table.num_rows == 0:
+        return {name: np.zeros((0, DIM)) if name == "embedding" else [] for name in _COLUMNS}
+    snap: dict[str, Any] = {
+        name: table[name].to_pylist()
+        for name in table.column_names
+        if name not in ("embedding", "processed_date")
+    }
+    emb = table["embedding"].combine_chunks()
+    snap["embedding"] = emb.values.to_numpy().reshape(-1, DIM)
+    dates = table["processed_date"].to_pylist()
+    assert all(
+        str(d) == t.astimezone(UTC).date().isoformat()
+        for d, t in zip(dates, snap["processed_at"], strict=True)
+    )
+    return snap
+
+
+@pytest.fixture(params=["sqlite", "postgres", "parquet"])
+def target(request: pytest.FixtureRequest, tmp_path: Path) -> Target:
+    name = f"results_{uuid.uuid4().hex[:10]}"
+    table = spec(name)
+    kind: str = request.param
+    if kind == "sqlite":
+        db = tmp_path / "results.sqlite"
+        return Target(kind, table, lambda: SqliteSink(db), lambda: _read_sqlite(db, name))
+    if kind == "postgres":
+        dsn: str = request.getfixturevalue("postgres").dsn
+        return Target(kind, table, lambda: PostgresSink(dsn), lambda: _read_postgres(dsn, name))
+    root = tmp_path / "dataset"
+    return Target(kind, table, lambda: ParquetSink(str(root)), lambda: _read_parquet(root))
+
+
+async def _write_all(sink: Sink, rows: list[ResultRows]) -> None:
+    for batch in rows:
+        await sink.write(batch)
+
+
+async def test_redelivered_rows_are_written_once(target: Target) -> None:
+    async with target.opened() as sink:
+        await _write_all(sink, [make_rows(b) for b in batches(0, TOTAL, BATCH)])
+        check_snapshot(target.read(), range(TOTAL))
+        # Redelivery: overlapping batches with other boundaries, a later time (another day for
+        # the Parquet partitions) and a newer model version: the first write stays.
+        later = FIRST_WRITE + timedelta(days=1, hours=3)
+        again = [
+            np.arange(500, 2_500),
+            np.arange(9_500, TOTAL),
+            np.concatenate([np.arange(3_000, 3_100), np.arange(3_000, 3_050)]),  # repeats
+            np.arange(4_321, 4_322),
+        ]
+        for g in again:
+            await sink.write(make_rows(g, processed_at=later, model_version="2"))
+    check_snapshot(target.read(), range(TOTAL))
+
+
+async def test_partly_new_batches_write_only_the_new_rows(target: Target) -> None:
+    async with target.opened() as sink:
+        await sink.write(make_rows(np.arange(0, 600)))
+        await sink.write(make_rows(np.arange(400, 1_000), garbage_under_nulls=True))
+        await sink.write(make_rows(np.arange(1_000, 1_200)[::-1]))  # any row order
+    check_snapshot(target.read(), range(1_200))
+
+
+async def test_delete_chunks_removes_exactly_those_chunks(target: Target) -> None:
+    async with target.opened() as sink:
+        await _write_all(sink, [make_rows(b) for b in batches(0, TOTAL, BATCH)])
+        await sink.delete_chunks(["chunk-003", "chunk-007", "chunk-unknown"])
+        gone = set(range(3 * CHUNK_ROWS, 4 * CHUNK_ROWS)) | set(
+            range(7 * CHUNK_ROWS, 8 * CHUNK_ROWS)
+        )
+        check_snapshot(target.read(), sorted(set(range(TOTAL)) - gone))
+        await sink.delete_chunks(["chunk-003"])  # again: nothing left to remove
+        await sink.delete_chunks([])
+        check_snapshot(target.read(), sorted(set(range(TOTAL)) - gone))
+        # A deleted chunk can be written again (the keys are free).
+        await sink.write(make_rows(np.arange(3 * CHUNK_ROWS, 4 * CHUNK_ROWS)))
+        await sink.write(make_rows(np.arange(TOTAL)))
+    check_snapshot(target.read(), range(TOTAL))
+
+
+async def test_reopening_an_existing_table_keeps_writes_idempotent(target: Target) -> None:
+    async with target.opened() as sink:
+        await sink.write(make_rows(np.arange(0, 3_000)))
+    async with target.opened() as sink:
+        await sink.write(make_rows(np.arange(2_000, 5_000)))
+    async with target.opened() as sink:
+        await sink.delete_chunks(["chunk-000"])
+    check_snapshot(target.read(), range(CHUNK_ROWS, 5_000))
+
+
+@pytest.mark.parametrize(
+    ("change", "column"),
+    [({"dim": 256}, "embedding"), ({"score": "float64"}, "score")],
+)
+async def test_an_incompatible_existing_table_is_named(
+    target: Target, change: dict[str, Any], column: str
+) -> None:
+    async with target.opened() as sink:
+        await sink.write(make_rows(np.arange(10)))
+    other = spec(target.table.name, **change)
+    with pytest.raises(TableMismatch, match=column) as caught:
+        async with target.opened(other):
+            pass
+    assert caught.value.column == column
+    async with target.opened() as sink:  # the original spec still opens
+        await sink.write(make_rows(np.arange(10)))
+    check_snapshot(target.read(), range(10))
+
+
+async def test_empty_writes_and_unopened_sinks(target: Target) -> None:
+    sink = target.make()
+    with pytest.raises(SinkError, match="not open"):
+        await sink.write(make_rows(np.arange(3)))
+    async with target.opened() as sink:
+        await sink.write(make_rows(np.arange(0)))
+        await sink.delete_chunks([])
+    check_snapshot(target.read(), [])
