@@ -13,7 +13,7 @@ import sys
 import threading
 from pathlib import Path
 
-from harness.demo import run_demo
+from harness.demo import DemoSettings, run_demo
 from harness.errors import PrerequisiteMissing, ServiceFailed
 from harness.service import REPO_ROOT, RunDir
 from harness.stack import StackEndpoints, local_stack
@@ -46,6 +46,10 @@ def main(argv: list[str] | None = None) -> int:
         help="where service data and logs go (default: .stack/local)",
     )
     parser.add_argument("--hold", action="store_true", help="demo: keep the stack up afterwards")
+    parser.add_argument("--rows", type=int, default=50_000, help="demo: rows to publish")
+    parser.add_argument(
+        "--sink", choices=["sqlite", "postgres"], default="sqlite", help="demo: result table"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
 
@@ -55,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         with local_stack(run) as stack:
             _print_stack(stack, run.root / "stack.env")
             if args.command == "demo":
-                run_demo(stack)
+                run_demo(stack, DemoSettings(rows=args.rows, sink=args.sink))
             if args.command == "up" or args.hold:
                 _wait_for_signal()
     except (PrerequisiteMissing, ServiceFailed) as exc:
