@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from consumer.config import ConfigError, PubSubSettings, SqliteSinkSettings, load_config
+from harness.service import REPO_ROOT
+
+EXAMPLE = REPO_ROOT / "deploy" / "consumer.example.toml"
+
+
+def test_example_config_is_valid() -> None:
+    config = load_config(EXAMPLE)
+    assert isinstance(config.source, PubSubSettings)
+    assert isinstance(config.sink, SqliteSinkSettings)
+    assert config.binding.passthrough == {"id": "int64"}
+    assert config.model.max_wait_ms == 100
+
+
+def test_environment_overrides_the_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ROWBATCH_MODEL__URL", "triton:8001")
+    monkeypatch.setenv("ROWBATCH_BUDGET_BYTES", "1048576")
+    config = load_config(EXAMPLE)
+    assert config.model.url == "triton:8001"
+    assert config.model.name == "embedder"  # the rest of [model] still comes from the file
+    assert config.budget_bytes == 1048576
+
+
+def test_errors_name_the_field(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text(
+        EXAMPLE.read_text()
+        .replace(
+            'subscription = "projects/my-project/subscriptions/rows-embedder"',
+            'subscription = "rows"',
+        )
+        .replace('passthrough = { id = "int64" }', 'passthrough = { id = "int65" }')
+    )
+    with pytest.raises(ConfigError) as err:
+        load_config(bad)
+    text = str(err.value)
+    assert "source.pubsub.subscription" in text
+    assert "passthrough" in text
+    assert "int65" in text
+
+
+def test_missing_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"nope\.toml does not exist"):
+        load_config(tmp_path / "nope.toml")
