@@ -323,7 +323,33 @@ def _pubsub_unreachable(exc: BaseException) -> bool:
     )
 
 
-class PubSubPublisher:
+class _StartClose:
+    """``async with publisher:`` calls ``start`` (closing again if it fails) and ``close``."""
+
+    async def start(self) -> None:
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        try:
+            await self.start()
+        except BaseException:
+            await self.close()
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+
+class PubSubPublisher(_StartClose):
     """Publishes to a Google Cloud Pub/Sub topic with ``google-cloud-pubsub``.
 
     ``client``: a ``PublisherClient`` to use (the caller keeps ownership and its settings);
@@ -409,22 +435,6 @@ class PubSubPublisher:
         return PUBSUB_MAX_MESSAGE_BYTES - framing
 
     # -- lifecycle
-
-    async def __aenter__(self) -> Self:
-        try:
-            await self.start()
-        except BaseException:
-            await self.close()
-            raise
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     def _make_client(self) -> Any:
         kwargs: dict[str, Any] = {
@@ -640,7 +650,7 @@ def check_kafka_compression(compression: str | None) -> None:
         )
 
 
-class KafkaPublisher:
+class KafkaPublisher(_StartClose):
     """Publishes to an Apache Kafka topic with ``aiokafka``: an idempotent producer with
     ``acks=all``; each chunk is one record whose headers are the chunk headers and whose key is
     the ordering key, else the chunk id (so a re-sent chunk lands on the same partition).
@@ -706,22 +716,6 @@ class KafkaPublisher:
     @property
     def max_chunk_bytes(self) -> int:
         return self._max_message_bytes - _KAFKA_FRAMING_BYTES - _KAFKA_MAX_KEY_BYTES
-
-    async def __aenter__(self) -> Self:
-        try:
-            await self.start()
-        except BaseException:
-            await self.close()
-            raise
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     def _make_producer(self) -> Any:
         factory = self._factory if self._factory is not None else AIOKafkaProducer
