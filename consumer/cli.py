@@ -21,11 +21,26 @@ from consumer.binding import Binding, BindingError, check_binding
 from consumer.config import ConfigError, ConsumerConfig, load_config
 from consumer.inference import InferenceClient
 from consumer.model import ModelConfigError, ModelDiscoveryError, target_batch_size
+from consumer.pipeline import PipelineFailed
 from consumer.service import StartupError, run_consumer
+from consumer.sinks.base import SinkError
+from consumer.sources.kafka import KafkaConfigError, KafkaUnreachable
+from consumer.sources.pubsub import PubSubConfigError, PubSubUnreachable
 
 log = logging.getLogger("consumer")
 
-_STARTUP_ERRORS = (ConfigError, StartupError, BindingError, ModelDiscoveryError, ModelConfigError)
+_STARTUP_ERRORS = (
+    ConfigError,
+    StartupError,
+    BindingError,
+    ModelDiscoveryError,
+    ModelConfigError,
+    SinkError,
+    PubSubConfigError,
+    PubSubUnreachable,
+    KafkaConfigError,
+    KafkaUnreachable,
+)
 
 
 async def _run(config: ConsumerConfig) -> None:
@@ -67,4 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     except _STARTUP_ERRORS as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except PipelineFailed as exc:
+        print(f"error: {exc} (unsettled messages were nacked)", file=sys.stderr)
+        return 1
     return 0

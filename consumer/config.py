@@ -59,12 +59,83 @@ class PubSubSettings(_Section):
 
 
 class KafkaSettings(_Section):
+    """An Apache Kafka topic read as a consumer-group member (offsets committed by the
+    consumer, per partition, only below records that are written or dead-lettered). See
+    ``consumer/sources/kafka.py`` for how commits, rebalances, pauses and retries work."""
+
     kind: Literal["kafka"] = "kafka"
-    bootstrap_servers: str
-    topic: str
-    group_id: str
-    dead_letter_topic: str | None = None
-    """Default: ``<topic>.dlq``."""
+    bootstrap_servers: str = Field(min_length=1)
+    """``host:port[,host:port...]``."""
+    topic: str = Field(min_length=1)
+    group_id: str = Field(min_length=1)
+    dead_letter_topic: str | None = Field(default=None, min_length=1)
+    """Default: ``<topic>.dlq``. Must exist."""
+    max_delivery_attempts: int | None = Field(default=5, ge=1)
+    """Dead-letter a record (``too-many-attempts``) after this many local deliveries; nacked
+    records are re-delivered by this consumer with a growing delay (``redelivery_backoff_s``
+    doubling up to ``redelivery_backoff_max_s``). None: retry forever."""
+    redelivery_backoff_s: float = Field(default=1.0, gt=0)
+    redelivery_backoff_max_s: float = Field(default=30.0, gt=0)
+    commit_interval_s: float = Field(default=1.0, gt=0)
+    """How often completed offsets are committed (also on rebalance and shutdown)."""
+    revoke_grace_s: float = Field(default=5.0, ge=0)
+    """On a rebalance, how long to wait for in-flight records of revoked partitions."""
+    session_timeout_ms: int = Field(default=10_000, ge=1000)
+    heartbeat_interval_ms: int = Field(default=3_000, ge=100)
+    max_poll_interval_ms: int = Field(default=300_000, ge=1000)
+    rebalance_timeout_ms: int = Field(default=30_000, ge=1000)
+    """Must exceed ``revoke_grace_s`` plus the commit timeout (10 s)."""
+    auto_offset_reset: Literal["earliest", "latest"] = "earliest"
+    """Where a group without committed offsets starts."""
+    max_buffered_records: int = Field(default=2000, ge=1)
+    """Records fetched ahead of the pipeline; fetching pauses beyond this."""
+    max_buffered_bytes: int = Field(default=64 * MiB, ge=1024)
+    max_partition_fetch_bytes: int = Field(default=MiB, ge=1024)
+    """At least the topic's ``max.message.bytes``."""
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    """Required with ``SASL_PLAINTEXT``/``SASL_SSL``."""
+    sasl_plain_username: str | None = None
+    sasl_plain_password: SecretStr | None = None
+    ssl_cafile: Path | None = None
+    """CA bundle for the brokers' certificates (default: the system's)."""
+    ssl_certfile: Path | None = None
+    """Client certificate for mutual TLS (with ``ssl_keyfile``)."""
+    ssl_keyfile: Path | None = None
+    ssl_key_password: SecretStr | None = None
+    client_id: str = "rowbatch-consumer"
+    lag_interval_s: float = Field(default=5.0, gt=0)
+    """How often per-partition lag is measured and exported."""
+    target_latency_s: float = Field(default=30.0, gt=0)
+    """For ``rowbatch_desired_replicas``: how long the backlog may take to clear."""
+    rows_per_s_per_replica: float | None = Field(default=None, gt=0)
+    """For ``rowbatch_desired_replicas``: what one replica sustains; None: measured while
+    the replica is saturated."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> KafkaSettings:
+        sasl = self.security_protocol.startswith("SASL_")
+        if sasl and (
+            self.sasl_mechanism is None
+            or not self.sasl_plain_username
+            or self.sasl_plain_password is None
+        ):
+            raise ValueError(
+                f"security_protocol {self.security_protocol} needs sasl_mechanism, "
+                f"sasl_plain_username and sasl_plain_password"
+            )
+        if not sasl and self.sasl_mechanism is not None:
+            raise ValueError("sasl_mechanism needs security_protocol SASL_PLAINTEXT or SASL_SSL")
+        tls = self.security_protocol in ("SSL", "SASL_SSL")
+        if not tls and (self.ssl_cafile or self.ssl_certfile or self.ssl_keyfile):
+            raise ValueError("ssl_* files need security_protocol SSL or SASL_SSL")
+        if self.heartbeat_interval_ms >= self.session_timeout_ms:
+            raise ValueError("heartbeat_interval_ms must be below session_timeout_ms")
+        if (self.revoke_grace_s + 10) * 1000 >= self.rebalance_timeout_ms:
+            raise ValueError("rebalance_timeout_ms must exceed (revoke_grace_s + 10 s)")
+        if self.dead_letter_topic == self.topic:
+            raise ValueError("dead_letter_topic must differ from topic")
+        return self
 
 
 class ModelSettings(_Section):

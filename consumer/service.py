@@ -7,9 +7,12 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from numpy.typing import NDArray
+from prometheus_client import CollectorRegistry
+from pydantic import SecretStr
 
 from consumer import __version__
 from consumer.batcher import Batch, Segment
@@ -68,7 +71,9 @@ class Running:
     ready: bool = False
 
 
-def make_source(settings: SourceSettings) -> Source:
+def make_source(settings: SourceSettings, registry: CollectorRegistry | None = None) -> Source:
+    """The configured source. ``registry``: the consumer's metrics registry (the Kafka source
+    exports its lag gauges there)."""
     if isinstance(settings, PubSubSettings):
         from consumer.sources.pubsub import PubSubSource, PubSubSourceConfig  # noqa: PLC0415
 
@@ -85,7 +90,54 @@ def make_source(settings: SourceSettings) -> Source:
             )
         )
     assert isinstance(settings, KafkaSettings)
-    raise StartupError("source.kind = 'kafka' is not available yet (issue #5); use 'pubsub'")
+    from consumer.sources.kafka import (  # noqa: PLC0415
+        KafkaConfigError,
+        KafkaSource,
+        KafkaSourceConfig,
+    )
+
+    def secret(value: SecretStr | None) -> str | None:
+        return None if value is None else value.get_secret_value()
+
+    def path(value: Path | None) -> str | None:
+        return None if value is None else str(value)
+
+    try:
+        config = KafkaSourceConfig(
+            bootstrap_servers=settings.bootstrap_servers,
+            topic=settings.topic,
+            group_id=settings.group_id,
+            dead_letter_topic=settings.dead_letter_topic,
+            max_delivery_attempts=settings.max_delivery_attempts,
+            redelivery_backoff_s=settings.redelivery_backoff_s,
+            redelivery_backoff_max_s=settings.redelivery_backoff_max_s,
+            commit_interval_s=settings.commit_interval_s,
+            revoke_grace_s=settings.revoke_grace_s,
+            session_timeout_ms=settings.session_timeout_ms,
+            heartbeat_interval_ms=settings.heartbeat_interval_ms,
+            max_poll_interval_ms=settings.max_poll_interval_ms,
+            rebalance_timeout_ms=settings.rebalance_timeout_ms,
+            auto_offset_reset=settings.auto_offset_reset,
+            max_buffered_records=settings.max_buffered_records,
+            max_buffered_bytes=settings.max_buffered_bytes,
+            max_partition_fetch_bytes=settings.max_partition_fetch_bytes,
+            security_protocol=settings.security_protocol,
+            sasl_mechanism=settings.sasl_mechanism,
+            sasl_plain_username=settings.sasl_plain_username,
+            sasl_plain_password=secret(settings.sasl_plain_password),
+            ssl_cafile=path(settings.ssl_cafile),
+            ssl_certfile=path(settings.ssl_certfile),
+            ssl_keyfile=path(settings.ssl_keyfile),
+            ssl_key_password=secret(settings.ssl_key_password),
+            client_id=settings.client_id,
+            consumer_version=__version__,
+            lag_interval_s=settings.lag_interval_s,
+            target_latency_s=settings.target_latency_s,
+            rows_per_s_per_replica=settings.rows_per_s_per_replica,
+        )
+    except KafkaConfigError as exc:
+        raise StartupError(f"source (kafka): {exc}") from exc
+    return KafkaSource(config, registry=registry)
 
 
 def make_sink(settings: SinkSettings) -> Sink:
@@ -198,7 +250,7 @@ async def run_consumer(
         running = Running(metrics, health, spec, target)
         sink = sink or make_sink(config.sink)
         await sink.open(table_spec(config, spec))
-        source = source or make_source(config.source)
+        source = source or make_source(config.source, metrics.registry)
         await source.check()
         pipeline: Pipeline
         inferencer = RetryingInferencer(

@@ -1,0 +1,554 @@
+"""KafkaSource without a broker: a fake aiokafka consumer/producer drives fetches, rebalances
+and commits, so the commit rule can be checked against any interleaving of settles, nacks,
+dead letters and revokes. Plus configuration, wiring and the lag arithmetic."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from aiokafka import TopicPartition
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from consumer.config import KafkaSettings
+from consumer.lag import ThroughputMeter, desired_replicas, partition_lag
+from consumer.service import make_source
+from consumer.sources import kafka as kafka_source
+from consumer.sources.base import DeadLetterReason, Delivery, ReasonClass
+from consumer.sources.kafka import KafkaConfigError, KafkaSource, KafkaSourceConfig
+
+TOPIC = "rows"
+TP0 = TopicPartition(TOPIC, 0)
+TP1 = TopicPartition(TOPIC, 1)
+
+
+@dataclass
+class Record:
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None = b"k"
+    value: bytes | None = b"v"
+    headers: tuple[tuple[str, bytes], ...] = (("rowbatch-row-count", b"10"),)
+    timestamp: int = 1_700_000_000_000
+
+
+@dataclass
+class FakeConsumer:
+    """Just enough of AIOKafkaConsumer: fetches come from ``feed``; commits are recorded."""
+
+    options: Mapping[str, Any]
+    listener: Any = None
+    assigned: set[TopicPartition] = field(default_factory=set)
+    paused_tps: set[TopicPartition] = field(default_factory=set)
+    pending: dict[TopicPartition, list[Record]] = field(default_factory=dict)
+    commits: list[dict[TopicPartition, int]] = field(default_factory=list)
+    committed_now: dict[TopicPartition, int] = field(default_factory=dict)
+    end: dict[TopicPartition, int] = field(default_factory=dict)
+    stopped: bool = False
+    on_commit: Any = None
+
+    def subscribe(self, topics: list[str], listener: Any) -> None:
+        assert topics == [TOPIC]
+        self.listener = listener
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        self.stopped = True
+
+    def feed(self, tp: TopicPartition, offsets: Iterable[int]) -> None:
+        records = [Record(tp.topic, tp.partition, o) for o in offsets]
+        self.pending.setdefault(tp, []).extend(records)
+        self.end[tp] = max(self.end.get(tp, 0), *(o + 1 for o in offsets))
+
+    async def getmany(self, timeout_ms: int, max_records: int) -> dict[TopicPartition, list[Any]]:
+        out = {
+            tp: recs
+            for tp, recs in self.pending.items()
+            if recs and tp in self.assigned and tp not in self.paused_tps
+        }
+        for tp in out:
+            self.pending[tp] = []
+        if not out:
+            await asyncio.sleep(0.005)
+        return out
+
+    def pause(self, *tps: TopicPartition) -> None:
+        self.paused_tps |= set(tps)
+
+    def resume(self, *tps: TopicPartition) -> None:
+        self.paused_tps -= set(tps)
+
+    def paused(self) -> set[TopicPartition]:
+        return set(self.paused_tps)
+
+    def assignment(self) -> set[TopicPartition]:
+        return set(self.assigned)
+
+    async def commit(self, offsets: dict[TopicPartition, int]) -> None:
+        if self.on_commit is not None:
+            self.on_commit(offsets)
+        assert set(offsets) <= self.assigned, "committed a partition it does not own"
+        self.commits.append(dict(offsets))
+        self.committed_now.update(offsets)
+
+    def partitions_for_topic(self, topic: str) -> set[int]:
+        return {0, 1}
+
+    async def end_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        return {tp: self.end.get(tp, 0) for tp in tps}
+
+    async def committed(self, tp: TopicPartition) -> int | None:
+        return self.committed_now.get(tp)
+
+    async def beginning_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        return dict.fromkeys(tps, 0)
+
+    async def assign(self, tps: set[TopicPartition]) -> None:
+        """A rebalance: revoke everything (eager), then assign ``tps``."""
+        await self.listener.on_partitions_revoked(set(self.assigned))
+        self.assigned = set(tps)
+        self.paused_tps = set()
+        # As aiokafka: a reassigned partition restarts from its committed offset.
+        for tp in tps:
+            start = self.committed_now.get(tp, 0)
+            self.pending[tp] = [
+                Record(tp.topic, tp.partition, o) for o in range(start, self.end.get(tp, 0))
+            ]
+        await self.listener.on_partitions_assigned(set(tps))
+
+
+@dataclass
+class FakeProducer:
+    options: Mapping[str, Any]
+    sent: list[tuple[str, Any, Any, list[tuple[str, bytes]]]] = field(default_factory=list)
+    fail: bool = False
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+    async def send(
+        self, topic: str, value: Any, key: Any, headers: list[tuple[str, bytes]]
+    ) -> asyncio.Future[None]:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self.fail:
+            from aiokafka.errors import KafkaTimeoutError
+
+            future.set_exception(KafkaTimeoutError("no"))
+        else:
+            self.sent.append((topic, value, key, headers))
+            future.set_result(None)
+        return future
+
+
+@dataclass
+class Rig:
+    source: KafkaSource
+    made: dict[str, Any]
+
+    @property
+    def consumer(self) -> FakeConsumer:
+        return self.made["consumer"]  # type: ignore[no-any-return]
+
+    @property
+    def producer(self) -> FakeProducer:
+        return self.made["producer"]  # type: ignore[no-any-return]
+
+
+def make_rig(**extra: Any) -> Rig:
+    made: dict[str, Any] = {}
+
+    def consumer(**options: Any) -> FakeConsumer:
+        made["consumer"] = FakeConsumer(options)
+        return made["consumer"]  # type: ignore[no-any-return]
+
+    def producer(**options: Any) -> FakeProducer:
+        made["producer"] = FakeProducer(options)
+        return made["producer"]  # type: ignore[no-any-return]
+
+    options: dict[str, Any] = {
+        "bootstrap_servers": "b:9092",
+        "topic": TOPIC,
+        "group_id": "g",
+        "commit_interval_s": 3600,  # commits only when the test asks (revoke, close, _commit)
+        "lag_interval_s": 3600,
+        "revoke_grace_s": 0.2,
+        "redelivery_backoff_s": 0.01,
+    }
+    config = KafkaSourceConfig(**{**options, **extra})
+    source = KafkaSource(config, consumer_factory=consumer, producer_factory=producer)
+    return Rig(source, made)
+
+
+async def start(rig: Rig, tps: set[TopicPartition]) -> None:
+    await rig.source._ensure_consumer()
+    await rig.source._ensure_producer()
+    await rig.consumer.assign(tps)
+
+
+async def take(source: KafkaSource, n: int) -> list[Delivery]:
+    it = source.deliveries()
+    async with asyncio.timeout(5):
+        return [await anext(it) for _ in range(n)]
+
+
+def offset(d: Delivery) -> int:
+    return int(d.message_id.rsplit("/", 1)[1])
+
+
+def partition(d: Delivery) -> TopicPartition:
+    return TopicPartition(TOPIC, int(d.message_id.split("/")[1]))
+
+
+async def test_revoke_waits_for_in_flight_records_then_commits_only_what_is_done() -> None:
+    rig = make_rig()
+    await start(rig, {TP0, TP1})
+    rig.consumer.feed(TP0, range(5))
+    rig.consumer.feed(TP1, range(3))
+    got = await take(rig.source, 8)
+    by = {(partition(d), offset(d)): d for d in got}
+    for key in [(TP0, 0), (TP0, 1), (TP0, 3), (TP1, 0), (TP1, 1), (TP1, 2)]:
+        await rig.source.ack(by[key])
+
+    async def settle_during_revoke() -> None:
+        await asyncio.sleep(0.05)
+        await rig.source.ack(by[(TP0, 2)])  # in the grace period: counts
+
+    settler = asyncio.create_task(settle_during_revoke())
+    await rig.consumer.assign({TP1})  # TP0 goes to another member
+    await settler
+    # TP0: 4 was still unsettled after the grace: commit stops at 4. TP1: all done.
+    assert rig.consumer.commits[-1] == {TP0: 4, TP1: 3}
+    assert rig.source.assignment() == {TP1}
+    # TP0/4 settles late: it belongs to a revoked assignment and is ignored.
+    await rig.source.ack(by[(TP0, 4)])
+    await rig.source._commit({TP0, TP1}, "test")
+    assert rig.consumer.commits[-1] == {TP0: 4, TP1: 3}
+    await rig.source.close()
+    assert rig.consumer.stopped
+
+
+async def test_buffered_records_of_revoked_partitions_are_not_yielded_and_not_committed() -> None:
+    rig = make_rig()
+    await start(rig, {TP0, TP1})
+    rig.consumer.feed(TP0, range(4))
+    [d0] = await take(rig.source, 1)  # the others wait in the local buffer
+    await rig.source.ack(d0)
+    await asyncio.sleep(0.05)
+    assert rig.source.buffered == 3
+    await rig.consumer.assign({TP1})
+    assert rig.consumer.commits[-1] == {TP0: 1}
+    assert rig.source.buffered == 0
+    rig.consumer.feed(TP1, [0])
+    [d] = await take(rig.source, 1)
+    assert partition(d) == TP1
+    await rig.source.close()
+
+
+async def test_a_partition_coming_back_is_read_again_from_its_committed_offset() -> None:
+    rig = make_rig()
+    await start(rig, {TP0})
+    rig.consumer.feed(TP0, range(3))
+    old = await take(rig.source, 3)
+    await rig.source.ack(old[0])
+    await rig.consumer.assign({TP0})  # same member again; 1 and 2 were in flight
+    assert rig.consumer.commits[-1] == {TP0: 1}
+    again = await take(rig.source, 2)
+    assert [offset(d) for d in again] == [1, 2]
+    await rig.source.ack(old[1])  # old generation: ignored
+    await rig.source.ack(again[1])
+    await rig.source._commit({TP0}, "test")
+    assert rig.consumer.committed_now[TP0] == 1
+    await rig.source.ack(again[0])
+    await rig.source._commit({TP0}, "test")
+    assert rig.consumer.committed_now[TP0] == 3
+    await rig.source.close()
+
+
+async def test_pause_pauses_fetching_of_every_partition_including_new_ones() -> None:
+    rig = make_rig()
+    await start(rig, {TP0})
+    rig.source.pause()
+    assert rig.consumer.paused() == {TP0}
+    await rig.consumer.assign({TP0, TP1})
+    assert rig.consumer.paused() == {TP0, TP1}
+    rig.consumer.feed(TP1, [0])
+    await asyncio.sleep(0.05)
+    assert rig.source.buffered == 0
+    rig.source.resume()
+    assert rig.consumer.paused() == set()
+    [d] = await take(rig.source, 1)
+    assert partition(d) == TP1
+    await rig.source.close()
+
+
+async def test_a_full_buffer_pauses_fetching_until_it_drains_to_half() -> None:
+    rig = make_rig(max_buffered_records=4)
+    await start(rig, {TP0})
+    rig.consumer.feed(TP0, range(6))
+    await asyncio.sleep(0.05)
+    assert rig.source.buffered == 6
+    assert rig.consumer.paused() == {TP0}
+    await take(rig.source, 3)
+    assert rig.consumer.paused() == {TP0}
+    await take(rig.source, 1)
+    assert rig.consumer.paused() == set()  # 2 left: half of 4
+    await rig.source.close()
+
+
+async def test_a_failed_dead_letter_leaves_the_record_unsettled() -> None:
+    rig = make_rig()
+    await start(rig, {TP0})
+    rig.consumer.feed(TP0, range(2))
+    d0, d1 = await take(rig.source, 2)
+    await rig.source.ack(d1)
+    rig.producer.fail = True
+    reason = DeadLetterReason(ReasonClass.UNDECODABLE, "bad")
+    with pytest.raises(kafka_source.DeadLetterFailed, match="rows/0/0"):
+        await rig.source.dead_letter(d0, reason)
+    await rig.source._commit({TP0}, "test")
+    assert rig.consumer.committed_now[TP0] == 0
+    await rig.source.nack(d0)
+    [again] = await take(rig.source, 1)
+    assert again.delivery_attempt == 2
+    rig.producer.fail = False
+    await rig.source.dead_letter(again, reason)
+    await rig.source._commit({TP0}, "test")
+    assert rig.consumer.commits[-1] == {TP0: 2}
+    [(topic, value, key, headers)] = rig.producer.sent
+    assert (topic, value, key) == ("rows.dlq", b"v", b"k")
+    names = dict(headers)
+    assert names["rowbatch-dlq-delivery-attempt"] == b"2"
+    assert names["rowbatch-row-count"] == b"10"
+    await rig.source.close()
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    counts=st.tuples(st.integers(1, 12), st.integers(1, 12)),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_any_interleaving_of_settles_and_rebalances_never_commits_past_an_unwritten_record(
+    counts: tuple[int, int], seed: int
+) -> None:
+    """Records are acked, nacked (re-delivered), dead-lettered (sometimes failing) or left
+    hanging, in random order, with rebalances and commits in between. Every commit, at any
+    moment, must be at or below the first record of its partition not yet written."""
+    asyncio.run(_interleaving(counts, random.Random(seed)))
+
+
+async def _interleaving(counts: tuple[int, int], rng: random.Random) -> None:
+    rig = make_rig(max_delivery_attempts=None, revoke_grace_s=0.01)
+    done: dict[TopicPartition, set[int]] = {TP0: set(), TP1: set()}
+
+    def check(offsets: Mapping[TopicPartition, int]) -> None:
+        for tp, committed in offsets.items():
+            assert all(o in done[tp] for o in range(committed)), (tp, committed, done[tp])
+
+    await start(rig, {TP0, TP1})
+    rig.consumer.on_commit = check
+    rig.consumer.feed(TP0, range(counts[0]))
+    rig.consumer.feed(TP1, range(counts[1]))
+    held: list[Delivery] = []
+    it = rig.source.deliveries()
+    for _ in range(200):
+        if all(len(done[tp]) == n for tp, n in zip((TP0, TP1), counts, strict=True)):
+            break
+        step = rng.random()
+        if step < 0.45 or not held:
+            with contextlib.suppress(TimeoutError):
+                held.append(await asyncio.wait_for(anext(it), 0.02))
+            continue
+        d = held.pop(rng.randrange(len(held)))
+        if step < 0.7:
+            await rig.source.ack(d)
+            done[partition(d)].add(offset(d))
+        elif step < 0.8:
+            await rig.source.nack(d)
+        elif step < 0.9:
+            rig.producer.fail = rng.random() < 0.3
+            try:
+                await rig.source.dead_letter(d, DeadLetterReason(ReasonClass.UNDECODABLE, "x"))
+            except kafka_source.DeadLetterFailed:
+                await rig.source.nack(d)
+            else:
+                done[partition(d)].add(offset(d))
+        elif step < 0.95:
+            await rig.source._commit({TP0, TP1}, "test")
+            held.append(d)
+        else:
+            # A rebalance; the held deliveries of the old assignment are dropped (their
+            # records come back from the committed offset).
+            held.clear()
+            await rig.consumer.assign(rng.choice([{TP0, TP1}, {TP0}, {TP1}, {TP0, TP1}]))
+            if rig.consumer.assigned != {TP0, TP1}:
+                await rig.consumer.assign({TP0, TP1})
+    await rig.source._commit({TP0, TP1}, "test")
+    await rig.source.close()
+    assert rig.consumer.commits, "nothing was ever committed: the check saw nothing"
+
+
+# --- configuration and wiring ----------------------------------------------------------------
+
+
+def test_config_defaults_and_client_options() -> None:
+    config = KafkaSourceConfig(bootstrap_servers="b:9092", topic="rows", group_id="g")
+    assert config.dlq_topic == "rows.dlq"
+    options = config.consumer_options()
+    assert options["enable_auto_commit"] is False
+    assert options["group_id"] == "g"
+    assert options["security_protocol"] == "PLAINTEXT"
+    assert "sasl_mechanism" not in options
+    assert "ssl_context" not in options
+    producer = config.producer_options()
+    assert producer["acks"] == "all"
+    assert producer["enable_idempotence"] is True
+
+
+def test_sasl_and_tls_are_passed_through() -> None:
+    config = KafkaSourceConfig(
+        bootstrap_servers="b:9093",
+        topic="rows",
+        group_id="g",
+        security_protocol="SASL_SSL",
+        sasl_mechanism="SCRAM-SHA-512",
+        sasl_plain_username="user",
+        sasl_plain_password="secret",
+    )
+    assert "secret" not in repr(config)
+    options = config.client_options()
+    assert options["sasl_mechanism"] == "SCRAM-SHA-512"
+    assert options["sasl_plain_username"] == "user"
+    assert options["sasl_plain_password"] == "secret"
+    assert options["ssl_context"] is not None
+    bad_ca = KafkaSourceConfig(
+        bootstrap_servers="b:9093",
+        topic="rows",
+        group_id="g",
+        security_protocol="SSL",
+        ssl_cafile="/nonexistent/ca.pem",
+    )
+    with pytest.raises(KafkaConfigError, match=r"ssl_cafile=/nonexistent/ca\.pem"):
+        bad_ca.client_options()
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"topic": ""}, "topic must not be empty"),
+        ({"dead_letter_topic": "rows"}, "must differ"),
+        ({"security_protocol": "SASL_SSL"}, "needs sasl_mechanism"),
+        ({"sasl_mechanism": "PLAIN"}, "needs security_protocol"),
+        ({"ssl_cafile": "ca.pem"}, "ssl_cafile need security_protocol"),
+        ({"revoke_grace_s": 25.0}, "must be below rebalance_timeout_ms"),
+        ({"heartbeat_interval_ms": 10_000}, "below session_timeout_ms"),
+        ({"max_delivery_attempts": 0}, "max_delivery_attempts"),
+        ({"commit_interval_s": 0}, "commit_interval_s must be > 0"),
+    ],
+)
+def test_bad_config_is_named(extra: dict[str, Any], message: str) -> None:
+    settings: dict[str, Any] = {"bootstrap_servers": "b:9092", "topic": "rows", "group_id": "g"}
+    with pytest.raises(KafkaConfigError, match=message):
+        KafkaSourceConfig(**{**settings, **extra})
+
+
+def test_settings_wire_into_a_kafka_source() -> None:
+    settings = KafkaSettings.model_validate(
+        {
+            "bootstrap_servers": "b:9093",
+            "topic": "rows",
+            "group_id": "g",
+            "security_protocol": "SASL_PLAINTEXT",
+            "sasl_mechanism": "SCRAM-SHA-256",
+            "sasl_plain_username": "u",
+            "sasl_plain_password": "p",
+            "max_delivery_attempts": 3,
+            "commit_interval_s": 2.5,
+        }
+    )
+    assert "'p'" not in repr(settings)
+    source = make_source(settings)
+    assert isinstance(source, KafkaSource)
+    assert source.config.sasl_plain_password == "p"
+    assert source.config.sasl_mechanism == "SCRAM-SHA-256"
+    assert source.config.max_delivery_attempts == 3
+    assert source.config.commit_interval_s == 2.5
+    assert source.config.dlq_topic == "rows.dlq"
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"security_protocol": "SASL_SSL"},
+        {"sasl_mechanism": "PLAIN"},
+        {"ssl_cafile": "ca.pem"},
+        {"revoke_grace_s": 25},
+        {"dead_letter_topic": "rows"},
+        {"topic": ""},
+    ],
+)
+def test_bad_settings_are_refused(extra: dict[str, Any]) -> None:
+    with pytest.raises(ValidationError):
+        KafkaSettings.model_validate(
+            {"bootstrap_servers": "b:9092", "topic": "rows", "group_id": "g", **extra}
+        )
+
+
+def test_dead_letter_header_names_match_the_pubsub_source() -> None:
+    from consumer.sources import pubsub
+
+    for name in (
+        "ATTR_REASON",
+        "ATTR_MESSAGE",
+        "ATTR_SOURCE",
+        "ATTR_MESSAGE_ID",
+        "ATTR_DELIVERY_ATTEMPT",
+        "ATTR_CONSUMER_VERSION",
+        "ATTR_TIME",
+    ):
+        assert getattr(kafka_source, name) == getattr(pubsub, name)
+
+
+# --- lag arithmetic --------------------------------------------------------------------------
+
+
+def test_partition_lag() -> None:
+    end = {0: 100, 1: 50, 2: 7}
+    assert partition_lag(end, {0: 90, 1: 50, 2: None}) == {0: 10, 1: 0, 2: 0}
+    assert partition_lag(end, {0: 90, 1: 50, 2: None}, {2: 3}) == {0: 10, 1: 0, 2: 4}
+    assert partition_lag({0: 5}, {0: 9}) == {0: 0}  # never negative
+
+
+def test_desired_replicas_follows_the_rule_with_its_caps() -> None:
+    # 60,000 rows, 30 s target, 1,000 rows/s per replica -> 2 replicas.
+    assert desired_replicas(60_000, 30, 1000, max_replicas=6) == 2
+    assert desired_replicas(60_001, 30, 1000, max_replicas=6) == 3
+    assert desired_replicas(10**9, 30, 1000, max_replicas=6) == 6  # capped by partitions
+    assert desired_replicas(0, 30, 1000, max_replicas=6) == 1  # floor
+    with pytest.raises(ValueError, match="must be > 0"):
+        desired_replicas(1, 30, 0, max_replicas=6)
+
+
+def test_throughput_meter_counts_busy_windows_only() -> None:
+    meter = ThroughputMeter(alpha=0.5)
+    assert meter.sample(0.0, busy=True) is None
+    meter.done(1000)
+    assert meter.sample(2.0, busy=True) == 500.0
+    meter.done(10)
+    assert meter.sample(4.0, busy=False) == 500.0  # idle window: unchanged
+    meter.done(3000)
+    assert meter.sample(6.0, busy=True) == 500.0  # started idle: unchanged
+    meter.done(3000)
+    assert meter.sample(8.0, busy=True) == 0.5 * 1500 + 0.5 * 500
