@@ -214,7 +214,8 @@ class Pipeline:
             except PoisonMessage as poison:
                 await self._dead_letter(delivery, poison.reason, None)
                 continue
-            reserve = rows.nbytes + rows.rows * self._s.output_bytes_per_row
+            # The raw payload stays held until the ack, so it counts too.
+            reserve = len(delivery.payload) + rows.nbytes + rows.rows * self._s.output_bytes_per_row
             try:
                 await self._admit(reserve)
             except asyncio.CancelledError:

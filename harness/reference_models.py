@@ -10,6 +10,8 @@ that Triton's answers equal these functions' answers exactly.
   at least two 3-grams, so the norm is never zero.
 - ``scorer``: :func:`score` — ``SCORE = tanh(mean(FEATURES)) + 0.01 * log1p(max(COUNT, 0))``
   (computed in float64, returned as float32) and ``LABEL = 1 if SCORE > 0 else 0`` (int32).
+- ``expander``: :func:`expand` — ``Y[i, j] = sin(X[i] + j)`` for ``j < 2048`` (computed in
+  float64, returned as float32): 8 bytes in, 8,192 bytes out per row, for memory-budget tests.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import numpy.typing as npt
 
 EMBEDDING_DIM = 384
 FEATURE_DIM = 16
+EXPAND_DIM = 2048
 
 
 def embed(text: str) -> npt.NDArray[np.float32]:
@@ -49,3 +52,9 @@ def score(
     scores = (np.tanh(mean) + 0.01 * np.log1p(counts)).astype(np.float32)
     labels = (scores > 0).astype(np.int32)
     return scores, labels
+
+
+def expand(x: npt.NDArray[np.int64]) -> npt.NDArray[np.float32]:
+    """``Y`` ``[n, 2048]`` float32 for ``X`` ``[n, 1]`` (or ``[n]``) int64."""
+    phase = x.astype(np.float64).reshape(-1, 1) + np.arange(EXPAND_DIM, dtype=np.float64)
+    return np.asarray(np.sin(phase), dtype=np.float32)

@@ -19,7 +19,14 @@ import tritonclient.grpc.aio as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from harness.chaos import ChaosControl
-from harness.reference_models import EMBEDDING_DIM, FEATURE_DIM, embed_batch, score
+from harness.reference_models import (
+    EMBEDDING_DIM,
+    EXPAND_DIM,
+    FEATURE_DIM,
+    embed_batch,
+    expand,
+    score,
+)
 from harness.triton import TritonEndpoint
 
 TEXTS = [
@@ -70,6 +77,7 @@ def as_int(value: Any) -> int:
         ("embedder", 256, [64, 128], 2000, 1024),
         ("chaos", 256, [64, 128], 2000, 256),
         ("scorer", 512, [256], 1000, 2048),
+        ("expander", 256, [128], 1000, 1024),
     ],
 )
 async def test_model_config(
@@ -93,6 +101,8 @@ async def test_model_config(
             "SCORE": ("TYPE_FP32", [1]),
             "LABEL": ("TYPE_INT32", [1]),
         }
+    elif model == "expander":
+        assert io == {"X": ("TYPE_INT64", [1]), "Y": ("TYPE_FP32", [EXPAND_DIM])}
     else:
         assert io == {"TEXT": ("TYPE_STRING", [1]), "EMBEDDING": ("TYPE_FP32", [EMBEDDING_DIM])}
 
@@ -129,6 +139,17 @@ async def test_scorer_equals_reference(client: Any) -> None:
     np.testing.assert_array_equal(got_score, expected_score)
     np.testing.assert_array_equal(got_label, expected_label)
     assert set(got_label.ravel().tolist()) == {0, 1}
+
+
+async def test_expander_equals_reference(client: Any) -> None:
+    x = np.array([[0], [1], [-3], [59_999], [2**40]], dtype=np.int64)
+    data = grpcclient.InferInput("X", list(x.shape), "INT64")
+    data.set_data_from_numpy(x)
+    result = await client.infer("expander", [data])
+    got = result.as_numpy("Y")
+    assert got.dtype == np.float32
+    assert got.shape == (len(x), EXPAND_DIM)
+    np.testing.assert_array_equal(got, expand(x))
 
 
 async def embedder_stats(client: Any) -> dict[str, Any]:

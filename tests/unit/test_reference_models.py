@@ -11,7 +11,15 @@ import numpy as np
 import pytest
 
 from harness import reference_models
-from harness.reference_models import EMBEDDING_DIM, FEATURE_DIM, embed, embed_batch, score
+from harness.reference_models import (
+    EMBEDDING_DIM,
+    EXPAND_DIM,
+    FEATURE_DIM,
+    embed,
+    embed_batch,
+    expand,
+    score,
+)
 from harness.service import REPO_ROOT
 
 
@@ -41,6 +49,17 @@ def test_score_formula() -> None:
     assert labels.ravel().tolist() == [0, 1, 0]
 
 
+def test_expand_formula() -> None:
+    x = np.array([[0], [1], [-7], [10**6]], dtype=np.int64)
+    y = expand(x)
+    assert y.shape == (4, EXPAND_DIM)
+    assert y.dtype == np.float32
+    assert y.nbytes == 1024 * x.nbytes  # outputs 1000x inputs: the memory-budget model
+    np.testing.assert_allclose(y[0, :3], np.sin([0.0, 1.0, 2.0]), rtol=1e-6)
+    np.testing.assert_array_equal(y[1, :-1], y[0, 1:])  # sin(1 + j) = sin(0 + (j + 1))
+    np.testing.assert_array_equal(expand(x.ravel()), y)
+
+
 def _body(tree: ast.FunctionDef) -> str:
     """A function's statements without its docstring, as a comparable AST dump."""
     body = tree.body
@@ -58,11 +77,16 @@ def _function(source: str, name: str) -> ast.FunctionDef:
 
 @pytest.mark.parametrize(
     ("model", "function"),
-    [("embedder", embed), ("chaos", embed), ("scorer", score)],
+    [("embedder", embed), ("chaos", embed), ("scorer", score), ("expander", expand)],
 )
 def test_model_copies_match_reference(model: str, function: Callable[..., Any]) -> None:
     """deploy/models/*/1/model.py cannot import the project, so each carries a copy."""
     model_source = (REPO_ROOT / "deploy" / "models" / model / "1" / "model.py").read_text()
     reference = _function(inspect.getsource(reference_models), function.__name__)
     assert _body(_function(model_source, function.__name__)) == _body(reference)
-    assert f"EMBEDDING_DIM = {EMBEDDING_DIM}" in model_source or model == "scorer"
+    constant = {
+        "embedder": f"EMBEDDING_DIM = {EMBEDDING_DIM}",
+        "chaos": f"EMBEDDING_DIM = {EMBEDDING_DIM}",
+        "expander": f"EXPAND_DIM = {EXPAND_DIM}",
+    }
+    assert constant.get(model, "") in model_source
