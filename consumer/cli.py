@@ -24,8 +24,7 @@ from consumer.model import ModelConfigError, ModelDiscoveryError, target_batch_s
 from consumer.pipeline import PipelineFailed
 from consumer.service import StartupError, run_consumer
 from consumer.sinks.base import SinkError
-from consumer.sources.kafka import KafkaConfigError, KafkaUnreachable
-from consumer.sources.pubsub import PubSubConfigError, PubSubUnreachable
+from consumer.sources.base import SourceConfigError, SourceUnreachable
 
 log = logging.getLogger("consumer")
 
@@ -36,10 +35,8 @@ _STARTUP_ERRORS = (
     ModelDiscoveryError,
     ModelConfigError,
     SinkError,
-    PubSubConfigError,
-    PubSubUnreachable,
-    KafkaConfigError,
-    KafkaUnreachable,
+    SourceConfigError,
+    SourceUnreachable,
 )
 
 

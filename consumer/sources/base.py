@@ -6,7 +6,33 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from importlib import metadata
 from typing import Protocol
+
+
+def package_version() -> str:
+    """rowbatch's installed version, written into dead-letter records."""
+    try:
+        return metadata.version("rowbatch")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+class SourceError(Exception):
+    """Base class for errors a source raises."""
+
+
+class SourceConfigError(SourceError, ValueError):
+    """The configuration, or the subscription/topic it names, cannot work."""
+
+
+class SourceUnreachable(SourceError):
+    """The broker did not answer (or refused the connection/authentication)."""
+
+
+class DeadLetterFailed(SourceError):
+    """The dead-letter publish was not confirmed; the delivery is still unsettled and the
+    caller should nack it."""
 
 
 class ReasonClass(StrEnum):

@@ -73,7 +73,6 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from importlib import metadata
 from typing import Any, Literal, Self
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
@@ -82,7 +81,18 @@ from aiokafka.helpers import create_ssl_context
 from prometheus_client import CollectorRegistry
 
 from consumer.lag import LagGauges, ThroughputMeter, desired_replicas, partition_lag
-from consumer.sources.base import DeadLetterReason, Delivery, ReasonClass
+from consumer.sources.base import (
+    DeadLetterFailed as BaseDeadLetterFailed,
+)
+from consumer.sources.base import (
+    DeadLetterReason,
+    Delivery,
+    ReasonClass,
+    SourceConfigError,
+    SourceError,
+    SourceUnreachable,
+    package_version,
+)
 from consumer.sources.offsets import OffsetTracker
 from producer.errors import WireError
 from producer.headers import H_ROW_COUNT, kafka_headers_to_attributes
@@ -113,22 +123,15 @@ _MIN_POLL_PERIOD_S = 0.05
 _CLOSE_TIMEOUT_S = 30.0
 
 
-def _package_version() -> str:
-    try:
-        return metadata.version("rowbatch")
-    except metadata.PackageNotFoundError:
-        return "unknown"
-
-
-class KafkaSourceError(Exception):
+class KafkaSourceError(SourceError):
     """Base class for errors raised by ``KafkaSource``."""
 
 
-class KafkaConfigError(KafkaSourceError, ValueError):
+class KafkaConfigError(KafkaSourceError, SourceConfigError):
     """The configuration, or the topics it names, cannot work."""
 
 
-class KafkaUnreachable(KafkaSourceError):
+class KafkaUnreachable(KafkaSourceError, SourceUnreachable):
     """The brokers did not answer (or refused the connection/authentication)."""
 
 
@@ -137,9 +140,8 @@ class KafkaConsumeError(KafkaSourceError):
     larger than the fetch limit, no offset reset policy...)."""
 
 
-class DeadLetterFailed(KafkaSourceError):
-    """The dead-letter publish was not confirmed; the delivery is still unsettled and the
-    caller should nack it."""
+class DeadLetterFailed(KafkaSourceError, BaseDeadLetterFailed):
+    """The dead-letter publish to Kafka was not confirmed (see the base class)."""
 
 
 @dataclass(frozen=True)
@@ -186,7 +188,7 @@ class KafkaSourceConfig:
     ssl_keyfile: str | None = None
     ssl_key_password: str | None = field(default=None, repr=False)
     client_id: str = "rowbatch-consumer"
-    consumer_version: str = field(default_factory=_package_version)
+    consumer_version: str = field(default_factory=package_version)
     dead_letter_timeout_s: float = 30.0
     check_timeout_s: float = 10.0
     lag_interval_s: float = 5.0

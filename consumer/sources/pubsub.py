@@ -66,7 +66,6 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from importlib import metadata
 from typing import Any, Self
 
 import grpc
@@ -78,7 +77,17 @@ from google.pubsub_v1.services.publisher import PublisherClient as GapicPublishe
 from google.pubsub_v1.services.publisher.transports import PublisherGrpcTransport
 from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcTransport
 
-from consumer.sources.base import DeadLetterReason, Delivery
+from consumer.sources.base import (
+    DeadLetterFailed as BaseDeadLetterFailed,
+)
+from consumer.sources.base import (
+    DeadLetterReason,
+    Delivery,
+    SourceConfigError,
+    SourceError,
+    SourceUnreachable,
+    package_version,
+)
 
 _LOG = logging.getLogger(__name__)
 
@@ -105,22 +114,15 @@ PubSubMessage = Any
 """``google.cloud.pubsub_v1.subscriber.message.Message``."""
 
 
-def _package_version() -> str:
-    try:
-        return metadata.version("rowbatch")
-    except metadata.PackageNotFoundError:
-        return "unknown"
-
-
-class PubSubSourceError(Exception):
+class PubSubSourceError(SourceError):
     """Base class for errors raised by ``PubSubSource``."""
 
 
-class PubSubConfigError(PubSubSourceError, ValueError):
+class PubSubConfigError(PubSubSourceError, SourceConfigError):
     """The configuration, or the subscription/topic it names, cannot work."""
 
 
-class PubSubUnreachable(PubSubSourceError):
+class PubSubUnreachable(PubSubSourceError, SourceUnreachable):
     """The Pub/Sub service (or emulator) did not answer."""
 
 
@@ -129,9 +131,8 @@ class PubSubStreamError(PubSubSourceError):
     was deleted, or permission was revoked)."""
 
 
-class DeadLetterFailed(PubSubSourceError):
-    """The dead-letter publish was not confirmed; the delivery is still unsettled and the
-    caller should nack it."""
+class DeadLetterFailed(PubSubSourceError, BaseDeadLetterFailed):
+    """The dead-letter publish to PubSub was not confirmed (see the base class)."""
 
 
 @dataclass(frozen=True)
@@ -161,7 +162,7 @@ class PubSubSourceConfig:
     """``exceeded_attempts`` is true beyond this many deliveries. Only counted by Pub/Sub when
     the subscription has a dead-letter policy; keep it below that policy's own maximum so the
     consumer dead-letters with a reason before Pub/Sub moves the message without one."""
-    consumer_version: str = field(default_factory=_package_version)
+    consumer_version: str = field(default_factory=package_version)
     """Written to ``rowbatch-dlq-consumer-version``."""
     dead_letter_timeout_s: float = 30.0
     """How long ``dead_letter`` waits for the publish confirmation."""
