@@ -472,6 +472,17 @@ class PubSubSource:
     def _sub(self) -> str:
         return self.config.subscription
 
+    def _lookup_error(self, exc: Exception, what: str, timeout: float) -> PubSubSourceError:
+        """The start-up check's error for a failed lookup of ``what``."""
+        if isinstance(exc, gexc.NotFound):
+            return PubSubConfigError(f"{what} does not exist on {self.host}")
+        if isinstance(exc, gexc.RetryError | gexc.ServiceUnavailable | gexc.DeadlineExceeded):
+            return PubSubUnreachable(
+                f"Pub/Sub at {self.host} did not answer within {timeout:g} s "
+                f"(checking {what}): {exc}"
+            )
+        return PubSubConfigError(f"cannot read {what} on {self.host}: {exc}")
+
     def _check_sync(self) -> None:
         timeout = self.config.check_timeout_s
         retry = Retry(
@@ -486,19 +497,8 @@ class PubSubSource:
             subscription = self._subscriber.get_subscription(
                 request={"subscription": self._sub}, retry=retry, timeout=per_call
             )
-        except gexc.NotFound as exc:
-            raise PubSubConfigError(
-                f"Pub/Sub subscription {self._sub} does not exist on {self.host}"
-            ) from exc
-        except (gexc.RetryError, gexc.ServiceUnavailable, gexc.DeadlineExceeded) as exc:
-            raise PubSubUnreachable(
-                f"Pub/Sub at {self.host} did not answer within {timeout:g} s "
-                f"(checking subscription {self._sub}): {exc}"
-            ) from exc
-        except gexc.GoogleAPICallError as exc:
-            raise PubSubConfigError(
-                f"cannot read Pub/Sub subscription {self._sub} on {self.host}: {exc}"
-            ) from exc
+        except (gexc.GoogleAPICallError, gexc.RetryError) as exc:
+            raise self._lookup_error(exc, f"Pub/Sub subscription {self._sub}", timeout) from exc
 
         policy = subscription.dead_letter_policy
         policy_topic = str(policy.dead_letter_topic) if policy else ""
@@ -521,19 +521,8 @@ class PubSubSource:
         elif self._dlq_api is not None:
             try:
                 self._dlq_api.get_topic(request={"topic": topic}, retry=retry, timeout=per_call)
-            except gexc.NotFound as exc:
-                raise PubSubConfigError(
-                    f"dead-letter topic {topic} does not exist on {self.host}"
-                ) from exc
-            except (gexc.RetryError, gexc.ServiceUnavailable, gexc.DeadlineExceeded) as exc:
-                raise PubSubUnreachable(
-                    f"Pub/Sub at {self.host} did not answer within {timeout:g} s "
-                    f"(checking dead-letter topic {topic}): {exc}"
-                ) from exc
-            except gexc.GoogleAPICallError as exc:
-                raise PubSubConfigError(
-                    f"cannot read dead-letter topic {topic} on {self.host}: {exc}"
-                ) from exc
+            except (gexc.GoogleAPICallError, gexc.RetryError) as exc:
+                raise self._lookup_error(exc, f"dead-letter topic {topic}", timeout) from exc
 
         attempts = self.config.max_delivery_attempts
         if attempts is not None:
