@@ -50,6 +50,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--sink", choices=["sqlite", "postgres"], default="sqlite", help="demo: result table"
     )
+    parser.add_argument(
+        "--broker",
+        choices=["pubsub", "kafka"],
+        default="pubsub",
+        help="demo: publish to and consume from the Pub/Sub emulator or Kafka",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
 
@@ -59,7 +65,12 @@ def main(argv: list[str] | None = None) -> int:
         with local_stack(run) as stack:
             _print_stack(stack, run.root / "stack.env")
             if args.command == "demo":
-                run_demo(stack, DemoSettings(rows=args.rows, sink=args.sink))
+                run_demo(
+                    stack,
+                    DemoSettings(
+                        rows=args.rows, sink=args.sink, broker=args.broker, sqlite_dir=run.root
+                    ),
+                )
             if args.command == "up" or args.hold:
                 _wait_for_signal()
     except (PrerequisiteMissing, ServiceFailed) as exc:

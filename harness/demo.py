@@ -1,6 +1,6 @@
-"""The README's main job against the local stack: publish a sample table to Pub/Sub (2 % of
-its messages deliberately malformed), consume it through Triton's ``embedder`` into a result
-table, and print what happened."""
+"""The README's main job against the local stack: publish a sample table to Pub/Sub or Kafka
+(2 % of its messages deliberately malformed), consume it through Triton's ``embedder`` into a
+result table, and print what happened."""
 
 from __future__ import annotations
 
@@ -11,19 +11,23 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from google.pubsub_v1 import types as pstypes
 from prometheus_client import CollectorRegistry
 
 from consumer.config import ConsumerConfig
-from consumer.service import Running, run_consumer
+from consumer.service import Running, make_source, run_consumer
 from consumer.sources.base import DeadLetterReason, Delivery, Source
-from consumer.sources.pubsub import PubSubSource, PubSubSourceConfig
+from harness.kafka import create_topic
 from harness.stack import StackEndpoints
-from producer.loadgen import LoadSpec, MalformedKind, plan_messages
+from producer.loadgen import LoadSpec, MalformedKind, PlannedMessage, plan_messages
+from producer.publish import KafkaPublisher
 from producer.wire import PUBSUB_MAX_MESSAGE_BYTES
+
+Broker = Literal["pubsub", "kafka"]
+KAFKA_PARTITIONS = 6
 
 
 @dataclass(frozen=True)
@@ -32,7 +36,21 @@ class DemoSettings:
     chunk_rows: int = 500
     malformed: float = 0.02
     sink: str = "sqlite"
-    """``sqlite`` (a file under the run dir) or ``postgres`` (the stack's PostgreSQL)."""
+    """``sqlite`` (a file under ``sqlite_dir``) or ``postgres`` (the stack's PostgreSQL)."""
+    broker: Broker = "pubsub"
+    sqlite_dir: Path = Path(".stack/local")
+
+
+@dataclass(frozen=True)
+class DemoResult:
+    rows_written: int
+    valid_rows: int
+    messages: int
+    malformed_messages: int
+    dead_lettered: int
+    seconds: float
+    batch_fill: float
+    dead_letter_topic: str
 
 
 @dataclass
@@ -69,10 +87,36 @@ class LatencyRecorder:
         await self.inner.close()
 
 
-def _publish(stack: StackEndpoints, settings: DemoSettings) -> tuple[str, str, int, int, float]:
-    """Create topics and publish the sample table; returns subscription, DLQ topic, messages,
-    valid rows, and publish seconds."""
-    project, unique = stack.pubsub.project, uuid.uuid4().hex[:8]
+@dataclass(frozen=True)
+class _Published:
+    source: dict[str, Any]
+    """The consumer's ``[source]`` section for what was published."""
+    dead_letter_topic: str
+    messages: int
+    valid_rows: int
+    malformed_messages: int
+    seconds: float
+
+
+def _plan(settings: DemoSettings, unique: str, max_chunk_bytes: int) -> list[PlannedMessage]:
+    spec = LoadSpec(
+        rows=settings.rows,
+        chunk_rows=settings.chunk_rows,
+        kind="text",
+        malformed=settings.malformed,
+        malformed_kinds=(
+            MalformedKind.BAD_ENCODING,
+            MalformedKind.WRONG_TYPE,
+            MalformedKind.MISSING_HEADER,
+        ),
+        id_prefix=f"demo-{unique}",
+    )
+    return list(plan_messages(spec, max_chunk_bytes=max_chunk_bytes))
+
+
+def _publish_pubsub(stack: StackEndpoints, settings: DemoSettings, unique: str) -> _Published:
+    """Create topic, dead-letter topic and subscription, and publish the sample table."""
+    project = stack.pubsub.project
     topic = f"projects/{project}/topics/demo-{unique}"
     dlq = f"projects/{project}/topics/demo-{unique}-dlq"
     subscription = f"projects/{project}/subscriptions/demo-{unique}"
@@ -83,31 +127,49 @@ def _publish(stack: StackEndpoints, settings: DemoSettings) -> tuple[str, str, i
         subscriber.create_subscription(
             request=pstypes.Subscription(name=subscription, topic=topic, ack_deadline_seconds=30)
         )
-        spec = LoadSpec(
-            rows=settings.rows,
-            chunk_rows=settings.chunk_rows,
-            kind="text",
-            malformed=settings.malformed,
-            malformed_kinds=(
-                MalformedKind.BAD_ENCODING,
-                MalformedKind.WRONG_TYPE,
-                MalformedKind.MISSING_HEADER,
-            ),
-            id_prefix=f"demo-{unique}",
-        )
         started = time.monotonic()
-        planned = list(plan_messages(spec, max_chunk_bytes=PUBSUB_MAX_MESSAGE_BYTES))
+        planned = _plan(settings, unique, PUBSUB_MAX_MESSAGE_BYTES)
         futures = [
             publisher.publish(topic, p.message.payload, **dict(p.message.attributes))
             for p in planned
         ]
         for future in futures:
             future.result(timeout=60)
-        valid_rows = sum(p.rows for p in planned if p.kind is None)
-        return subscription, dlq, len(planned), valid_rows, time.monotonic() - started
+        seconds = time.monotonic() - started
     finally:
         publisher.transport.close()
         subscriber.close()
+    source = {"kind": "pubsub", "subscription": subscription, "dead_letter_topic": dlq}
+    return _published(source, dlq, planned, seconds)
+
+
+async def _publish_kafka(stack: StackEndpoints, settings: DemoSettings, unique: str) -> _Published:
+    """Create the topic (6 partitions) and its dead-letter topic, and publish the table."""
+    topic, dlq = f"demo-{unique}", f"demo-{unique}.dlq"
+    await create_topic(stack.kafka, topic, KAFKA_PARTITIONS)
+    await create_topic(stack.kafka, dlq, 1)
+    bootstrap = stack.kafka.bootstrap_servers
+    started = time.monotonic()
+    async with KafkaPublisher(bootstrap, topic) as publisher:
+        planned = _plan(settings, unique, publisher.max_chunk_bytes)
+        await asyncio.gather(*(publisher.publish(p.message) for p in planned))
+    seconds = time.monotonic() - started
+    source = {
+        "kind": "kafka",
+        "bootstrap_servers": bootstrap,
+        "topic": topic,
+        "group_id": f"demo-{unique}",
+        "dead_letter_topic": dlq,
+    }
+    return _published(source, dlq, planned, seconds)
+
+
+def _published(
+    source: dict[str, Any], dlq: str, planned: list[PlannedMessage], seconds: float
+) -> _Published:
+    valid_rows = sum(p.rows for p in planned if p.kind is None)
+    malformed = sum(1 for p in planned if p.kind is not None)
+    return _Published(source, dlq, len(planned), valid_rows, malformed, seconds)
 
 
 def _histogram_mean(registry: CollectorRegistry, name: str) -> float:
@@ -116,16 +178,22 @@ def _histogram_mean(registry: CollectorRegistry, name: str) -> float:
     return total / count if count else 0.0
 
 
-def run_demo(stack: StackEndpoints, settings: DemoSettings | None = None) -> None:
+def run_demo(stack: StackEndpoints, settings: DemoSettings | None = None) -> DemoResult:
     settings = settings or DemoSettings()
     os.environ.update(stack.pubsub.env())
+    where_to = "Kafka (6 partitions)" if settings.broker == "kafka" else "Pub/Sub"
     print(
-        f"\nPublishing {settings.rows:,} text rows in chunks of {settings.chunk_rows} "
-        f"({settings.malformed:.0%} of messages malformed) ..."
+        f"\nPublishing {settings.rows:,} text rows in chunks of {settings.chunk_rows} to "
+        f"{where_to} ({settings.malformed:.0%} of messages malformed) ..."
     )
-    subscription, dlq, messages, valid_rows, pub_s = _publish(stack, settings)
-    print(f"  {messages} messages in {pub_s:.1f} s")
-    sqlite_path = Path(".stack/local/demo-results.sqlite").resolve()
+    unique = uuid.uuid4().hex[:8]
+    published = (
+        asyncio.run(_publish_kafka(stack, settings, unique))
+        if settings.broker == "kafka"
+        else _publish_pubsub(stack, settings, unique)
+    )
+    print(f"  {published.messages} messages in {published.seconds:.1f} s")
+    sqlite_path = (settings.sqlite_dir / "demo-results.sqlite").resolve()
     sink: dict[str, Any] = (
         {"kind": "postgres", "dsn": stack.postgres.dsn, "table": "demo_embeddings"}
         if settings.sink == "postgres"
@@ -133,7 +201,7 @@ def run_demo(stack: StackEndpoints, settings: DemoSettings | None = None) -> Non
     )
     config = ConsumerConfig.model_validate(
         {
-            "source": {"kind": "pubsub", "subscription": subscription, "dead_letter_topic": dlq},
+            "source": published.source,
             "model": {"url": stack.triton.grpc_url, "name": "embedder"},
             "binding": {
                 "inputs": {"text": "TEXT"},
@@ -146,27 +214,42 @@ def run_demo(stack: StackEndpoints, settings: DemoSettings | None = None) -> Non
             "log_level": "WARNING",
         }
     )
-    source = LatencyRecorder(
-        PubSubSource(PubSubSourceConfig(subscription=subscription, dead_letter_topic=dlq))
-    )
-    summary = asyncio.run(_consume(config, source, messages))
+    source = LatencyRecorder(make_source(config.source))
+    summary = asyncio.run(_consume(config, source, published.messages))
     where = stack.postgres.dsn if settings.sink == "postgres" else sqlite_path
     lat = np.array(source.seconds) if source.seconds else np.zeros(1)
-    print(
-        f"\nConsumed through Triton 'embedder' (batch size {summary['target']:.0f}) "
-        f"into {settings.sink} table demo_embeddings ({where}):"
+    result = DemoResult(
+        rows_written=int(summary["rows"]),
+        valid_rows=published.valid_rows,
+        messages=published.messages,
+        malformed_messages=published.malformed_messages,
+        dead_lettered=int(summary["dead"]),
+        seconds=summary["seconds"],
+        batch_fill=summary["fill"],
+        dead_letter_topic=published.dead_letter_topic,
     )
-    print(f"  rows written      {summary['rows']:>10,.0f}   (valid rows published: {valid_rows:,})")
-    print(f"  dead-lettered     {summary['dead']:>10,.0f}   messages, with reasons, to {dlq}")
     print(
-        f"  throughput        {summary['rows'] / summary['seconds']:>10,.0f}   rows/s "
-        f"({summary['seconds']:.1f} s)"
+        f"\nConsumed from {where_to} through Triton 'embedder' (batch size "
+        f"{summary['target']:.0f}) into {settings.sink} table demo_embeddings ({where}):"
     )
-    print(f"  batch fill        {summary['fill']:>10.0%}   mean rows per batch / target")
+    print(
+        f"  rows written      {result.rows_written:>10,}   "
+        f"(valid rows published: {result.valid_rows:,})"
+    )
+    print(
+        f"  dead-lettered     {result.dead_lettered:>10,}   messages, with reasons, to "
+        f"{result.dead_letter_topic}"
+    )
+    print(
+        f"  throughput        {result.rows_written / result.seconds:>10,.0f}   rows/s "
+        f"({result.seconds:.1f} s)"
+    )
+    print(f"  batch fill        {result.batch_fill:>10.0%}   mean rows per batch / target")
     print(
         f"  latency p50/p99   {np.percentile(lat, 50):>6.2f} s / {np.percentile(lat, 99):.2f} s"
         "   publish to written (backlog drained from a standing start)"
     )
+    return result
 
 
 async def _consume(config: ConsumerConfig, source: Source, messages: int) -> dict[str, float]:

@@ -4,8 +4,9 @@ consumer group's committed offsets."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,6 +62,30 @@ async def produce(
             for key, value, headers in records
         ]
         return list(await asyncio.gather(*futures))
+    finally:
+        await producer.stop()
+
+
+Record = tuple[bytes | None, bytes, Sequence[Header]]
+
+
+@contextlib.asynccontextmanager
+async def paced_producer(
+    endpoint: KafkaEndpoint,
+) -> AsyncIterator[Callable[[str, Record], Awaitable[Any]]]:
+    """One producer for many sends: ``await send(topic, (key, value, headers))`` returns once
+    the broker has the record (its RecordMetadata)."""
+    producer = AIOKafkaProducer(
+        bootstrap_servers=endpoint.bootstrap_servers, acks="all", enable_idempotence=True
+    )
+    await producer.start()
+
+    async def send(topic: str, record: Record) -> Any:
+        key, value, headers = record
+        return await (await producer.send(topic, value=value, key=key, headers=list(headers)))
+
+    try:
+        yield send
     finally:
         await producer.stop()
 

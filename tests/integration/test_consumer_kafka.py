@@ -41,6 +41,7 @@ from tests.integration.kafka_helpers import (
     KafkaTopics,
     chunk_record,
     group_offsets,
+    paced_producer,
     produce,
     read_all,
 )
@@ -143,7 +144,7 @@ async def test_a_group_that_grows_and_shrinks_mid_run_writes_every_row_exactly_o
     kafka: KafkaEndpoint, triton: TritonEndpoint, postgres: PostgresEndpoint
 ) -> None:
     t = await KafkaTopics.create(kafka, partitions=6)
-    total = 50_000
+    total = 200_000
     chunks, expected = scorer_chunks(total, seed=5, max_rows=500)
     table = f"kafka_group_{int(time.time() * 1000) % 10**8}"
     sink = {"kind": "postgres", "dsn": postgres.dsn, "table": table}
@@ -154,31 +155,32 @@ async def test_a_group_that_grows_and_shrinks_mid_run_writes_every_row_exactly_o
 
     published = 0
 
-    # A backlog of 40% to start with (the members are busy with batches in flight when the
-    # group changes), then the rest published over ~12 s.
-    backlog = len(chunks) * 2 // 5
+    # A backlog of 10% to start with, then the rest published over ~40 s, so the group
+    # changes while records arrive and batches are in flight (a 40% backlog drains in ~1 s).
+    backlog = len(chunks) // 10
     await produce(kafka, t.topic, [chunk_record(c) for c in chunks[:backlog]])
     published = backlog
 
     async def publish_paced() -> None:
         nonlocal published
-        for chunk in chunks[backlog:]:
-            await produce(kafka, t.topic, [chunk_record(chunk)])
-            published += 1
-            await asyncio.sleep(0.1)
+        async with paced_producer(kafka) as send:
+            for chunk in chunks[backlog:]:
+                await send(t.topic, chunk_record(chunk))
+                published += 1
+                await asyncio.sleep(0.05)
 
     began = time.monotonic()
     async with contextlib.AsyncExitStack() as stack:
         first = [await stack.enter_async_context(started(config)) for _ in range(3)]
         registries = [run.running[0].metrics.registry for run in first]
+        publisher = asyncio.create_task(publish_paced())
         await wait_until(lambda: rows() >= total // 20, 120, "5% of the rows written")
 
-        # A fourth member joins while batches are in flight: every member's partitions are
-        # revoked and reassigned.
+        # A fourth member joins while records arrive: every member's partitions are revoked
+        # and reassigned.
         fourth = await stack.enter_async_context(started(config))
         registries.append(fourth.running[0].metrics.registry)
-        assert rows() < total * 2 // 5
-        publisher = asyncio.create_task(publish_paced())
+        assert not publisher.done(), "the publisher finished before the fourth member joined"
         await wait_until(lambda: published >= len(chunks) * 3 // 4, 120, "3/4 published")
         assert rows() < total
 
@@ -549,17 +551,21 @@ async def test_records_in_flight_across_a_rebalance_are_written_by_two_members_b
 
 
 @pytest.mark.timeout(300)
-async def test_a_server_outage_longer_than_the_session_pauses_without_leaving_the_group(
+async def test_a_20_s_server_outage_pauses_within_budget_without_leaving_the_group(
     kafka: KafkaEndpoint, chaos_model: TritonEndpoint, tmp_path: Path
 ) -> None:
-    """The model answers UNAVAILABLE for 15 s (more than session_timeout_ms=6 s and
-    max_poll_interval_ms=10 s): consumption pauses (the partitions are paused, polling
-    goes on), the member keeps its partitions, and nothing is lost."""
+    """The model answers UNAVAILABLE for 20 s (more than session_timeout_ms=6 s and
+    max_poll_interval_ms=10 s) while 20,000 rows wait: consumption pauses (the partitions are
+    paused, polling goes on), the member keeps its partitions, memory in flight stays inside
+    the 32 MiB budget, nothing is dead-lettered and nothing is lost."""
+    ChaosControl(delay_s=0.05).write(chaos_model.chaos_control)
     t = await KafkaTopics.create(kafka, partitions=3)
-    chunks = [text_chunk(n, 50) for n in range(60)]
+    chunks = [text_chunk(n, 100) for n in range(200)]  # 20,000 rows
     await produce(kafka, t.topic, [chunk_record(c) for c in chunks[:20]])
     sink = {"kind": "sqlite", "path": str(tmp_path / "r.sqlite"), "table": "emb"}
-    config = chaos_config(t, chaos_model, sink, max_poll_interval_ms=10_000)
+    budget = 32 * 1024 * 1024
+    base = chaos_config(t, chaos_model, sink, max_poll_interval_ms=10_000).model_dump()
+    config = ConsumerConfig.model_validate({**base, "budget_bytes": budget})
     assert isinstance(config.source, KafkaSettings)
     stop = asyncio.Event()
     running: list[Running] = []
@@ -571,19 +577,32 @@ async def test_a_server_outage_longer_than_the_session_pauses_without_leaving_th
         registry = running[0].metrics.registry
         await wait_until(lambda: written(registry) >= 1000, 60, "first rows", task)
         assert source.assignments == 1
-        ChaosControl.unavailable_for(15).write(chaos_model.chaos_control)
-        await produce(kafka, t.topic, [chunk_record(c) for c in chunks[20:]])
-        await wait_until(
-            lambda: registry.get_sample_value("rowbatch_paused", {"why": "backoff"}) == 1,
-            30,
-            "paused for backoff",
-            task,
+        outage_s = 20.0
+        ChaosControl(unavailable_until=time.time() + outage_s, delay_s=0.05).write(
+            chaos_model.chaos_control
         )
-        assert source.paused
-        paused_at = time.monotonic()
-        await wait_until(lambda: written(registry) >= 3000, 120, "every row written", task)
-        assert time.monotonic() - paused_at >= 10
+        started_at = time.monotonic()
+        await produce(kafka, t.topic, [chunk_record(c) for c in chunks[20:]])
+        peak_inflight, paused_for = 0.0, 0.0
+        last = time.monotonic()
+        while written(registry) < 20_000:
+            assert not task.done(), "consumer stopped"
+            now = time.monotonic()
+            if registry.get_sample_value("rowbatch_paused", {"why": "backoff"}) == 1:
+                assert source.paused
+                paused_for += now - last
+            last = now
+            peak_inflight = max(
+                peak_inflight, registry.get_sample_value("rowbatch_inflight_bytes") or 0.0
+            )
+            assert now - started_at < 180, "not finished 180 s after the outage began"
+            await asyncio.sleep(0.1)
+        assert time.monotonic() - started_at >= outage_s * 0.9
+        assert paused_for >= 10, f"paused for backoff only {paused_for:.1f} s of the outage"
         assert source.assignments == 1, "the member lost its partitions while paused"
+        assert (registry.get_sample_value("rowbatch_backoff_periods_total") or 0) >= 1
+        assert dead_lettered(registry) == {}
+        assert peak_inflight <= budget
         await wait_until(lambda: source.outstanding == 0, 30, "nothing outstanding", task)
     finally:
         stop.set()
@@ -591,4 +610,11 @@ async def test_a_server_outage_longer_than_the_session_pauses_without_leaving_th
     committed, end = await group_offsets(kafka, t.topic, t.group, t.partitions)
     assert committed == end
     with sqlite3.connect(tmp_path / "r.sqlite") as conn:
-        assert conn.execute("SELECT count(DISTINCT id) FROM emb").fetchone() == (3000,)
+        assert conn.execute("SELECT count(DISTINCT id), count(*) FROM emb").fetchone() == (
+            20_000,
+            20_000,
+        )
+    print(
+        f"\n20 s outage: paused {paused_for:.1f} s, peak in flight "
+        f"{peak_inflight / 2**20:.1f} MiB of {budget / 2**20:.0f} MiB, partitions kept"
+    )
