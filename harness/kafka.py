@@ -37,7 +37,7 @@ import signal
 import subprocess
 import tempfile
 import uuid
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -360,9 +360,11 @@ class KafkaService(ManagedService[KafkaEndpoint]):
     """A single-node KRaft broker; ``start`` returns once a metadata call lists the broker.
 
     ``stop`` then ``start`` (or :meth:`restart`) brings the same broker back on the same ports
-    with its data. ``overrides`` replaces or adds ``server.properties`` entries. ``name``
-    selects the data dir and log (``run.data(name)``, ``run.log(name)``), so a test can run a
-    second broker in the same run dir.
+    with its data. ``overrides`` replaces or adds ``server.properties`` entries;
+    ``format_args`` go to ``kafka-storage format`` (e.g. ``--add-scram
+    'SCRAM-SHA-256=[name=u,password=p]'``). ``name`` selects the data dir and log
+    (``run.data(name)``, ``run.log(name)``), so a test can run a second broker in the same run
+    dir.
     """
 
     name = "kafka"
@@ -374,10 +376,12 @@ class KafkaService(ManagedService[KafkaEndpoint]):
         *,
         overrides: Mapping[str, str] | None = None,
         name: str = "kafka",
+        format_args: Sequence[str] = (),
     ) -> None:
         self._run = run
         self._version = version
         self._overrides = dict(overrides or {})
+        self._format_args = tuple(format_args)
         self.name = name
         self._ports: tuple[int, int] | None = None
         self._proc: ServiceProcess | None = None
@@ -465,6 +469,7 @@ class KafkaService(ManagedService[KafkaEndpoint]):
             "-c",
             str(props),
             "-g",
+            *self._format_args,
         ]
         try:
             done = subprocess.run(

@@ -93,6 +93,7 @@ from consumer.sources.base import (
     SourceUnreachable,
     package_version,
 )
+from consumer.sources.kafka_causes import ConnectCauses, connect_causes
 from consumer.sources.offsets import OffsetTracker
 from producer.errors import WireError
 from producer.headers import H_ROW_COUNT, kafka_headers_to_attributes
@@ -690,7 +691,9 @@ class KafkaSource:
 
     # -- internals: clients and tasks --------------------------------------------------------
 
-    def _unreachable(self, exc: BaseException, doing: str) -> KafkaUnreachable:
+    def _unreachable(
+        self, exc: BaseException, doing: str, causes: ConnectCauses | None = None
+    ) -> KafkaUnreachable:
         reason = (
             f"no answer within {self.config.check_timeout_s:g} s"
             if isinstance(exc, TimeoutError)
@@ -699,6 +702,7 @@ class KafkaSource:
         return KafkaUnreachable(
             f"cannot reach Kafka at {self.config.bootstrap_servers} ({doing}; "
             f"security_protocol {self.config.security_protocol}): {reason}"
+            f"{causes.describe() if causes else ''}"
         )
 
     async def _ensure_producer(self) -> Any:
@@ -708,15 +712,17 @@ class KafkaSource:
             if self._producer is None:
                 self._producer = self._producer_factory(**self.config.producer_options())
             if not self._producer_started:
-                try:
-                    async with asyncio.timeout(self.config.check_timeout_s):
-                        await self._producer.start()
-                except (KafkaError, OSError, TimeoutError) as exc:
-                    # aiokafka cannot start a client twice: stop it, make a new one next time.
-                    producer, self._producer = self._producer, None
-                    with contextlib.suppress(Exception):
-                        await producer.stop()
-                    raise self._unreachable(exc, "starting the dead-letter producer") from exc
+                with connect_causes(self.config.bootstrap_servers) as causes:
+                    try:
+                        async with asyncio.timeout(self.config.check_timeout_s):
+                            await self._producer.start()
+                    except (KafkaError, OSError, TimeoutError) as exc:
+                        # aiokafka cannot start a client twice: stop it, make a new one later.
+                        producer, self._producer = self._producer, None
+                        with contextlib.suppress(Exception):
+                            await producer.stop()
+                        doing = "starting the dead-letter producer"
+                        raise self._unreachable(exc, doing, causes) from exc
                 self._producer_started = True
             return self._producer
 
@@ -729,14 +735,16 @@ class KafkaSource:
             consumer = self._consumer_factory(**self.config.consumer_options())
             self._consumer = consumer
             consumer.subscribe([self.config.topic], listener=_Listener(self))
-            try:
-                async with asyncio.timeout(self.config.check_timeout_s):
-                    await consumer.start()
-            except (KafkaError, OSError, TimeoutError) as exc:
-                self._consumer = None
-                with contextlib.suppress(Exception):
-                    await consumer.stop()
-                raise self._unreachable(exc, f"joining group {self.config.group_id!r}") from exc
+            with connect_causes(self.config.bootstrap_servers) as causes:
+                try:
+                    async with asyncio.timeout(self.config.check_timeout_s):
+                        await consumer.start()
+                except (KafkaError, OSError, TimeoutError) as exc:
+                    self._consumer = None
+                    with contextlib.suppress(Exception):
+                        await consumer.stop()
+                    doing = f"joining group {self.config.group_id!r}"
+                    raise self._unreachable(exc, doing, causes) from exc
             self._consumer_started = True
             self._tasks = [
                 asyncio.create_task(self._poll_loop(), name="rowbatch-kafka-poll"),

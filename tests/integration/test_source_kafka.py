@@ -7,8 +7,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -21,9 +20,8 @@ from consumer.sources.kafka import (
     KafkaSourceConfig,
     KafkaUnreachable,
 )
-from harness.kafka import KafkaEndpoint, KafkaService
+from harness.kafka import KafkaEndpoint
 from harness.proc import free_port
-from harness.service import RunDir
 from tests.integration.kafka_helpers import KafkaTopics, group_offsets, produce, read_all
 
 WAIT_S = 60.0
@@ -367,77 +365,3 @@ async def test_check_names_the_unreachable_brokers() -> None:
     finally:
         await source.close()
     assert time.monotonic() - started < 15
-
-
-# --- SASL/PLAIN on a second broker -----------------------------------------------------------
-
-SASL_USER, SASL_PASSWORD = "rowbatch", "s3cret-pw"  # ASCII: server.properties is Latin-1
-
-
-@dataclass(frozen=True)
-class SaslBroker:
-    plain: KafkaEndpoint
-    """The PLAINTEXT listener (for the harness: readiness, topics, producing)."""
-    sasl_bootstrap: str
-    """The SASL_PLAINTEXT listener, PLAIN mechanism, user ``rowbatch``."""
-
-
-@pytest.fixture(scope="module")
-def sasl_broker(run_dir: RunDir) -> Iterator[SaslBroker]:
-    """A broker with a second, SASL_PLAINTEXT listener that only knows user ``rowbatch``."""
-    port, controller, sasl = free_port(), free_port(), free_port()
-    jaas = (
-        "org.apache.kafka.common.security.plain.PlainLoginModule required "
-        f'user_{SASL_USER}="{SASL_PASSWORD}";'
-    )
-    service = KafkaService(
-        run_dir,
-        name="kafka-sasl",
-        overrides={
-            "listeners": (
-                f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller},"
-                f"SASL_PLAINTEXT://127.0.0.1:{sasl}"
-            ),
-            "advertised.listeners": (
-                f"PLAINTEXT://127.0.0.1:{port},SASL_PLAINTEXT://127.0.0.1:{sasl}"
-            ),
-            "listener.security.protocol.map": (
-                "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT"
-            ),
-            "sasl.enabled.mechanisms": "PLAIN",
-            "listener.name.sasl_plaintext.plain.sasl.jaas.config": jaas,
-        },
-    )
-    service._ports = (port, controller)  # the listeners above name them
-    with service as endpoint:
-        yield SaslBroker(endpoint, f"127.0.0.1:{sasl}")
-
-
-@pytest.mark.timeout(180)
-async def test_sasl_plain_credentials_reach_the_broker(sasl_broker: SaslBroker) -> None:
-    t = await KafkaTopics.create(sasl_broker.plain, partitions=1)
-    secure = {
-        "bootstrap_servers": sasl_broker.sasl_bootstrap,
-        "security_protocol": "SASL_PLAINTEXT",
-        "sasl_mechanism": "PLAIN",
-        "sasl_plain_username": SASL_USER,
-    }
-    wrong = KafkaSource(source_config(t, **secure, sasl_plain_password="nope", check_timeout_s=5))
-    try:
-        with pytest.raises(KafkaUnreachable, match=sasl_broker.sasl_bootstrap):
-            await wrong.check()
-    finally:
-        await wrong.close()
-
-    source = KafkaSource(source_config(t, **secure, sasl_plain_password=SASL_PASSWORD))
-    try:
-        await source.check()
-        await produce(sasl_broker.plain, t.topic, records(3))
-        got = await take(source, 3)
-        await source.dead_letter(got[0], DeadLetterReason(ReasonClass.UNDECODABLE, "x"))
-        for d in got[1:]:
-            await source.ack(d)
-        await committed_becomes(t, {0: 3})
-    finally:
-        await source.close()
-    assert len(await read_all(sasl_broker.plain, t.dlq)) == 1
