@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final, cast
 
 import numpy as np
+import orjson
 from numpy.typing import NDArray
 
 from producer.columns import (
@@ -43,6 +44,7 @@ from producer.errors import (
 )
 
 _ESCAPED_SURROGATE: Final = re.compile(r"\\u[dD][89a-fA-F]")
+_ESCAPED_COLON: Final = re.compile(rb"\\u003[aA]")
 _ENTRY_KEYS: Final = frozenset({"name", "type", "dim", "values"})
 _NON_FINITE: Final[Mapping[str, float]] = {
     "NaN": math.nan,
@@ -155,8 +157,43 @@ def _has_surrogate(value: object) -> bool:
 
 
 def decode_json(payload: bytes | bytearray | memoryview) -> list[Column]:
+    """The payload's columns; raises a :class:`~producer.errors.WireError` subclass.
+
+    orjson parses first; where its result might differ from the stdlib parser's (anything it
+    rejects, such as NaN literals or a BOM, and duplicate members) or the payload is bad, the
+    stdlib path decodes it again, so results and error messages are those of
+    :func:`json.loads`."""
+    data = payload if isinstance(payload, bytes) else bytes(payload)
+    columns = _decode_fast(data)
+    return columns if columns is not None else _decode_strict(data)
+
+
+def _decode_fast(data: bytes) -> list[Column] | None:
+    """The columns, when orjson's parse is certainly what the stdlib gives; else None.
+
+    orjson reads integer literals beyond 64 bits as floats (the stdlib: as ints). Only float
+    and vector columns accept such a float, and they convert the int to the same float64."""
+    if b"\\" in data and _ESCAPED_COLON.search(data):
+        return None  # an escaped colon would upset the duplicate-member count below
     try:
-        text = bytes(payload).decode("utf-8")
+        doc = orjson.loads(data)
+        columns = _columns(doc)
+    except Exception:  # noqa: BLE001 - any trouble: the strict path decodes it and says why
+        return None
+    # orjson keeps the last of duplicate members silently; the stdlib path rejects them. Every
+    # colon outside a string ends a member name, so the payload has as many colons as the
+    # members parsed plus the colons inside strings (no escaped colons, checked above).
+    members = 1 + sum(len(entry) for entry in doc["columns"])
+    inside = sum(col.name.count(":") for col in columns)
+    for col in columns:
+        if col.type.kind is Kind.STRING:
+            inside += "".join(filter(None, col.values.tolist())).count(":")
+    return columns if data.count(b":") == members + inside else None
+
+
+def _decode_strict(data: bytes) -> list[Column]:
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InvalidJson(
             f"payload is not UTF-8 text: {exc}", expected="UTF-8 JSON", found="invalid UTF-8"
@@ -167,6 +204,13 @@ def decode_json(payload: bytes | bytearray | memoryview) -> list[Column]:
         raise InvalidJson(
             f"payload is not valid JSON: {exc}", expected="a JSON object", found=str(exc)
         ) from exc
+    columns = _columns(doc)
+    if _ESCAPED_SURROGATE.search(text):
+        _check_unicode(columns)
+    return columns
+
+
+def _columns(doc: object) -> list[Column]:
     if not isinstance(doc, dict) or set(doc) != {"columns"}:
         found = sorted(doc) if isinstance(doc, dict) else type(doc).__name__
         raise InvalidJson(
@@ -181,10 +225,7 @@ def decode_json(payload: bytes | bytearray | memoryview) -> list[Column]:
             expected="array",
             found=type(entries).__name__,
         )
-    columns = [_decode_entry(i, entry) for i, entry in enumerate(entries)]
-    if _ESCAPED_SURROGATE.search(text):
-        _check_unicode(columns)
-    return columns
+    return [_decode_entry(i, entry) for i, entry in enumerate(entries)]
 
 
 def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
