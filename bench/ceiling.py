@@ -1,0 +1,164 @@
+"""Section 1, the ceiling: Triton's own saturated throughput for a model, from a direct client
+(``tritonclient.grpc.aio``, tensors built once, batch = the model's preferred size), with the
+number of concurrent requests doubled until throughput stops rising (< 3 % gain)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import tritonclient.grpc.aio as aioclient
+from tritonclient.grpc import InferInput
+
+from bench.report import Table, rate
+from bench.stack import Bench
+from bench.triton import preferred_batch, server_stats
+
+MODELS = ("embedder", "scorer")
+MIN_GAIN = 0.03
+MIN_CONCURRENCY = 8
+"""Always measured up to here (1, 2, 4, 8): one noisy step must not end the sweep early."""
+MAX_CONCURRENCY = 64
+
+
+@dataclass(frozen=True)
+class Step:
+    concurrency: int
+    rows_per_s: float
+
+
+@dataclass(frozen=True)
+class Ceiling:
+    model: str
+    batch: int
+    rows_per_s: float
+    """The best step's throughput."""
+    best_concurrency: int
+    server_batch_ms: float
+    """Triton's compute time per executed batch at the best step."""
+    server_rows_per_batch: float
+    steps: tuple[Step, ...]
+
+
+@dataclass(frozen=True)
+class CeilingResult:
+    models: tuple[Ceiling, ...]
+    step_s: float
+
+    def of(self, model: str) -> Ceiling | None:
+        return next((m for m in self.models if m.model == model), None)
+
+    def table(self) -> Table:
+        rows = tuple(
+            (
+                m.model,
+                str(m.batch),
+                rate(m.rows_per_s),
+                str(m.best_concurrency),
+                f"{m.server_batch_ms:.1f} ms",
+                "  ".join(f"{s.concurrency}:{s.rows_per_s:,.0f}" for s in m.steps),
+            )
+            for m in self.models
+        )
+        return Table(
+            "1. Ceiling: Triton alone (direct aio client, pre-built tensors)",
+            ("model", "batch", "rows/s", "best conc.", "server batch", "sweep conc:rows/s"),
+            rows,
+            (
+                f"{self.step_s:g} s per step after a warm-up; concurrency doubled from 1 "
+                f"(at least to {MIN_CONCURRENCY}) until a step gains < 3 % over the best.",
+            ),
+        )
+
+
+def inputs_for(model: str, batch: int) -> list[InferInput]:
+    rng = np.random.default_rng(0)
+    if model in ("embedder", "noop_text", "chaos"):
+        codes = rng.integers(0, 27, size=(batch, 64), dtype=np.uint8)
+        chars = np.where(codes == 26, ord(" "), codes + ord("a")).astype(np.uint8)
+        texts = np.array([[row.tobytes()] for row in chars], dtype=np.object_)
+        text = InferInput("TEXT", [batch, 1], "BYTES")
+        text.set_data_from_numpy(texts)
+        return [text]
+    features = InferInput("FEATURES", [batch, 16], "FP32")
+    features.set_data_from_numpy(rng.standard_normal((batch, 16), dtype=np.float32))
+    count = InferInput("COUNT", [batch, 1], "INT64")
+    count.set_data_from_numpy(rng.integers(0, 1000, size=(batch, 1), dtype=np.int64))
+    return [features, count]
+
+
+async def _run_level(
+    client: Any, model: str, inputs: list[InferInput], concurrency: int, seconds: float
+) -> int:
+    """Requests completed in ``seconds`` with ``concurrency`` always outstanding."""
+    done = 0
+    deadline = time.monotonic() + seconds
+
+    async def worker() -> None:
+        nonlocal done
+        while time.monotonic() < deadline:
+            await client.infer(model, inputs)
+            done += 1
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return done
+
+
+async def _sweep(url: str, model: str, batch: int, step_s: float) -> tuple[list[Step], int]:
+    inputs = inputs_for(model, batch)
+    client = aioclient.InferenceServerClient(url)
+    steps: list[Step] = []
+    best = Step(0, 0.0)
+    try:
+        await _run_level(client, model, inputs, 2, min(step_s, 1.0))  # warm-up
+        concurrency = 1
+        while concurrency <= MAX_CONCURRENCY:
+            await _run_level(client, model, inputs, concurrency, 0.3)  # reach steady state
+            started = time.monotonic()
+            requests = await _run_level(client, model, inputs, concurrency, step_s)
+            step = Step(concurrency, requests * batch / (time.monotonic() - started))
+            steps.append(step)
+            rising = step.rows_per_s >= best.rows_per_s * (1 + MIN_GAIN)
+            best = max(best, step, key=lambda s: s.rows_per_s)
+            if not rising and concurrency >= MIN_CONCURRENCY:
+                break
+            concurrency *= 2
+    finally:
+        await client.close()
+    return steps, best.concurrency
+
+
+def _measure(bench: Bench, model: str, step_s: float) -> Ceiling:
+    url = bench.stack.triton.grpc_url
+    batch = preferred_batch(url, model)
+    steps, best_concurrency = asyncio.run(_sweep(url, model, batch, step_s))
+    # Triton's own time per batch at the best concurrency, measured on a short extra run.
+    before = server_stats(url, model)
+    asyncio.run(_best_again(url, model, batch, best_concurrency, min(step_s, 2.0)))
+    delta = server_stats(url, model).minus(before)
+    best = max(steps, key=lambda s: s.rows_per_s)
+    return Ceiling(
+        model,
+        batch,
+        best.rows_per_s,
+        best.concurrency,
+        delta.batch_ms,
+        delta.rows_per_batch,
+        tuple(steps),
+    )
+
+
+async def _best_again(url: str, model: str, batch: int, concurrency: int, seconds: float) -> None:
+    client = aioclient.InferenceServerClient(url)
+    try:
+        await _run_level(client, model, inputs_for(model, batch), concurrency, seconds)
+    finally:
+        await client.close()
+
+
+def run(bench: Bench) -> CeilingResult:
+    step_s = 1.0 if bench.quick else 3.0
+    return CeilingResult(tuple(_measure(bench, m, step_s) for m in MODELS), step_s)

@@ -1,0 +1,124 @@
+"""``python -m bench``: start the local stack, run the chosen sections, print a table per
+section and write everything to JSON.
+
+    python -m bench                               everything (about 10 minutes)
+    python -m bench --only ceiling,e2e --rows 300000
+    python -m bench --quick --only ceiling,overhead --out /tmp/bench.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench import baseline, ceiling, e2e, latency, memory, overhead, scaling, versions
+from bench.report import Report, RunInfo
+from bench.stack import Bench, bench_stack
+from bench.targets import check_targets
+from harness.service import REPO_ROOT
+
+SECTIONS = ("ceiling", "e2e", "naive", "overhead", "latency", "memory", "scaling")
+DEFAULT_ROWS = 200_000
+QUICK_ROWS = 10_000
+
+
+@dataclass(frozen=True)
+class BenchArgs:
+    only: tuple[str, ...]
+    rows: int
+    quick: bool
+    out: Path
+    profile: bool
+
+
+def parse_args(argv: list[str] | None = None) -> BenchArgs:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench", description=(__doc__ or "").split("\n")[0]
+    )
+    parser.add_argument(
+        "--only",
+        default=",".join(SECTIONS),
+        help=f"comma-separated sections to run (default all: {','.join(SECTIONS)})",
+    )
+    parser.add_argument(
+        "--rows",
+        type=int,
+        default=None,
+        help=f"backlog rows for e2e (default {DEFAULT_ROWS:,}; {QUICK_ROWS:,} with --quick)",
+    )
+    parser.add_argument("--quick", action="store_true", help="small sizes (a smoke test)")
+    parser.add_argument("--out", type=Path, default=None, help="JSON file to write")
+    parser.add_argument(
+        "--no-profile", action="store_true", help="skip the py-spy run of the overhead section"
+    )
+    args = parser.parse_args(argv)
+    only = tuple(s.strip() for s in args.only.split(",") if s.strip())
+    unknown = [s for s in only if s not in SECTIONS]
+    if unknown:
+        parser.error(f"unknown section(s) {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out = args.out or REPO_ROOT / ".stack" / "bench" / f"results-{stamp}.json"
+    rows = args.rows if args.rows is not None else (QUICK_ROWS if args.quick else DEFAULT_ROWS)
+    if rows < 1:
+        parser.error("--rows must be at least 1")
+    return BenchArgs(only, rows, args.quick, out, not args.no_profile)
+
+
+def _sections(args: BenchArgs, done: dict[str, Any]) -> dict[str, Callable[[Bench], Any]]:
+    return {
+        "ceiling": ceiling.run,
+        "e2e": lambda b: e2e.run(b, args.rows, done.get("ceiling")),
+        "naive": lambda b: baseline.run(b, done.get("e2e")),
+        "overhead": lambda b: overhead.run(b, args.profile),
+        "latency": lambda b: latency.run(b, done.get("e2e")),
+        "memory": memory.run,
+        "scaling": scaling.run,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    command = shlex.join([Path(sys.executable).name, "-m", "bench", *(argv or sys.argv[1:])])
+    started = time.monotonic()
+    print(f"Starting the local stack (logs under {REPO_ROOT / '.stack' / 'bench'}) ...", flush=True)
+    with bench_stack(REPO_ROOT / ".stack" / "bench", args.quick) as bench:
+        os.environ.update(bench.stack.pubsub.env())
+        info = RunInfo(
+            command=command,
+            started_at=time.strftime("%Y-%m-%d %H:%M:%S %z"),
+            versions=versions.collect(bench.stack),
+            cpu_count=os.cpu_count() or 1,
+            quick=args.quick,
+            run_dir=str(bench.workdir.parent),
+        )
+        report = Report(info, args.out)
+        print(info.header())
+        print(f"  stack     ready in {time.monotonic() - started:.0f} s", flush=True)
+        runners = _sections(args, report.sections)
+        for name in SECTIONS:
+            if name not in args.only:
+                continue
+            t0 = time.monotonic()
+            print(f"\n[{name}] running ...", flush=True)
+            try:
+                result = runners[name](bench)
+            except Exception as exc:  # noqa: BLE001 - one failed section must not lose the rest
+                traceback.print_exc()
+                report.fail(name, f"{type(exc).__name__}: {exc}", time.monotonic() - t0)
+                continue
+            report.add(name, result, time.monotonic() - t0)
+        report.targets = check_targets(report.sections)
+        report.elapsed_s["total"] = round(time.monotonic() - started, 1)
+        if report.targets:
+            print(report.targets_table().render())
+        report.write()
+    print(f"\nTotal {time.monotonic() - started:.0f} s; results in {args.out}")
+    return 1 if report.errors else 0

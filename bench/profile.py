@@ -1,0 +1,156 @@
+"""Where the consumer's CPU goes, by stage: a ``py-spy record --format raw`` of the consumer
+process, each sample attributed to the stage of its innermost frame that belongs to one.
+
+Stages (matched on the frame's file path, innermost frame first; a frame of a library that
+serves several stages, gRPC or numpy, only counts when nothing further out claims the sample):
+
+- decode: ``producer/`` (wire, codec_json, codec_arrow, columns, headers)
+- batch: ``consumer/batcher.py``, ``intake.py``, ``ledger.py``, ``budget.py``
+- tensor build: ``consumer/binding.py``
+- gRPC (inference): ``consumer/inference.py``, ``tritonclient``; ``grpc`` when nothing else
+- sink: ``consumer/sinks/``, ``psycopg``, ``sqlite3``, ``pyarrow/parquet``
+- ack (source): ``consumer/sources/``, ``google/cloud/pubsub``, ``google/api_core``, ``aiokafka``
+- other: the event loop, ``consumer/pipeline.py``, metrics, logging, everything else
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+STAGES = ("decode", "batch", "tensor build", "gRPC", "sink", "ack", "other")
+
+_OWN: tuple[tuple[str, str], ...] = (
+    ("consumer/sources/", "ack"),
+    ("consumer/sinks/", "sink"),
+    ("consumer/binding.py", "tensor build"),
+    ("consumer/inference.py", "gRPC"),
+    ("consumer/batcher.py", "batch"),
+    ("consumer/intake.py", "batch"),
+    ("consumer/ledger.py", "batch"),
+    ("consumer/budget.py", "batch"),
+    ("producer/", "decode"),
+)
+_LIBS: tuple[tuple[str, str], ...] = (
+    ("/tritonclient/", "gRPC"),
+    ("/psycopg/", "sink"),
+    ("/psycopg_binary/", "sink"),
+    ("/sqlite3/", "sink"),
+    ("/pyarrow/parquet/", "sink"),
+    ("/google/cloud/pubsub", "ack"),
+    ("/google/api_core/", "ack"),
+    ("/aiokafka/", "ack"),
+)
+_WEAK: tuple[tuple[str, str], ...] = (("/grpc/", "gRPC"),)
+_FRAME = re.compile(r"^(.*) \((.*?)(?::\d+)?\)$")
+
+
+def stage_of_file(path: str, repo: str) -> tuple[str | None, bool]:
+    """The stage a frame's file belongs to, and whether the match is weak."""
+    if path.startswith(repo) and "/site-packages/" not in path:
+        rel = path[len(repo) :].lstrip("/")
+        for prefix, stage in _OWN:
+            if rel.startswith(prefix):
+                return stage, False
+        return None, False
+    for part, stage in _LIBS:
+        if part in path:
+            return stage, False
+    for part, stage in _WEAK:
+        if part in path:
+            return stage, True
+    return None, False
+
+
+def stage_of_stack(frames: list[str], repo: str) -> str:
+    """``frames`` outermost first, as py-spy writes them."""
+    weak: str | None = None
+    for frame in reversed(frames):
+        match = _FRAME.match(frame)
+        path = match.group(2) if match else frame
+        stage, is_weak = stage_of_file(path, repo)
+        if stage is None:
+            continue
+        if not is_weak:
+            return stage
+        weak = weak or stage
+    return weak or "other"
+
+
+def breakdown(raw: str, repo: str) -> dict[str, int]:
+    """Samples per stage from py-spy's raw (collapsed stack) output."""
+    counts: Counter[str] = Counter(dict.fromkeys(STAGES, 0))
+    for line in raw.splitlines():
+        stack, _, number = line.rpartition(" ")
+        if not stack or not number.isdigit():
+            continue
+        counts[stage_of_stack(stack.split(";"), repo)] += int(number)
+    return dict(counts)
+
+
+def py_spy() -> str | None:
+    found = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    return found if Path(found).exists() else None
+
+
+@contextlib.contextmanager
+def recording(pid: int, out: Path, rate_hz: int = 200) -> Iterator[list[str]]:
+    """Record ``pid`` with py-spy while the block runs; ``errors`` (the yielded list) gets
+    py-spy's complaint if it could not attach (it needs ptrace: root or CAP_SYS_PTRACE)."""
+    errors: list[str] = []
+    exe = py_spy()
+    if exe is None:
+        errors.append("py-spy is not installed (pip install -e '.[dev]')")
+        yield errors
+        return
+    log = out.with_suffix(".log")
+    with log.open("wb") as sink:
+        proc = subprocess.Popen(
+            [
+                exe,
+                "record",
+                "--format",
+                "raw",
+                "--full-filenames",
+                "--nonblocking",
+                "--subprocesses",
+                "-r",
+                str(rate_hz),
+                "-o",
+                str(out),
+                "-p",
+                str(pid),
+            ],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+        try:
+            yield errors
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)  # py-spy writes its output on Ctrl-C
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+    if not out.exists() or out.stat().st_size == 0:
+        errors.append(f"py-spy wrote no samples: {log.read_text(errors='replace')[-500:]}")
+
+
+@dataclass(frozen=True)
+class Profile:
+    case: str
+    samples: int
+    share: dict[str, float]
+    """Stage -> fraction of the consumer's on-CPU samples."""
+    error: str | None = None
