@@ -9,23 +9,25 @@ Three checks at three moments:
   (a :class:`SchemaMismatch` poisons that one message).
 - :func:`build_inputs` per batch: the batch's arrays become ``InferInput`` tensors; nulls in an
   input column, or values the model's datatype cannot hold, raise :class:`SchemaMismatch`.
-  :func:`check_chunk` runs the same value checks on one message, so a caller can reject a
-  message before it joins a batch.
+  :func:`check_chunk` runs the same value checks on one message, without building tensors, so
+  a caller can reject a message before it joins a batch. Text becomes a BYTES tensor once,
+  per batch (:mod:`consumer.text_tensor`).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, ClassVar, Final
+from typing import Any, Final
 
 import numpy as np
 import tritonclient.grpc as grpcclient
 from numpy.typing import NDArray
 
+from consumer.mismatch import SchemaMismatch as SchemaMismatch  # noqa: PLC0414 (re-export)
 from consumer.model import ModelSpec, TensorSpec
+from consumer.text_tensor import bytes_input, check_text, serialize_text
 from producer.columns import Column, ColumnType, Kind
 
 #: Result-table columns the consumer writes itself; no output or passthrough may take them.
@@ -66,23 +68,6 @@ class BindingError(ValueError):
         super().__init__(f"binding does not fit model {model!r}: " + "; ".join(problems))
         self.model = model
         self.problems = tuple(problems)
-
-
-class SchemaMismatch(ValueError):
-    """A message's columns cannot feed the model as bound: a poison message (dead-letter it
-    with reason class ``schema-mismatch``). Names the column, what was expected and found."""
-
-    reason: ClassVar[str] = "schema_mismatch"
-
-    def __init__(
-        self, message: str, *, column: str, expected: str, found: str, row: int | None = None
-    ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.column = column
-        self.expected = expected
-        self.found = found
-        self.row = row
 
 
 @dataclass(frozen=True)
@@ -236,7 +221,7 @@ def check_chunk(spec: ModelSpec, binding: Binding, columns: Mapping[str, Column]
         col = columns[column]
         tensor = spec.input(model_input)
         assert tensor is not None  # check_columns saw it
-        _to_tensor(column, tensor, col.values, col.nulls)
+        _check_values(column, tensor, col.values, col.nulls)
 
 
 # --- per batch -----------------------------------------------------------------------------------
@@ -252,39 +237,6 @@ def _null_error(column: str, tensor: TensorSpec, nulls: NDArray[np.bool_]) -> Sc
         found=f"null at row {row}",
         row=row,
     )
-
-
-def _utf8(column: str, values: NDArray[Any]) -> list[bytes]:
-    """Each element as bytes (``str`` encoded as UTF-8); a ``None`` is a null."""
-    try:
-        return [v.encode("utf-8") for v in values.ravel()]  # the common case: all str
-    except (AttributeError, UnicodeEncodeError):
-        pass
-    out: list[bytes] = []
-    for row, v in enumerate(values.ravel()):
-        if isinstance(v, str):
-            try:
-                out.append(v.encode("utf-8"))
-            except UnicodeEncodeError as exc:
-                raise SchemaMismatch(
-                    f"column {column!r}: row {row} is not encodable as UTF-8 ({exc.reason})",
-                    column=column,
-                    expected="UTF-8 encodable text",
-                    found=repr(v[exc.start : exc.end]),
-                    row=row,
-                ) from exc
-        elif isinstance(v, bytes | bytearray | memoryview | np.bytes_):
-            out.append(bytes(v))
-        else:
-            null = "null" if v is None else type(v).__name__
-            raise SchemaMismatch(
-                f"column {column!r}: row {row} is {null}, not text",
-                column=column,
-                expected="text or bytes",
-                found=null,
-                row=row,
-            )
-    return out
 
 
 def _check_range(column: str, values: NDArray[Any], dtype: np.dtype[Any]) -> None:
@@ -315,10 +267,11 @@ def _check_range(column: str, values: NDArray[Any], dtype: np.dtype[Any]) -> Non
     )
 
 
-def _to_tensor(
+def _fit(
     column: str, tensor: TensorSpec, values: NDArray[Any], nulls: NDArray[np.bool_] | None
-) -> NDArray[Any]:
-    """``values`` (one entry per row) as the array ``tensor`` takes: ``(rows, *dims)``."""
+) -> tuple[np.dtype[Any], tuple[int, ...]]:
+    """The dtype and shape ``(rows, *dims)`` that ``values`` (one entry per row) take as
+    ``tensor``, after the checks every value passes (no nulls, integers and floats in range)."""
     if nulls is not None and nulls.any():
         raise _null_error(column, tensor, nulls)
     known = _NUMPY.get(tensor.datatype)
@@ -332,16 +285,32 @@ def _to_tensor(
             found=f"{values.dtype} {list(values.shape[1:])}",
         )
     dtype = known[0]
-    shape = (values.shape[0], *dims)
+    narrows = dtype.itemsize < values.dtype.itemsize or dtype.kind != values.dtype.kind
+    if tensor.datatype != "BYTES" and values.dtype != dtype and narrows:
+        _check_range(column, values, dtype)
+    return dtype, (values.shape[0], *dims)
+
+
+def _check_values(
+    column: str, tensor: TensorSpec, values: NDArray[Any], nulls: NDArray[np.bool_] | None
+) -> None:
+    """Raises :class:`SchemaMismatch` where :func:`_to_input` would, without building it."""
+    _fit(column, tensor, values, nulls)
     if tensor.datatype == "BYTES":
-        out = np.empty(values.shape[0] * math.prod(dims), dtype=object)
-        out[:] = _utf8(column, values)
-        return out.reshape(shape)
-    if values.dtype != dtype:
-        if dtype.itemsize < values.dtype.itemsize or dtype.kind != values.dtype.kind:
-            _check_range(column, values, dtype)
-        values = values.astype(dtype)
-    return np.ascontiguousarray(values.reshape(shape))
+        check_text(column, values)
+
+
+def _to_input(
+    column: str, tensor: TensorSpec, values: NDArray[Any], nulls: NDArray[np.bool_] | None
+) -> Any:
+    """``values`` (one entry per row) as the ``InferInput`` for ``tensor``."""
+    dtype, shape = _fit(column, tensor, values, nulls)
+    if tensor.datatype == "BYTES":
+        return bytes_input(tensor.name, list(shape), serialize_text(column, values))
+    data = np.ascontiguousarray(values.astype(dtype, copy=False).reshape(shape))
+    infer_input = grpcclient.InferInput(tensor.name, list(shape), tensor.datatype)
+    infer_input.set_data_from_numpy(data)
+    return infer_input
 
 
 def build_inputs(
@@ -375,8 +344,5 @@ def build_inputs(
             raise ValueError(
                 f"column {column!r} has {values.shape[0]} rows, the others {rows} rows"
             )
-        data = _to_tensor(column, tensor, values, masks.get(column))
-        infer_input = grpcclient.InferInput(tensor.name, list(data.shape), tensor.datatype)
-        infer_input.set_data_from_numpy(data)
-        out.append(infer_input)
+        out.append(_to_input(column, tensor, values, masks.get(column)))
     return out
