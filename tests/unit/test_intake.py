@@ -1,0 +1,26 @@
+"""Intake: the memory a decoded message is charged (the budget counts text by its length)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from consumer.intake import Intake
+from consumer.sources.base import Delivery
+from producer.wire import DecodedChunk, encode_chunk
+
+
+def no_check(chunk: DecodedChunk) -> None:
+    pass
+
+
+@pytest.mark.parametrize("encoding", ["json", "arrow"])
+def test_text_is_charged_by_length_and_nulls_by_a_pointer(encoding: str) -> None:
+    texts = ["", "abc", "héllo", None, "x" * 100]
+    enc = encode_chunk("t", {"s": texts, "n": np.arange(5)}, encoding, "c")
+    rows = Intake(("s", "n"), no_check).rows(Delivery("m", enc.payload, enc.attributes, 0, 1, "s"))
+    strings = sum(len(t) + 49 for t in texts if t is not None) + 16
+    assert rows.nbytes == strings + 5 * 8 + 5 * 8  # object pointers + int64 values
+    without_null = encode_chunk("t", {"s": ["ab", "c"]}, encoding, "c")
+    delivery = Delivery("m", without_null.payload, without_null.attributes, 0, 1, "s")
+    assert Intake(("s",), no_check).rows(delivery).nbytes == (2 + 49) + (1 + 49) + 2 * 8
