@@ -91,7 +91,7 @@ _NUMERIC: Final[dict[str, tuple[str, str, int]]] = {
     "float64": ("double precision", ">f8", 701),
 }
 
-Cells = Sequence[bytes]  # one binary COPY field (length prefix included) per row
+Cells = Sequence[bytes | memoryview]  # one binary COPY field (length prefix included) per row
 
 
 @dataclass(frozen=True)
@@ -120,10 +120,10 @@ def _pg_type(col: ColumnSpec) -> str:
     return f"{base}[]" if col.dim else base
 
 
-def _split(records: NDArray[Any], mask: NDArray[np.bool_] | None) -> list[bytes]:
-    buf = records.tobytes()
+def _split(records: NDArray[Any], mask: NDArray[np.bool_] | None) -> list[bytes | memoryview]:
+    buf = memoryview(records.view(np.uint8).reshape(-1).data)  # slices are views: no copies
     width = records.dtype.itemsize
-    cells = [buf[i : i + width] for i in range(0, len(buf), width)]
+    cells: list[bytes | memoryview] = [buf[i : i + width] for i in range(0, len(buf), width)]
     if mask is not None:
         for i in np.flatnonzero(mask).tolist():
             cells[i] = _NULL
@@ -159,6 +159,11 @@ def _encoder(col: ColumnSpec) -> Callable[[ResultRows, slice], Cells]:
 def _varlen_cells(
     name: str, values: NDArray[Any], mask: NDArray[np.bool_] | None, *, text: bool
 ) -> list[bytes]:
+    items = values.tolist()
+    if mask is None and text and set(map(type, items)) <= {str}:
+        # Keys repeat (one chunk id per message): encode each distinct value once.
+        distinct = {value: _text(value) for value in set(items)}
+        return list(map(distinct.__getitem__, items))
     pack = struct.Struct(">i").pack
     want = str if text else bytes
     cells: list[bytes] = []
