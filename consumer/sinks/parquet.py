@@ -151,8 +151,8 @@ def to_arrow(table: TableSpec, schema: pa.Schema, rows: ResultRows) -> pa.Table:
         pa.array(rows.row_index, type=pa.int64()),
         pa.array(rows.source_message_id, type=pa.string()),
         *(_column(rows, c, schema.field(c.name).type) for c in table_columns(table)),
-        pa.array(np.full(n, rows.model_name, dtype=object), type=pa.string()),
-        pa.array(np.full(n, rows.model_version, dtype=object), type=pa.string()),
+        pa.repeat(pa.scalar(rows.model_name, pa.string()), n),
+        pa.repeat(pa.scalar(rows.model_version, pa.string()), n),
         pa.array(np.full(n, at), type=_TIMESTAMP),
     ]
     return pa.Table.from_arrays(arrays, schema=schema)
