@@ -179,7 +179,10 @@ async def test_100k_rows_mixed_chunks_into_each_sink(
     after = triton_batch_rows(triton, "scorer")
     executed = {size: after.get(size, 0) - before.get(size, 0) for size in after}
     assert sum(executed.values()) == total
-    assert executed.get(256, 0) >= 0.95 * total, f"rows per Triton batch size: {executed}"
+    # Full batches: 256 (the preferred size, what rowbatch sends), or two requests of 256
+    # merged by Triton's dynamic batcher when they arrive together (max_batch_size 512).
+    full = sum(rows for size, rows in executed.items() if size >= 256 and size % 256 == 0)
+    assert full >= 0.95 * total, f"rows per Triton batch size: {executed}"
 
 
 # --- poison, outage, slow batches (the chaos model: TEXT -> EMBEDDING, faults on demand) ----
