@@ -10,7 +10,10 @@ serves several stages, gRPC or numpy, only counts when nothing further out claim
 - gRPC (inference): ``consumer/inference.py``, ``tritonclient``; ``grpc`` when nothing else
 - sink: ``consumer/sinks/``, ``psycopg``, ``sqlite3``, ``pyarrow/parquet``
 - ack (source): ``consumer/sources/``, ``google/cloud/pubsub``, ``google/api_core``, ``aiokafka``
-- other: the event loop, ``consumer/pipeline.py``, metrics, logging, everything else
+- event loop: samples that end in ``asyncio``, ``selectors``, ``threading`` or
+  ``concurrent.futures`` with no stage further out: polling, callbacks, thread hand-offs (py-spy
+  in ``--nonblocking`` mode may count some waits in ``epoll`` here)
+- other: ``consumer/pipeline.py``, metrics, logging, everything else
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-STAGES = ("decode", "batch", "tensor build", "gRPC", "sink", "ack", "other")
+STAGES = ("decode", "batch", "tensor build", "gRPC", "sink", "ack", "event loop", "other")
 
 _OWN: tuple[tuple[str, str], ...] = (
     ("consumer/sources/", "ack"),
@@ -50,6 +53,7 @@ _LIBS: tuple[tuple[str, str], ...] = (
     ("/aiokafka/", "ack"),
 )
 _WEAK: tuple[tuple[str, str], ...] = (("/grpc/", "gRPC"),)
+_LOOP = ("/asyncio/", "/selectors.py", "/threading.py", "/concurrent/futures/", "/queue.py")
 _FRAME = re.compile(r"^(.*) \((.*?)(?::\d+)?\)$")
 
 
@@ -73,6 +77,8 @@ def stage_of_file(path: str, repo: str) -> tuple[str | None, bool]:
 def stage_of_stack(frames: list[str], repo: str) -> str:
     """``frames`` outermost first, as py-spy writes them."""
     weak: str | None = None
+    leaf = _FRAME.match(frames[-1]) if frames else None
+    loop = leaf is not None and any(part in leaf.group(2) for part in _LOOP)
     for frame in reversed(frames):
         match = _FRAME.match(frame)
         path = match.group(2) if match else frame
@@ -82,7 +88,7 @@ def stage_of_stack(frames: list[str], repo: str) -> str:
         if not is_weak:
             return stage
         weak = weak or stage
-    return weak or "other"
+    return weak or ("event loop" if loop else "other")
 
 
 def breakdown(raw: str, repo: str) -> dict[str, int]:
