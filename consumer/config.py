@@ -150,7 +150,9 @@ class ModelSettings(_Section):
     max_wait_ms: float = Field(default=100.0, ge=0)
     """Latency bound: a partial batch is sent once its oldest row has waited this long."""
     max_in_flight: int | None = Field(default=None, ge=1)
-    """Batches in flight at once. Default: 2 x the model's instance count."""
+    """Batches in flight at once. Default: per model instance, enough for two executions of
+    the model's ``max_batch_size`` (one running, one queued), at least 2: 4 for a model with
+    preferred size 128 and max_batch_size 256. The memory budget still bounds it."""
     timeout_s: float = Field(default=60.0, gt=0)
     """Per-request deadline."""
     backoff_initial_s: float = Field(default=0.1, gt=0)

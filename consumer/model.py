@@ -234,6 +234,17 @@ def target_batch_size(spec: ModelSpec, override: int | None = None) -> int:
     )
 
 
+def default_in_flight(spec: ModelSpec, target: int) -> int:
+    """Batches to keep in flight when ``max_in_flight`` is not configured: enough that every
+    model instance can run one execution of the size Triton's dynamic batcher may merge
+    requests into (``max_batch_size``) while another as large waits in its queue. With fewer,
+    the batcher merges everything queued into one execution and the instance idles while the
+    answers travel back and the next requests come in. At least 2 per instance."""
+    instances = max(spec.instance_count, 1)
+    merged = max(spec.max_batch_size, target)
+    return max(2 * instances, -(-2 * instances * merged // max(target, 1)))
+
+
 # --- bytes per row ---------------------------------------------------------------------------
 
 

@@ -36,7 +36,12 @@ from consumer.inference import (
 )
 from consumer.intake import Intake
 from consumer.metrics import Metrics
-from consumer.model import ModelSpec, output_bytes_per_row, target_batch_size
+from consumer.model import (
+    ModelSpec,
+    default_in_flight,
+    output_bytes_per_row,
+    target_batch_size,
+)
 from consumer.pipeline import Pipeline, PipelineSettings, RunBatch
 from consumer.poison import isolate
 from consumer.sinks.base import ColumnSpec, Sink, TableSpec
@@ -243,6 +248,7 @@ async def run_consumer(
         spec = await client.discover()
         check_binding(spec, binding)
         target = target_batch_size(spec, config.model.batch_size)
+        in_flight = config.model.max_in_flight or default_in_flight(spec, target)
         metrics = Metrics()
         health = HealthServer(
             metrics.registry, lambda: running.ready, config.server.host, config.server.port
@@ -277,7 +283,7 @@ async def run_consumer(
             settings=PipelineSettings(
                 target_batch_size=target,
                 max_wait_s=config.model.max_wait_ms / 1000,
-                max_in_flight=config.model.max_in_flight or 2 * spec.instance_count,
+                max_in_flight=in_flight,
                 output_bytes_per_row=output_bytes_per_row(spec),
                 outputs=binding.outputs,
                 passthrough=binding.passthrough,
@@ -294,7 +300,7 @@ async def run_consumer(
             spec.name,
             spec.version or "?",
             target,
-            config.model.max_in_flight or 2 * spec.instance_count,
+            in_flight,
             config.budget_bytes,
         )
         running.ready = True

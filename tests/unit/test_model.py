@@ -3,6 +3,7 @@ the target batch size and bytes per row."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from consumer.model import (
     ModelServerUnavailable,
     ModelSpec,
     TensorSpec,
+    default_in_flight,
     discover_model,
     input_bytes_per_row,
     output_bytes_per_row,
@@ -206,3 +208,27 @@ def test_bytes_per_row() -> None:
     unknown = ModelSpec("u", "", (TensorSpec("X", "WEIRD", (1,)),), (), 8)
     with pytest.raises(ModelConfigError, match="WEIRD"):
         input_bytes_per_row(unknown)
+
+
+@pytest.mark.parametrize(
+    ("max_batch", "preferred", "instances", "want"),
+    [
+        (256, (64, 128), 1, 4),  # embedder: two merged executions of 256 in 128-row requests
+        (512, (256,), 1, 4),  # scorer
+        (256, (256,), 1, 2),  # requests already as large as an execution: the floor
+        (256, (256,), 3, 6),
+        (1000, (128,), 1, 16),  # 2 x ceil(1000 / 128)
+        (0, (), 1, 2),  # no batching (batch_size configured): the floor
+    ],
+)
+def test_default_in_flight_keeps_one_merged_execution_queued_behind_the_running_one(
+    max_batch: int, preferred: tuple[int, ...], instances: int, want: int
+) -> None:
+    spec = dataclasses.replace(
+        EMBEDDER,
+        max_batch_size=max_batch,
+        preferred_batch_sizes=preferred,
+        instance_count=instances,
+    )
+    target = target_batch_size(spec, None if max_batch else 8)
+    assert default_in_flight(spec, target) == want
