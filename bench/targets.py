@@ -20,7 +20,7 @@ def check_targets(sections: Mapping[str, Any]) -> list[Target]:
     if isinstance(e2e, E2eResult):
         for broker in BROKERS:
             run = e2e.find(broker, "postgres")
-            if run is not None and run.ceiling_ratio is not None:
+            if run is not None:
                 found.append(
                     Target(
                         f"e2e {broker} -> postgres vs embedder ceiling",
