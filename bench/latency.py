@@ -150,7 +150,7 @@ def _latencies(dsn: str, table: str, sent: dict[str, float]) -> np.ndarray[Any, 
 
 
 def _fill(proc: ConsumerProcess) -> tuple[float, float]:
-    m = proc.metrics()
+    m = proc.metrics() or {}
     return (
         m.get("rowbatch_batch_fill_ratio_sum", 0.0),
         m.get("rowbatch_batch_fill_ratio_count", 0.0),

@@ -107,7 +107,7 @@ def run(bench: Bench) -> MemoryResult:
 
         def done() -> bool:
             nonlocal peak_inflight
-            m = proc.metrics()
+            m = proc.metrics() or {}
             peak_inflight = max(peak_inflight, m.get("rowbatch_inflight_bytes", 0.0))
             return m.get("rowbatch_rows_written_total", 0.0) >= rows
 

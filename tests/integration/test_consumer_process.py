@@ -23,31 +23,25 @@ lost rounds in a row; their assertions do not depend on how many there were.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import re
 import signal
 import sqlite3
-import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 import psycopg
 import pytest
 
 from consumer.config import MiB, load_config
+from harness.consumer_process import ConsumerProcess, to_toml
 from harness.postgres import PostgresEndpoint
-from harness.proc import free_port, log_tail
+from harness.proc import free_port
 from harness.pubsub import PubSubEndpoint
 from harness.reference_models import EXPAND_DIM, expand
-from harness.service import REPO_ROOT
 from harness.triton import TritonEndpoint
 from producer.wire import encode_chunk
 from tests.integration.consumer_helpers import Topics
@@ -60,118 +54,6 @@ stream wins (see the module docstring): 17 lost rounds in a row at even odds is 
 
 
 # --- a consumer process --------------------------------------------------------------------
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, str | Path):
-        return json.dumps(str(value))  # a JSON string is a valid TOML basic string
-    raise TypeError(f"no TOML for {value!r}")
-
-
-def to_toml(data: dict[str, Any], prefix: str = "") -> str:
-    """Enough TOML for a consumer config: scalars and nested tables."""
-    lines = [f"[{prefix}]"] if prefix else []
-    tables = {k: v for k, v in data.items() if isinstance(v, dict)}
-    lines += [f"{json.dumps(k)} = {_toml_value(v)}" for k, v in data.items() if k not in tables]
-    text = "\n".join(lines) + "\n"
-    for key, table in tables.items():
-        text += "\n" + to_toml(table, f"{prefix}.{json.dumps(key)}" if prefix else json.dumps(key))
-    return text
-
-
-@dataclass
-class ConsumerProcess:
-    """One ``python -m consumer run`` child; ``stop`` (always called) kills it by pid."""
-
-    name: str
-    config_path: Path
-    log_path: Path
-    port: int
-    env: dict[str, str]
-    proc: subprocess.Popen[bytes] | None = None
-    _log: IO[bytes] | None = field(default=None, repr=False)
-
-    def start(self) -> None:
-        self._log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "consumer", "run", "--config", str(self.config_path)],
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=self.env,
-            cwd=REPO_ROOT,
-            start_new_session=True,
-        )
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def returncode(self) -> int | None:
-        assert self.proc is not None
-        return self.proc.poll()
-
-    def log(self) -> str:
-        return log_tail(self.log_path)
-
-    def check_alive(self, what: str) -> None:
-        code = self.returncode()
-        if code is not None:
-            raise AssertionError(
-                f"consumer {self.name} exited with {code} before {what}; log tail:\n{self.log()}"
-            )
-
-    def _get(self, path: str) -> tuple[int, str]:
-        url = f"http://127.0.0.1:{self.port}{path}"
-        try:
-            with urllib.request.urlopen(url, timeout=5) as answer:
-                return int(answer.status), answer.read().decode()
-        except urllib.error.HTTPError as exc:  # e.g. 503 from /readyz
-            exc.close()
-            return exc.code, ""
-        except OSError:
-            return 0, ""
-
-    def ready(self) -> bool:
-        return self._get("/readyz")[0] == 200
-
-    def metric(self, name: str) -> float | None:
-        """One unlabelled sample from ``/metrics``, ``None`` when unreachable."""
-        status, body = self._get("/metrics")
-        if status != 200:
-            return None
-        match = re.search(rf"^{re.escape(name)} (\S+)$", body, flags=re.MULTILINE)
-        return float(match.group(1)) if match else None
-
-    def memory_kib(self) -> dict[str, int]:
-        """``VmRSS`` (now) and ``VmHWM`` (peak RSS so far) from ``/proc/<pid>/status``."""
-        text = Path(f"/proc/{self.pid}/status").read_text()
-        found = dict(re.findall(r"^(VmRSS|VmHWM):\s+(\d+) kB$", text, flags=re.MULTILINE))
-        return {key: int(found[key]) for key in ("VmRSS", "VmHWM")}
-
-    def send(self, sig: signal.Signals) -> None:
-        self.check_alive(f"{sig.name}")
-        os.kill(self.pid, sig)
-
-    def wait(self, timeout_s: float) -> int:
-        assert self.proc is not None
-        return self.proc.wait(timeout_s)
-
-    def stop(self) -> None:
-        """Kill by pid if still running, reap it, close the log."""
-        if self.proc is not None and self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.proc.pid, signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(30)
-        if self._log is not None:
-            self._log.close()
-            self._log = None
 
 
 @dataclass
