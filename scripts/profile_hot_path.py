@@ -49,32 +49,19 @@ from consumer.budget import ByteBudget
 from consumer.inference import RetryingInferencer
 from consumer.intake import Intake
 from consumer.metrics import Metrics
-from consumer.model import ModelSpec, TensorSpec
+from consumer.model import ModelSpec
 from consumer.pipeline import Pipeline, PipelineSettings
 from consumer.sinks import parquet, postgres, sqlite
 from consumer.sinks.base import ColumnSpec, ResultRows, Sink, TableSpec, table_columns
 from consumer.sources.base import DeadLetterReason, Delivery
+from harness.model_specs import EMBEDDER, SCORER
 from producer.columns import ColumnType
 from producer.wire import encode_chunk
 
 STAGES = ("decode", "check", "intake", "batch", "tensor", "grpc", "result", "sink", "ack")
 
-TEXT_MODEL = ModelSpec(
-    "embedder",
-    "1",
-    (TensorSpec("TEXT", "BYTES", (1,)),),
-    (TensorSpec("EMBEDDING", "FP32", (384,)),),
-    256,
-    (64, 128),
-)
-NUMERIC_MODEL = ModelSpec(
-    "scorer",
-    "1",
-    (TensorSpec("FEATURES", "FP32", (16,)), TensorSpec("COUNT", "INT64", (1,))),
-    (TensorSpec("SCORE", "FP32", (1,)), TensorSpec("LABEL", "INT32", (1,))),
-    512,
-    (256,),
-)
+TEXT_MODEL = EMBEDDER
+NUMERIC_MODEL = SCORER
 BINDINGS = {
     "text": Binding({"text": "TEXT"}, {"EMBEDDING": "embedding"}, ("id",)),
     "numeric": Binding(

@@ -21,6 +21,7 @@ from consumer.binding import (
     check_columns,
 )
 from consumer.model import ModelSpec, TensorSpec
+from harness.model_specs import EMBEDDER, SCORER
 from producer.columns import (
     BOOL,
     BYTES,
@@ -33,22 +34,6 @@ from producer.columns import (
     make_column,
 )
 
-EMBEDDER = ModelSpec(
-    "embedder",
-    "1",
-    (TensorSpec("TEXT", "BYTES", (1,)),),
-    (TensorSpec("EMBEDDING", "FP32", (384,)),),
-    256,
-    (64, 128),
-)
-SCORER = ModelSpec(
-    "scorer",
-    "1",
-    (TensorSpec("FEATURES", "FP32", (16,)), TensorSpec("COUNT", "INT64", (1,))),
-    (TensorSpec("SCORE", "FP32", (1,)), TensorSpec("LABEL", "INT32", (1,))),
-    512,
-    (256,),
-)
 EMBED_BINDING = Binding({"text": "TEXT"}, {"EMBEDDING": "embedding"}, ("id",))
 SCORE_BINDING = Binding(
     {"features": "FEATURES", "n": "COUNT"}, {"SCORE": "score", "LABEL": "label"}, ("id", "n")
