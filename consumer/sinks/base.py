@@ -118,6 +118,26 @@ class SinkError(Exception):
     """A sink cannot do what was asked; the message says what and why."""
 
 
+class SinkUnavailable(SinkError):
+    """Transient: the sink cannot take writes *now* (connection lost, database restarting or
+    failing over, serialization failure or deadlock, object-store 5xx or throttling). The
+    pipeline retries the same write with backoff, pausing consumption, for as long as it takes;
+    nothing is dead-lettered or nacked for it."""
+
+
+class RowsRejected(SinkError):
+    """Permanent, about the data: the sink can never store (some of) these rows (a value the
+    database refuses). Retrying the same rows cannot help; the pipeline bisects the write by
+    message and dead-letters the messages that fail alone as ``rejected-by-sink``.
+
+    ``code`` is the fine reason code written to the dead letter (``sink_rejected_value`` unless
+    a sink knows better); the message carries the database's own words."""
+
+    def __init__(self, message: str, *, code: str = "sink_rejected_value") -> None:
+        super().__init__(message)
+        self.code = code
+
+
 class TableMismatch(SinkError):
     """The table exists but does not fit the ``TableSpec``; ``column`` names the culprit."""
 

@@ -47,6 +47,19 @@ class ReasonClass(StrEnum):
     bisecting the batch)."""
     TOO_MANY_ATTEMPTS = "too-many-attempts"
     """Delivered more times than ``max_delivery_attempts`` without being written."""
+    REJECTED_BY_SINK = "rejected-by-sink"
+    """The result table refused this message's rows for good (a value the database cannot
+    store); isolated by bisecting the write, the database's message attached."""
+
+
+#: The fine reason code when a ``DeadLetterReason`` is given none (``rowbatch-dlq-code``).
+DEFAULT_CODES: dict[ReasonClass, str] = {
+    ReasonClass.UNDECODABLE: "wire_error",
+    ReasonClass.SCHEMA_MISMATCH: "column_type_mismatch",
+    ReasonClass.REJECTED_BY_MODEL: "invalid_argument",
+    ReasonClass.TOO_MANY_ATTEMPTS: "too_many_attempts",
+    ReasonClass.REJECTED_BY_SINK: "sink_rejected_value",
+}
 
 
 @dataclass(frozen=True)
@@ -54,6 +67,14 @@ class DeadLetterReason:
     reason_class: ReasonClass
     message: str
     """A human sentence naming what is wrong (column, header, row, server message)."""
+    code: str = ""
+    """The fine reason code of docs/wire-format.md section 6 (``missing_header``,
+    ``null_not_allowed``, ``sink_rejected_value``, ...), written as ``rowbatch-dlq-code``.
+    Empty: the class's default from ``DEFAULT_CODES``."""
+
+    def __post_init__(self) -> None:
+        if not self.code:
+            object.__setattr__(self, "code", DEFAULT_CODES[self.reason_class])
 
 
 @dataclass(frozen=True, eq=False)
