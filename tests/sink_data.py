@@ -129,3 +129,52 @@ def check_snapshot(
     assert set(col("model_name")) <= {"encoder"}
     assert set(col("model_version")) <= {model_version}
     assert {t.astimezone(UTC) for t in col("processed_at")} <= {processed_at}
+
+
+# --- every wire type: bytes, and text holding U+0000 ------------------------------------------
+
+#: Raw bytes values (``None``: null), NUL and 0xFF bytes included, and an empty value.
+RAW_VALUES: tuple[bytes | None, ...] = (
+    b"\x00\x01\x02",
+    b"",
+    None,
+    bytes(range(256)),
+    "é ✓".encode(),
+    b"\\x00 is not a NUL",
+)
+#: Text values; ``TEXT_WITH_NUL`` holds U+0000, which PostgreSQL cannot store in text.
+TEXT_VALUES: tuple[str, ...] = ("plain", "ünï ✓ 🎉", "", "tab\tnewline\n", "x", "y")
+TEXT_WITH_NUL = "before\x00after"
+
+
+def wire_types_spec(name: str) -> TableSpec:
+    """A table with a bytes column and a text column (and a number, to see rows line up)."""
+    return TableSpec(
+        name,
+        passthrough=(ColumnSpec("raw", "bytes"), ColumnSpec("label", "object")),
+        outputs=(ColumnSpec("score", "float32"),),
+    )
+
+
+def wire_types_rows(chunk: str, *, label_at: Mapping[int, str] | None = None) -> ResultRows:
+    """One row per ``RAW_VALUES`` entry in chunk ``chunk``; ``label_at`` overrides labels."""
+    n = len(RAW_VALUES)
+    labels = list(TEXT_VALUES)
+    for i, text in (label_at or {}).items():
+        labels[i] = text
+    nulls = np.array([v is None for v in RAW_VALUES], dtype=np.bool_)
+    return ResultRows(
+        chunk_id=np.array([chunk] * n, dtype=object),
+        row_index=np.arange(n, dtype=np.int64),
+        source_message_id=np.array([f"msg-{chunk}"] * n, dtype=object),
+        passthrough={
+            # a null's value must not matter: garbage of the wrong type sits under it
+            "raw": np.array([b"garbage" if v is None else v for v in RAW_VALUES], dtype=object),
+            "label": np.array(labels, dtype=object),
+        },
+        outputs={"score": np.arange(n, dtype=np.float32) / 4},
+        nulls={"raw": nulls},
+        model_name="encoder",
+        model_version="1",
+        processed_at=FIRST_WRITE,
+    )

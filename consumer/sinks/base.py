@@ -146,6 +146,15 @@ class TableMismatch(SinkError):
         self.column = column
 
 
+def first_line(exc: BaseException) -> str:
+    """The first non-empty line of the exception's message (its class name if it has none):
+    the database's or store's own words for a sink error, without the context lines."""
+    for line in str(exc).splitlines():
+        if line.strip():
+            return line.strip()
+    return type(exc).__name__
+
+
 def table_columns(table: TableSpec) -> tuple[ColumnSpec, ...]:
     """The non-key columns in table order (passthrough, then outputs), after checking names are
     distinct, not reserved, and of a dtype every sink stores."""

@@ -31,45 +31,62 @@ same index fail at ``open``; sinks with *different* indexes over the same datase
 one bucket) are not detected and could duplicate rows: run one writer per dataset, or use the
 PostgreSQL sink for many writers. For non-local filesystems the index is kept on local disk at
 ``index_path`` (required there); losing it costs a rebuild, which reads every file's keys.
+
+Strings are stored as is, U+0000 included; the wire's bytes are ``binary``.
+
+Faults (:func:`classify_parquet_error`): object-store errors that pass (HTTP 5xx, 429 /
+``SlowDown`` / throttling, timeouts, connection errors: from pyarrow's filesystems, fsspec or
+obstore), a full local disk (``ENOSPC``, ``EDQUOT``) and a busy key index raise
+:class:`~consumer.sinks.base.SinkUnavailable`; the next call first settles what the failed one
+left (as ``open`` does after a crash), so retrying the same write neither loses nor duplicates
+rows. A value pyarrow cannot convert to its column's type raises
+:class:`~consumer.sinks.base.RowsRejected` naming the column; anything else from the store
+(not found, access denied) is a plain :class:`~consumer.sinks.base.SinkError`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import fcntl
 import json
 import os
+import re
 import sqlite3
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from functools import partial
 from itertools import repeat
 from pathlib import Path
-from typing import IO, Final
+from typing import IO, Any, Final
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
+from numpy.typing import NDArray
 
 from consumer.sinks.base import (
     TEXT_DTYPES,
     ColumnSpec,
     ResultRows,
+    RowsRejected,
     SinkError,
+    SinkUnavailable,
     TableMismatch,
     TableSpec,
     check_keys,
     column_values,
+    first_line,
     in_thread,
     null_mask,
     table_columns,
     utc,
 )
-from consumer.sinks.sqlite import sqlite_transaction
+from consumer.sinks.sqlite import classify_sqlite_error, sqlite_transaction
 
 PARTITION: Final = "processed_date"
 _INDEX_DIR: Final = "_rowbatch"
@@ -92,6 +109,97 @@ CREATE TABLE IF NOT EXISTS keys (
 CREATE INDEX IF NOT EXISTS keys_by_file ON keys (file);
 CREATE TABLE IF NOT EXISTS deletions (chunk_id TEXT PRIMARY KEY) WITHOUT ROWID;
 """
+
+
+# --- fault classification ---------------------------------------------------------------------
+
+#: errno values of faults that pass: a full disk, and the network's own.
+_TRANSIENT_ERRNOS: Final = frozenset(
+    {
+        errno.ENOSPC,
+        errno.EDQUOT,
+        errno.ETIMEDOUT,
+        errno.ECONNRESET,
+        errno.ECONNREFUSED,
+        errno.ECONNABORTED,
+        errno.EPIPE,
+        errno.EHOSTUNREACH,
+        errno.ENETUNREACH,
+        errno.ENETDOWN,
+        errno.EAGAIN,
+    }
+)
+#: How object stores and their clients word a fault that passes (S3/GCS/Azure via pyarrow's
+#: AWS/Google SDKs, fsspec's s3fs/gcsfs, obstore): 5xx, 429/throttling, timeouts, connections.
+_TRANSIENT_WORDS: Final = re.compile(
+    r"\b(?:HTTP|status|response code|error code|code)\D{0,12}(?:5\d\d|429)\b"
+    r"|\b(?:5\d\d|429) (?:Internal Server Error|Bad Gateway|Service Unavailable|Gateway Time"
+    r"|Too Many Requests|Slow Down)"
+    r"|SlowDown|SLOW_DOWN|Throttl|TooManyRequests|Too Many Requests|RequestTimeout"
+    r"|Request ?Time-?out|timed? ?out|Timeout|ServiceUnavailable|Service Unavailable"
+    r"|InternalError|Internal Server Error|Bad Gateway|BackendError|rateLimitExceeded"
+    r"|NETWORK_CONNECTION|connection (?:reset|refused|aborted|closed|error)|Broken pipe"
+    r"|curlCode: ?(?:6|7|28|35|52|55|56)\b|temporarily unavailable|try again"
+    r"|No space left on device|Disk quota exceeded|disk (?:is )?full",
+    re.IGNORECASE,
+)
+_STATUS_ATTRS: Final = ("status", "status_code", "http_status", "code")
+
+
+def _status_of(exc: BaseException) -> int | None:
+    """An HTTP status the exception carries (aiohttp/requests/google-api/botocore style)."""
+    for attr in _STATUS_ATTRS:
+        value = getattr(exc, attr, None)
+        if isinstance(value, int) and 100 <= value <= 599:
+            return value
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):  # botocore ClientError
+        meta = response.get("ResponseMetadata")
+        status = meta.get("HTTPStatusCode") if isinstance(meta, dict) else None
+        if isinstance(status, int):
+            return status
+    return None
+
+
+def _passes(exc: BaseException) -> bool:
+    if isinstance(exc, TimeoutError | ConnectionError):
+        return True
+    if isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNOS:
+        return True
+    status = _status_of(exc)
+    if status is not None:
+        return status >= 500 or status in (408, 429)
+    return bool(_TRANSIENT_WORDS.search(f"{type(exc).__name__}: {exc}"))
+
+
+def classify_parquet_error(exc: BaseException, doing: str = "") -> SinkError:
+    """The sink error for a failure of the filesystem, object store or key index:
+    :class:`SinkUnavailable` when it passes (looked for along the exception's causes: an
+    errno, an HTTP status, the store's words), else :class:`SinkError`. The message is
+    ``doing`` then the first line of the store's own words."""
+    if isinstance(exc, sqlite3.Error):  # the key index
+        fault = classify_sqlite_error(exc, doing)
+        return SinkError(str(fault)) if isinstance(fault, RowsRejected) else fault
+    message = f"{doing}: {first_line(exc)}" if doing else first_line(exc)
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        if _passes(link):
+            return SinkUnavailable(message)
+        link = link.__cause__ or link.__context__
+    return SinkError(message)
+
+
+def _store_fault(exc: BaseException) -> bool:
+    """Whether ``exc`` is a store, filesystem or index failure to classify; anything else (a
+    bug, a test's stand-in for a crash) propagates as it is."""
+    if isinstance(exc, SinkError):
+        return False
+    if isinstance(exc, OSError | sqlite3.Error | pa.ArrowException | TimeoutError):
+        return True
+    module = type(exc).__module__.split(".")[0]
+    return module in ("botocore", "aiobotocore", "obstore", "aiohttp", "google", "requests")
 
 
 def _arrow_type(col: ColumnSpec) -> pa.DataType:
@@ -128,6 +236,18 @@ def arrow_schema(table: TableSpec) -> pa.Schema:
 
 def _column(rows: ResultRows, col: ColumnSpec, kind: pa.DataType) -> pa.Array:
     values = column_values(rows, col)
+    try:
+        return _convert(values, rows, col, kind)
+    except (TypeError, ValueError, OverflowError, pa.ArrowNotImplementedError) as exc:
+        raise RowsRejected(
+            f"Parquet sink: column {col.name!r}: pyarrow cannot store a value as {kind}:"
+            f" {first_line(exc)}"
+        ) from exc
+
+
+def _convert(
+    values: NDArray[Any], rows: ResultRows, col: ColumnSpec, kind: pa.DataType
+) -> pa.Array:
     mask = null_mask(rows, col.name)
     if col.dtype in TEXT_DTYPES or col.dtype == "bytes":
         return pa.array(values, type=kind, mask=mask)
@@ -147,15 +267,25 @@ def to_arrow(table: TableSpec, schema: pa.Schema, rows: ResultRows) -> pa.Table:
     n = len(rows)
     at = np.datetime64(utc(rows.processed_at).replace(tzinfo=None), "us")
     arrays = [
-        pa.array(rows.chunk_id, type=pa.string()),
-        pa.array(rows.row_index, type=pa.int64()),
-        pa.array(rows.source_message_id, type=pa.string()),
+        _key(rows.chunk_id, "chunk_id", pa.string()),
+        _key(rows.row_index, "row_index", pa.int64()),
+        _key(rows.source_message_id, "source_message_id", pa.string()),
         *(_column(rows, c, schema.field(c.name).type) for c in table_columns(table)),
         pa.repeat(pa.scalar(rows.model_name, pa.string()), n),
         pa.repeat(pa.scalar(rows.model_version, pa.string()), n),
         pa.array(np.full(n, at), type=_TIMESTAMP),
     ]
     return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _key(values: NDArray[Any], name: str, kind: pa.DataType) -> pa.Array:
+    try:
+        return pa.array(values, type=kind)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise RowsRejected(
+            f"Parquet sink: column {name!r}: pyarrow cannot store a value as {kind}:"
+            f" {first_line(exc)}"
+        ) from exc
 
 
 def _type_name(kind: pa.DataType) -> str:
@@ -218,6 +348,8 @@ class ParquetSink:
         self._table: TableSpec | None = None
         self._schema: pa.Schema | None = None
         self._lock = asyncio.Lock()
+        #: A write or delete failed part way: the next one first settles what it left.
+        self._unsettled = False
 
     # --- Sink ----------------------------------------------------------------------------------
 
@@ -226,8 +358,9 @@ class ParquetSink:
         async with self._lock:
             if self._table is not None:
                 raise SinkError("ParquetSink is already open")
-            await in_thread(self._open, schema)
+            await self._guarded("open", self._open, schema)
             self._table, self._schema = table, schema
+            self._unsettled = False
 
     async def write(self, rows: ResultRows) -> None:
         table, schema = self._require()
@@ -235,7 +368,7 @@ class ParquetSink:
             return
         async with self._lock:
             self._require()
-            await in_thread(self._write, table, schema, rows)
+            await self._guarded("write", self._write, table, schema, rows)
 
     async def delete_chunks(self, chunk_ids: list[str]) -> None:
         self._require()
@@ -243,12 +376,31 @@ class ParquetSink:
             return
         async with self._lock:
             index = self._require_index()
-            await in_thread(self._delete, index, list(chunk_ids))
+            await self._guarded("delete_chunks", self._delete, index, list(chunk_ids))
 
     async def close(self) -> None:
         async with self._lock:
             self._table = self._schema = None
             await in_thread(self._release)
+
+    async def _guarded(self, what: str, func: Callable[..., None], *args: Any) -> None:
+        """``func(*args)`` in a worker thread, settling first what a failed call left; a store,
+        disk or index failure is raised classified (:func:`classify_parquet_error`)."""
+
+        def run() -> None:
+            if self._unsettled and self._index is not None:
+                self._reconcile(self._index)
+                self._unsettled = False
+            func(*args)
+
+        try:
+            await in_thread(run)
+        except BaseException as exc:
+            if what != "open":
+                self._unsettled = True
+            if _store_fault(exc):
+                raise classify_parquet_error(exc, f"Parquet sink {what} on {self._url}") from exc
+            raise
 
     # --- paths ---------------------------------------------------------------------------------
 

@@ -34,7 +34,26 @@ PostgreSQL's binary ``COPY`` format, copied into a per-connection temporary stag
 
 If the connection drops (``OperationalError`` with the connection broken), the operation is
 retried once on a fresh connection; the retry is safe since writes and deletes are idempotent.
-If that fails too, :class:`~consumer.sinks.base.SinkError` says so; the next call reconnects.
+
+Faults (:func:`classify_pg_error`, by SQLSTATE):
+
+* :class:`~consumer.sinks.base.SinkUnavailable` (the pipeline retries the same write later):
+  the connection is lost or cannot be made (no SQLSTATE, class ``08``; connection refused,
+  server starting up or shutting down ``57P01``-``57P03``), serialization failure ``40001``,
+  deadlock ``40P01``, too many connections / out of resources (class ``53``), a read-only
+  server after a failover ``25006``, a lock timeout ``55P03``. The broken or suspect connection
+  is dropped, so the next call reconnects (a new staging table; nothing half-done survives,
+  the failed transaction was rolled back).
+* :class:`~consumer.sinks.base.RowsRejected` (the pipeline bisects and dead-letters): data
+  exceptions (class ``22``) and integrity violations (class ``23``), with the database's first
+  line of message and the column when it names one. Text containing U+0000, which PostgreSQL
+  cannot store in ``text``, is named as such (code ``text_contains_nul``); the check runs only
+  once the server refused the write (``22021``/``22P05``), so the happy path pays nothing.
+* :class:`~consumer.sinks.base.SinkError` otherwise: configuration problems (class ``42``
+  undefined table/column or ``42501`` insufficient privilege, class ``28`` authentication,
+  ``3D000`` no such database).
+
+Messages name ``host:port/dbname``, never the DSN or its password.
 """
 
 from __future__ import annotations
@@ -42,6 +61,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import struct
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -59,11 +79,14 @@ from consumer.sinks.base import (
     TEXT_DTYPES,
     ColumnSpec,
     ResultRows,
+    RowsRejected,
     SinkError,
+    SinkUnavailable,
     TableMismatch,
     TableSpec,
     check_keys,
     column_values,
+    first_line,
     null_mask,
     table_columns,
     utc,
@@ -92,6 +115,98 @@ _NUMERIC: Final[dict[str, tuple[str, str, int]]] = {
 }
 
 Cells = Sequence[bytes | memoryview]  # one binary COPY field (length prefix included) per row
+
+# --- fault classification ---------------------------------------------------------------------
+
+#: SQLSTATE classes of faults that pass: connection exception, insufficient resources,
+#: operator intervention (shutdown, cannot connect now, query canceled), system error.
+_TRANSIENT_CLASSES: Final = frozenset({"08", "40", "53", "57", "58"})
+#: ... except these, which retrying cannot cure.
+_LASTING_STATES: Final = frozenset(
+    {
+        "40002",  # transaction_integrity_constraint_violation: about the data
+        "53400",  # configuration_limit_exceeded
+        "57P04",  # database_dropped
+        "58P01",  # undefined_file
+        "58P02",  # duplicate_file
+    }
+)
+#: Single states that pass: read-only (a standby after failover), lock and object in use.
+_TRANSIENT_STATES: Final = frozenset({"25006", "55P03", "55006"})
+#: Data exceptions and integrity violations: the rows, not the database, are at fault.
+_REJECTED_CLASSES: Final = frozenset({"22", "23"})
+_REJECTED_STATES: Final = frozenset({"40002"})
+#: Encoding refusals: how the server answers U+0000 in text.
+_ENCODING_STATES: Final = frozenset({"22021", "22P05"})
+#: Without an SQLSTATE (a failed connection attempt), the libpq words of a configuration
+#: problem; any other such failure (refused, timed out, starting up, too many clients) passes.
+_CONFIG_WORDS: Final = re.compile(
+    r"authentication failed|pg_hba\.conf|no password supplied|does not exist"
+    r"|permission denied|does not support SSL|certificate|invalid (?:connection option|sslmode)",
+    re.IGNORECASE,
+)
+_COPY_COLUMN: Final = re.compile(r"^COPY [^,]*, line \d+, column (.+?)(?::|$)", re.MULTILINE)
+
+
+def _column_of(exc: psycopg.Error) -> str | None:
+    """The column the server's error names (integrity violations) or, for a COPY, where it
+    stopped (``COPY staging, line 3, column title: ...``)."""
+    with contextlib.suppress(Exception):  # diag of a connection error has nothing to read
+        if exc.diag.column_name:
+            return exc.diag.column_name
+        found = _COPY_COLUMN.search(exc.diag.context or "")
+        if found:
+            return found.group(1)
+    return None
+
+
+def classify_pg_error(exc: psycopg.Error, doing: str = "", *, secret: str = "") -> SinkError:
+    """The sink error for a psycopg error, by its SQLSTATE (see the module docstring):
+    :class:`SinkUnavailable` (transient), :class:`RowsRejected` (the data) or plain
+    :class:`SinkError` (configuration, or anything else). The message is ``doing`` then the
+    SQLSTATE and the first line of the server's (or libpq's) words, with the column when the
+    error names one; ``secret`` (the password) is blanked out should libpq ever quote it."""
+    state = exc.sqlstate or ""
+    words = first_line(exc)
+    if secret:
+        words = words.replace(secret, "***")
+    column = _column_of(exc)
+    detail = f"{state} {words}" if state else words
+    if column is not None:
+        detail += f" (column {column!r})"
+    message = f"{doing}: {detail}" if doing else detail
+    if state:
+        transient = state in _TRANSIENT_STATES or (
+            state[:2] in _TRANSIENT_CLASSES and state not in _LASTING_STATES
+        )
+    else:  # raised by the client: connection refused, lost, timed out
+        transient = isinstance(exc, psycopg.OperationalError) and not _CONFIG_WORDS.search(str(exc))
+    if transient:
+        return SinkUnavailable(message)
+    if state[:2] in _REJECTED_CLASSES or state in _REJECTED_STATES:
+        return RowsRejected(message)
+    return SinkError(message)
+
+
+def _text_with_nul(columns: Sequence[_Column], rows: ResultRows) -> tuple[str, int] | None:
+    """The first text column and row holding U+0000 (only called once the server refused)."""
+    named: list[tuple[str, NDArray[Any], NDArray[np.bool_] | None]] = [
+        ("chunk_id", rows.chunk_id, None),
+        ("source_message_id", rows.source_message_id, None),
+        *(
+            (c.name, column_values(rows, c.spec), null_mask(rows, c.name))
+            for c in columns
+            if c.pg_type == "text"
+        ),
+    ]
+    for name, values, mask in named:
+        for i, value in enumerate(values.tolist()):
+            if isinstance(value, str) and "\x00" in value and (mask is None or not mask[i]):
+                return name, i
+    for name, value in (("model_name", rows.model_name), ("model_version", rows.model_version)):
+        if "\x00" in value:
+            return name, 0
+    return None
 
 
 @dataclass(frozen=True)
@@ -211,6 +326,12 @@ def _encode(columns: Sequence[_Column], rows: ResultRows, part: slice) -> bytes:
     return b"".join(chain.from_iterable(zip(*fields, strict=False)))
 
 
+def _password(dsn: str) -> str:
+    with contextlib.suppress(psycopg.ProgrammingError):
+        return str(conninfo_to_dict(dsn).get("password") or "")
+    return ""
+
+
 def _describe(dsn: str) -> str:
     """``host:port/dbname`` for messages (never the password)."""
     try:
@@ -228,6 +349,7 @@ class PostgresSink:
         self._dsn = dsn
         self._schema = schema
         self._where = _describe(dsn)
+        self._secret = _password(dsn)
         self._conn: _Conn | None = None
         self._table: TableSpec | None = None
         self._columns: tuple[_Column, ...] = ()
@@ -246,8 +368,14 @@ class PostgresSink:
             self._copy_sql, self._insert_sql, self._delete_sql = self._statements()
             try:
                 conn = await self._connect()
-                await self._ensure_table(conn)
-                await self._create_staging(conn)
+                try:
+                    await self._ensure_table(conn)
+                    await self._create_staging(conn)
+                except psycopg.Error as exc:
+                    fault = self._classify(exc, f"PostgreSQL sink open of {self._label()}")
+                    if isinstance(fault, RowsRejected):  # no rows yet: a plain error
+                        fault = SinkError(str(fault))
+                    raise fault from exc
             except BaseException:
                 self._table = None
                 await self._drop_connection()
@@ -275,7 +403,22 @@ class PostgresSink:
                     await copy.write(_TRAILER)
                 await cur.execute(insert_sql)
 
-        await self._run("write", copy_and_insert)
+        try:
+            await self._run("write", copy_and_insert)
+        except RowsRejected as exc:
+            cause = exc.__cause__
+            if not isinstance(cause, psycopg.Error) or cause.sqlstate not in _ENCODING_STATES:
+                raise
+            found = _text_with_nul(self._columns, rows)
+            if found is None:
+                raise
+            name, i = found
+            raise RowsRejected(
+                f"PostgreSQL sink write on {self._where}: column {name!r} of row {i}"
+                f" (chunk {str(rows.chunk_id[i])!r}) contains U+0000 (NUL), which PostgreSQL"
+                f" cannot store in text; the server said: {self._classify(cause, '')}",
+                code="text_contains_nul",
+            ) from cause
 
     async def delete_chunks(self, chunk_ids: list[str]) -> None:
         self._require()
@@ -300,11 +443,17 @@ class PostgresSink:
             raise SinkError("PostgresSink is not open")
         return self._table
 
+    def _classify(self, exc: psycopg.Error, doing: str) -> SinkError:
+        return classify_pg_error(exc, doing, secret=self._secret)
+
     async def _connect(self) -> _Conn:
         try:
             self._conn = await psycopg.AsyncConnection.connect(self._dsn, autocommit=True)
-        except psycopg.OperationalError as exc:
-            raise SinkError(f"cannot connect to PostgreSQL at {self._where}: {exc}") from exc
+        except psycopg.Error as exc:
+            fault = self._classify(exc, f"cannot connect to PostgreSQL at {self._where}")
+            if isinstance(fault, RowsRejected):
+                fault = SinkError(str(fault))
+            raise fault from exc
         return self._conn
 
     async def _drop_connection(self) -> None:
@@ -314,12 +463,27 @@ class PostgresSink:
                 await conn.close()
 
     async def _run(self, what: str, op: Callable[[_Conn], Awaitable[_T]]) -> _T:
-        """``op`` on the connection; once more on a fresh connection if it dropped."""
+        """``op`` on the connection; once more on a fresh connection if it dropped. A psycopg
+        error is raised classified (:func:`classify_pg_error`); after a transient one, or when
+        the connection is not clean and idle, the connection is dropped so the next call
+        starts afresh."""
         async with self._lock:
             self._require()
             if self._conn is None or self._conn.closed or self._conn.broken:
                 await self._reconnect(what, None)
-            return await self._attempt(what, op, retry=True)
+            try:
+                return await self._attempt(what, op, retry=True)
+            except psycopg.Error as exc:
+                conn = self._conn
+                fault = self._classify(exc, f"PostgreSQL sink {what} on {self._where}")
+                if conn is None or conn.closed or conn.broken:
+                    if not isinstance(fault, SinkUnavailable):
+                        fault = SinkUnavailable(str(fault))  # the connection died under it
+                elif conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                    await self._drop_connection()  # never reuse a half-done transaction
+                if isinstance(fault, SinkUnavailable):
+                    await self._drop_connection()
+                raise fault from exc
 
     async def _attempt(self, what: str, op: Callable[[_Conn], Awaitable[_T]], *, retry: bool) -> _T:
         conn = self._conn
@@ -331,8 +495,9 @@ class PostgresSink:
                 raise  # the connection is fine: an error of the statement itself
             if not retry:
                 await self._drop_connection()
-                raise SinkError(
-                    f"PostgreSQL sink {what} on {self._where} failed after reconnecting: {exc}"
+                raise SinkUnavailable(
+                    f"PostgreSQL sink {what} on {self._where} failed after reconnecting: "
+                    f"{self._classify(exc, '')}"
                 ) from exc
             log.warning(
                 "PostgreSQL sink %s on %s: connection dropped (%s); reconnecting once",
@@ -346,17 +511,19 @@ class PostgresSink:
             await self._drop_connection()  # mid-protocol: the server rolls the transaction back
             raise
 
-    async def _reconnect(self, what: str, cause: Exception | None) -> None:
+    async def _reconnect(self, what: str, cause: psycopg.Error | None) -> None:
         await self._drop_connection()
         try:
             conn = await self._connect()
             await self._create_staging(conn)
-        except (SinkError, psycopg.OperationalError) as exc:
+        except (SinkError, psycopg.Error) as exc:
             await self._drop_connection()
-            lost = f"the connection dropped ({cause}) and " if cause else ""
-            raise SinkError(
-                f"PostgreSQL sink {what} on {self._where}: {lost}reconnecting failed: {exc}"
-            ) from exc
+            fault = exc if isinstance(exc, SinkError) else self._classify(exc, "")
+            lost = f"the connection dropped ({self._classify(cause, '')}) and " if cause else ""
+            message = f"PostgreSQL sink {what} on {self._where}: {lost}reconnecting failed: {fault}"
+            if isinstance(fault, SinkUnavailable):
+                raise SinkUnavailable(message) from exc
+            raise SinkError(message) from exc
 
     # --- schema --------------------------------------------------------------------------------
 

@@ -21,13 +21,24 @@ Read it back with ``numpy.frombuffer(blob, dtype="<f4")`` (``"<f8"``, ``"<i8"``,
 The database runs in WAL mode (readers never block the writer) with ``synchronous=FULL``: each
 ``write`` is one transaction, durable when it returns. ``INSERT OR IGNORE`` on the primary key
 makes writes idempotent: a row already present is left as it is.
+
+Text is stored as is, U+0000 included (SQLite's TEXT is length-counted); bytes are BLOBs.
+
+Faults (:func:`classify_sqlite_error`): "database is locked" / busy past the busy timeout, a
+full disk (``SQLITE_FULL``) and I/O errors raise :class:`~consumer.sinks.base.SinkUnavailable`
+(the pipeline retries the same write; the failed transaction was rolled back, so the sink is
+usable as it is); a value SQLite refuses (a constraint, a value too big, one it cannot bind)
+raises :class:`~consumer.sinks.base.RowsRejected`; anything else plain
+:class:`~consumer.sinks.base.SinkError`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
+import re
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -38,11 +49,14 @@ from consumer.sinks.base import (
     TEXT_DTYPES,
     ColumnSpec,
     ResultRows,
+    RowsRejected,
     SinkError,
+    SinkUnavailable,
     TableMismatch,
     TableSpec,
     check_keys,
     column_values,
+    first_line,
     in_thread,
     null_mask,
     table_columns,
@@ -51,6 +65,42 @@ from consumer.sinks.base import (
 
 _T = TypeVar("_T")
 _BUSY_TIMEOUT_S = 30.0
+
+#: Primary result codes (the low byte of ``sqlite_errorcode``) of faults that pass.
+_TRANSIENT_CODES = frozenset(
+    {
+        5,  # SQLITE_BUSY: "database is locked" past the busy timeout
+        6,  # SQLITE_LOCKED
+        10,  # SQLITE_IOERR (a full disk often shows as IOERR_WRITE)
+        13,  # SQLITE_FULL: "database or disk is full"
+    }
+)
+_TRANSIENT_WORDS = re.compile(r"database is locked|database table is locked|disk is full", re.I)
+_BINDING = re.compile(r"Error binding parameter :?(\d+)")
+
+
+def classify_sqlite_error(
+    exc: sqlite3.Error | OverflowError, doing: str = "", *, columns: Sequence[str] = ()
+) -> SinkError:
+    """The sink error for an SQLite error: :class:`SinkUnavailable` for busy/locked, a full
+    disk or an I/O error; :class:`RowsRejected` for a value SQLite refuses (constraint, too
+    big, unbindable: ``columns`` names the statement's parameters so the column is named);
+    else :class:`SinkError`. The message is ``doing`` then SQLite's own words."""
+    words = first_line(exc)
+    code = getattr(exc, "sqlite_errorcode", None)
+    bound = _BINDING.search(words)
+    if bound is not None and 0 < int(bound.group(1)) <= len(columns):
+        words += f" (column {columns[int(bound.group(1)) - 1]!r})"
+    message = f"{doing}: {words}" if doing else words
+    if (isinstance(code, int) and code & 0xFF in _TRANSIENT_CODES) or (
+        code is None and _TRANSIENT_WORDS.search(words)
+    ):
+        return SinkUnavailable(message)
+    if isinstance(exc, sqlite3.IntegrityError | sqlite3.DataError | OverflowError):
+        return RowsRejected(message)
+    if bound is not None:  # a value of a type SQLite cannot store
+        return RowsRejected(message)
+    return SinkError(message)
 
 
 def _quote(name: str) -> str:
@@ -134,8 +184,10 @@ def _records(table: TableSpec, rows: ResultRows) -> list[tuple[Any, ...]]:
 class SqliteSink:
     """Result rows in the table ``TableSpec.name`` of the SQLite database at ``path``."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, busy_timeout_s: float = _BUSY_TIMEOUT_S) -> None:
         self._path = Path(path)
+        self._busy_timeout_s = busy_timeout_s
+        self._names: tuple[str, ...] = ()
         self._conn: sqlite3.Connection | None = None
         self._table: TableSpec | None = None
         self._insert = ""
@@ -162,15 +214,29 @@ class SqliteSink:
         async with self._lock:
             if self._conn is not None:
                 raise SinkError("SqliteSink is already open")
-            self._conn = await self._on_db_thread(self._connect, table, layout)
+            try:
+                self._conn = await self._on_db_thread(self._connect, table, layout)
+            except (sqlite3.Error, OSError) as exc:
+                doing = f"SQLite sink open of {self._path}"
+                fault: SinkError
+                if isinstance(exc, sqlite3.Error):
+                    fault = classify_sqlite_error(exc, doing)
+                    if isinstance(fault, RowsRejected):  # no rows yet: a plain error
+                        fault = SinkError(str(fault))
+                elif _disk_full(exc):
+                    fault = SinkUnavailable(f"{doing}: {first_line(exc)}")
+                else:
+                    fault = SinkError(f"{doing}: {first_line(exc)}")
+                raise fault from exc
             self._table = table
+            self._names = tuple(n for n, _ in layout)
             self._insert = f"INSERT OR IGNORE INTO {_quote(table.name)} ({names}) VALUES ({marks})"  # noqa: S608
             self._delete = f"DELETE FROM {_quote(table.name)} WHERE chunk_id = ?"  # noqa: S608
 
     def _connect(self, table: TableSpec, layout: list[tuple[str, str]]) -> sqlite3.Connection:
         self._path.parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(
-            self._path, timeout=_BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
+            self._path, timeout=self._busy_timeout_s, isolation_level=None, check_same_thread=False
         )
         try:
             self._prepare(conn, table, layout)
@@ -229,13 +295,13 @@ class SqliteSink:
         if len(rows) == 0:
             return
         records = await in_thread(_records, table, rows)
-        await self._run(lambda conn: conn.executemany(self._insert, records))
+        await self._run("write", lambda conn: conn.executemany(self._insert, records))
 
     async def delete_chunks(self, chunk_ids: list[str]) -> None:
         self._require()
         if chunk_ids:
             params = [(c,) for c in chunk_ids]
-            await self._run(lambda conn: conn.executemany(self._delete, params))
+            await self._run("delete_chunks", lambda conn: conn.executemany(self._delete, params))
 
     async def close(self) -> None:
         async with self._lock:
@@ -250,13 +316,18 @@ class SqliteSink:
             raise SinkError("SqliteSink is not open")
         return self._table
 
-    async def _run(self, work: Callable[[sqlite3.Connection], _T]) -> _T:
-        """``work`` in one transaction on a worker thread, committed before returning."""
+    async def _run(self, what: str, work: Callable[[sqlite3.Connection], _T]) -> _T:
+        """``work`` in one transaction on a worker thread, committed before returning; an
+        SQLite error raised classified (:func:`classify_sqlite_error`)."""
         async with self._lock:
             conn = self._conn
             if conn is None:
                 raise SinkError("SqliteSink is closed")
-            return await self._on_db_thread(sqlite_transaction, conn, work)
+            try:
+                return await self._on_db_thread(sqlite_transaction, conn, work)
+            except (sqlite3.Error, OverflowError) as exc:
+                doing = f"SQLite sink {what} on {self._path}"
+                raise classify_sqlite_error(exc, doing, columns=self._names) from exc
 
 
 def sqlite_transaction(conn: sqlite3.Connection, work: Callable[[sqlite3.Connection], _T]) -> _T:
@@ -265,10 +336,17 @@ def sqlite_transaction(conn: sqlite3.Connection, work: Callable[[sqlite3.Connect
     try:
         result = work(conn)
     except BaseException:
-        conn.execute("ROLLBACK")
+        # SQLite may have rolled back already (a full disk, an I/O error): a second ROLLBACK
+        # would fail and hide the cause.
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
         raise
     conn.execute("COMMIT")
     return result
 
 
-__all__ = ["SqliteSink", "sqlite_transaction"]
+def _disk_full(exc: OSError) -> bool:
+    return exc.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+__all__ = ["SqliteSink", "classify_sqlite_error", "sqlite_transaction"]

@@ -1,12 +1,13 @@
 """One behaviour suite, run against every sink: idempotent writes under redelivery, deletes,
-reopening, and a clear error for an incompatible existing table."""
+reopening, a clear error for an incompatible existing table, and every wire type (bytes,
+text holding U+0000) stored faithfully or refused as RowsRejected."""
 
 from __future__ import annotations
 
 import contextlib
 import sqlite3
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -18,7 +19,15 @@ import pyarrow.dataset as ds
 import pytest
 from psycopg import sql
 
-from consumer.sinks.base import ResultRows, Sink, SinkError, TableMismatch, TableSpec
+from consumer.sinks.base import (
+    ColumnSpec,
+    ResultRows,
+    RowsRejected,
+    Sink,
+    SinkError,
+    TableMismatch,
+    TableSpec,
+)
 from consumer.sinks.parquet import ParquetSink
 from consumer.sinks.postgres import PostgresSink
 from consumer.sinks.sqlite import SqliteSink
@@ -26,11 +35,16 @@ from tests.sink_data import (
     CHUNK_ROWS,
     DIM,
     FIRST_WRITE,
+    RAW_VALUES,
+    TEXT_VALUES,
+    TEXT_WITH_NUL,
     Snapshot,
     batches,
     check_snapshot,
     make_rows,
     spec,
+    wire_types_rows,
+    wire_types_spec,
 )
 
 TOTAL = 10_000
@@ -45,6 +59,8 @@ class Target:
     table: TableSpec
     make: Callable[[], Sink]
     read: Callable[[], Snapshot]
+    #: (table name, columns) -> the rows' values, ordered by (chunk_id, row_index)
+    select: Callable[[str, Sequence[str]], list[tuple[Any, ...]]]
 
     @contextlib.asynccontextmanager
     async def opened(self, table: TableSpec | None = None) -> AsyncIterator[Sink]:
@@ -130,6 +146,29 @@ def _read_parquet(root: Path) -> Snapshot:
     return snap
 
 
+def _select_sqlite(db: Path, name: str, columns: Sequence[str]) -> list[tuple[Any, ...]]:
+    listed = ", ".join(f'"{c}"' for c in columns)
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        query = f'SELECT {listed} FROM "{name}" ORDER BY chunk_id, row_index'
+        return [tuple(r) for r in conn.execute(query).fetchall()]
+
+
+def _select_postgres(dsn: str, name: str, columns: Sequence[str]) -> list[tuple[Any, ...]]:
+    query = sql.SQL("SELECT {} FROM {} ORDER BY chunk_id, row_index").format(
+        sql.SQL(", ").join(sql.Identifier(c) for c in columns), sql.Identifier(name)
+    )
+    with psycopg.connect(dsn) as conn:
+        return [tuple(r) for r in conn.execute(query).fetchall()]
+
+
+def _select_parquet(root: Path, columns: Sequence[str]) -> list[tuple[Any, ...]]:
+    if not root.exists():
+        return []
+    table = ds.dataset(root, partitioning="hive").to_table()
+    table = table.sort_by([("chunk_id", "ascending"), ("row_index", "ascending")])
+    return list(zip(*(table[c].to_pylist() for c in columns), strict=True))
+
+
 @pytest.fixture(params=["sqlite", "postgres", "parquet"])
 def target(request: pytest.FixtureRequest, tmp_path: Path) -> Target:
     name = f"results_{uuid.uuid4().hex[:10]}"
@@ -137,12 +176,30 @@ def target(request: pytest.FixtureRequest, tmp_path: Path) -> Target:
     kind: str = request.param
     if kind == "sqlite":
         db = tmp_path / "results.sqlite"
-        return Target(kind, table, lambda: SqliteSink(db), lambda: _read_sqlite(db, name))
+        return Target(
+            kind,
+            table,
+            lambda: SqliteSink(db),
+            lambda: _read_sqlite(db, name),
+            lambda n, cols: _select_sqlite(db, n, cols),
+        )
     if kind == "postgres":
         dsn: str = request.getfixturevalue("postgres").dsn
-        return Target(kind, table, lambda: PostgresSink(dsn), lambda: _read_postgres(dsn, name))
+        return Target(
+            kind,
+            table,
+            lambda: PostgresSink(dsn),
+            lambda: _read_postgres(dsn, name),
+            lambda n, cols: _select_postgres(dsn, n, cols),
+        )
     root = tmp_path / "dataset"
-    return Target(kind, table, lambda: ParquetSink(str(root)), lambda: _read_parquet(root))
+    return Target(
+        kind,
+        table,
+        lambda: ParquetSink(str(root)),
+        lambda: _read_parquet(root),
+        lambda n, cols: _select_parquet(root, cols),
+    )
 
 
 async def _write_all(sink: Sink, rows: list[ResultRows]) -> None:
@@ -230,3 +287,55 @@ async def test_empty_writes_and_unopened_sinks(target: Target) -> None:
         await sink.write(make_rows(np.arange(0)))
         await sink.delete_chunks([])
     check_snapshot(target.read(), [])
+
+
+async def test_bytes_are_stored_byte_for_byte(target: Target) -> None:
+    """The wire's bytes kind: raw bytes (NUL and 0xFF included, empty) and nulls as NULL."""
+    table = wire_types_spec(target.table.name)
+    async with target.opened(table) as sink:
+        await sink.write(wire_types_rows("chunk-a"))
+        await sink.write(wire_types_rows("chunk-a"))  # redelivered: still once
+        await sink.write(wire_types_rows("chunk-b"))
+    got = target.select(table.name, ["chunk_id", "row_index", "raw", "label", "score"])
+    want = [
+        (chunk, i, raw, TEXT_VALUES[i], i / 4)
+        for chunk in ("chunk-a", "chunk-b")
+        for i, raw in enumerate(RAW_VALUES)
+    ]
+    assert [(c, int(i), None if r is None else bytes(r), t, s) for c, i, r, t, s in got] == want
+    async with target.opened(table):  # the existing table fits the spec
+        pass
+    as_text = TableSpec(
+        table.name, (ColumnSpec("raw", "object"), *table.passthrough[1:]), table.outputs
+    )
+    with pytest.raises(TableMismatch, match="'raw'") as caught:  # ... but not as text
+        async with target.opened(as_text):
+            pass
+    assert caught.value.column == "raw"
+
+
+async def test_text_holding_nul_is_stored_or_rejected(target: Target) -> None:
+    """U+0000 in text: SQLite and Parquet store it losslessly; PostgreSQL cannot store it in
+    ``text`` and rejects the write (RowsRejected, code ``text_contains_nul``, the column named),
+    leaving nothing of it behind, while other writes go on."""
+    table = wire_types_spec(target.table.name)
+    bad = wire_types_rows("chunk-nul", label_at={4: TEXT_WITH_NUL})
+    async with target.opened(table) as sink:
+        await sink.write(wire_types_rows("chunk-a"))
+        if target.kind == "postgres":
+            with pytest.raises(RowsRejected, match="column 'label' of row 4") as caught:
+                await sink.write(bad)
+            assert caught.value.code == "text_contains_nul"
+        else:
+            await sink.write(bad)
+        await sink.write(wire_types_rows("chunk-b"))
+    got = target.select(table.name, ["chunk_id", "row_index", "label"])
+    labels = {(c, int(i)): t for c, i, t in got}
+    chunks = sorted({c for c, _ in labels})
+    if target.kind == "postgres":
+        assert chunks == ["chunk-a", "chunk-b"]
+    else:
+        assert chunks == ["chunk-a", "chunk-b", "chunk-nul"]
+        assert labels[("chunk-nul", 4)] == TEXT_WITH_NUL
+        assert len(labels[("chunk-nul", 4)]) == len("before") + 1 + len("after")
+    assert labels[("chunk-b", 1)] == TEXT_VALUES[1]

@@ -7,6 +7,7 @@ import asyncio
 import re
 import uuid
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -14,9 +15,19 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from consumer.sinks.base import ColumnSpec, ResultRows, SinkError, TableMismatch, TableSpec
+from consumer.sinks.base import (
+    ColumnSpec,
+    ResultRows,
+    RowsRejected,
+    SinkError,
+    SinkUnavailable,
+    TableMismatch,
+    TableSpec,
+)
 from consumer.sinks.postgres import PostgresSink
 from harness.postgres import PostgresEndpoint
+from harness.postgres_restart import RestartablePostgresService
+from harness.service import RunDir
 from tests.sink_data import check_snapshot, make_rows, spec
 
 AT = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
@@ -294,9 +305,11 @@ async def test_gives_up_with_a_clear_error_when_reconnecting_fails(
 
     monkeypatch.setattr(psycopg.AsyncConnection, "connect", refuse)
     _kill_backends(postgres.dsn)
-    with pytest.raises(SinkError, match=r"write on 127\.0\.0\.1:\d+/\w+: the connection dropped"):
+    with pytest.raises(
+        SinkUnavailable, match=r"write on 127\.0\.0\.1:\d+/\w+: the connection dropped"
+    ):
         await sink.write(make_rows(np.arange(10)))
-    with pytest.raises(SinkError, match=r"reconnecting failed: .*connection refused"):
+    with pytest.raises(SinkUnavailable, match=r"reconnecting failed: .*connection refused"):
         await sink.write(make_rows(np.arange(10)))
     monkeypatch.setattr(psycopg.AsyncConnection, "connect", real_connect)
     await sink.write(make_rows(np.arange(10)))  # the next call reconnects
@@ -304,25 +317,142 @@ async def test_gives_up_with_a_clear_error_when_reconnecting_fails(
     check_snapshot(_snapshot(postgres.dsn, name), range(10))
 
 
-async def test_statement_errors_are_not_retried(postgres: PostgresEndpoint) -> None:
+async def test_text_with_nul_is_rejected_naming_the_column(postgres: PostgresEndpoint) -> None:
     name = _name()
     sink = PostgresSink(postgres.dsn)
     await sink.open(spec(name))
     rows = make_rows(np.arange(3))
-    rows.passthrough["title"][0] = "NUL \x00 is not valid in text"
-    with pytest.raises(psycopg.DataError):
+    rows.passthrough["title"][2] = "NUL \x00 is not valid in text"
+    with pytest.raises(RowsRejected) as caught:
         await sink.write(rows)
-    await sink.write(make_rows(np.arange(3)))  # the connection is still good
+    assert caught.value.code == "text_contains_nul"
+    message = str(caught.value)
+    assert "column 'title' of row 2 (chunk 'chunk-000') contains U+0000" in message
+    assert "22021" in message  # the server's own words follow
+    assert "invalid byte sequence" in message
+    await sink.write(make_rows(np.arange(3)))  # not retried; the connection is still good
     await sink.close()
     check_snapshot(_snapshot(postgres.dsn, name), range(3))
 
 
+async def test_a_value_the_database_refuses_is_rejected(postgres: PostgresEndpoint) -> None:
+    name = _name()
+    sink = PostgresSink(postgres.dsn)
+    await sink.open(spec(name))
+    _query(
+        postgres.dsn,
+        sql.SQL("ALTER TABLE {} ADD CONSTRAINT small_doc CHECK (doc_id < 1000)").format(
+            sql.Identifier(name)
+        ),
+    )
+    with pytest.raises(RowsRejected, match=r"23514 .*small_doc") as caught:
+        await sink.write(make_rows(np.arange(300)))  # doc_id reaches 7 * 299 - 1000
+    assert caught.value.code == "sink_rejected_value"
+    await sink.write(make_rows(np.arange(100)))
+    await sink.close()
+    check_snapshot(_snapshot(postgres.dsn, name), range(100))
+
+
+async def test_a_configuration_problem_is_a_plain_error(postgres: PostgresEndpoint) -> None:
+    name = _name()
+    sink = PostgresSink(postgres.dsn)
+    await sink.open(spec(name))
+    _query(postgres.dsn, sql.SQL("DROP TABLE {}").format(sql.Identifier(name)))
+    with pytest.raises(SinkError, match=r"42P01 .*does not exist") as caught:
+        await sink.write(make_rows(np.arange(3)))
+    assert type(caught.value) is SinkError
+    await sink.close()
+
+
+async def test_bytes_and_text_columns_round_trip(postgres: PostgresEndpoint) -> None:
+    name = _name()
+    table = TableSpec(name, (ColumnSpec("raw", "bytes"), ColumnSpec("label", "object")), ())
+    raw = [b"\x00\x01", b"", None, bytes(range(256)), "\u00e9".encode()]
+    rows = ResultRows(
+        chunk_id=np.array(["c"] * 5, dtype=object),
+        row_index=np.arange(5, dtype=np.int64),
+        source_message_id=np.array(["m"] * 5, dtype=object),
+        passthrough={
+            "raw": np.array([b"garbage" if v is None else v for v in raw], dtype=object),
+            "label": np.array(["a", "b", "c", "d", "e"], dtype=object),
+        },
+        outputs={},
+        nulls={"raw": np.array([v is None for v in raw])},
+        model_name="m",
+        model_version="1",
+        processed_at=AT,
+    )
+    sink = PostgresSink(postgres.dsn)
+    await sink.open(table)
+    await sink.write(rows)
+    await sink.write(rows)  # idempotent
+    await sink.close()
+    assert _columns(postgres.dsn, "public", name)["raw"] == "bytea"
+    got = _query(
+        postgres.dsn,
+        sql.SQL("SELECT raw FROM {} ORDER BY row_index").format(sql.Identifier(name)),
+    )
+    assert [r[0] for r in got] == raw
+
+
+@pytest.mark.parametrize(("stored", "wanted"), [("text", "bytes"), ("bytea", "object")])
+async def test_a_bytes_column_of_the_wrong_type_is_named(
+    postgres: PostgresEndpoint, stored: str, wanted: str
+) -> None:
+    name = _name()
+    create = sql.SQL(
+        "CREATE TABLE {} (chunk_id text, row_index bigint, source_message_id text, raw {},"
+        " model_name text, model_version text, processed_at timestamptz,"
+        " PRIMARY KEY (chunk_id, row_index))"
+    ).format(sql.Identifier(name), sql.SQL(stored))
+    _query(postgres.dsn, create)
+    sink = PostgresSink(postgres.dsn)
+    with pytest.raises(TableMismatch, match=rf"column 'raw' is {stored}, expected") as caught:
+        await sink.open(TableSpec(name, (ColumnSpec("raw", wanted),), ()))
+    assert caught.value.column == "raw"
+
+
 async def test_connect_failure_is_clear() -> None:
-    sink = PostgresSink("postgresql://nobody:secret@127.0.0.1:1/nowhere?connect_timeout=2")
-    with pytest.raises(SinkError, match=r"cannot connect to PostgreSQL at 127\.0\.0\.1:1/nowhere"):
+    sink = PostgresSink("postgresql://nobody:s3cret-pw@127.0.0.1:1/nowhere?connect_timeout=2")
+    with pytest.raises(
+        SinkUnavailable, match=r"cannot connect to PostgreSQL at 127\.0\.0\.1:1/nowhere"
+    ) as caught:
         await sink.open(spec("x"))
+    assert "s3cret-pw" not in str(caught.value)
+    assert "postgresql://" not in str(caught.value)
     with pytest.raises(SinkError, match="not open"):
         await sink.write(make_rows(np.arange(1)))
+
+
+async def test_a_wrong_database_is_a_plain_error(postgres: PostgresEndpoint) -> None:
+    dsn = f"postgresql://{postgres.user}:pw-123@{postgres.host}:{postgres.port}/no_such_db"
+    with pytest.raises(SinkError, match=r"does not exist") as caught:
+        await PostgresSink(dsn).open(spec("x"))
+    assert type(caught.value) is SinkError
+    assert "pw-123" not in str(caught.value)
+
+
+async def test_a_restarted_server_is_waited_for_and_written_once(tmp_path: Path) -> None:
+    """A write while the server is down is SinkUnavailable; once it is back the same sink
+    writes the same rows (a new connection, a new staging table), with no duplicates."""
+    server = RestartablePostgresService(RunDir(tmp_path))
+    with server as endpoint:
+        name = _name()
+        sink = PostgresSink(endpoint.dsn)
+        await sink.open(spec(name))
+        await sink.write(make_rows(np.arange(0, 300)))
+        server.stop_server()
+        rows = make_rows(np.arange(200, 600))
+        for _ in range(2):  # the retried write and the reconnect both fail while it is down
+            with pytest.raises(SinkUnavailable, match=rf"127\.0\.0\.1:{endpoint.port}/"):
+                await sink.write(rows)
+        with pytest.raises(SinkUnavailable):
+            await sink.delete_chunks(["chunk-000"])
+        server.start_server()
+        await sink.write(rows)  # the same rows, the same sink
+        await sink.write(rows)
+        await sink.close()
+        check_snapshot(_snapshot(endpoint.dsn, name), range(600))
 
 
 def _kill_backends(dsn: str) -> None:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from consumer.sinks import postgres
-from consumer.sinks.base import ResultRows, SinkError, table_columns
+from consumer.sinks.base import ColumnSpec, ResultRows, SinkError, TableSpec, table_columns
 from tests.sink_data import check_snapshot, make_rows, spec
 
 _EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
@@ -88,3 +88,54 @@ def test_keys_that_are_not_text_are_refused() -> None:
     )
     with pytest.raises(SinkError, match="column 'chunk_id' row 1: expected str, found int"):
         postgres._encode(columns(), bad, slice(0, 3))
+
+
+def test_bytea_cells_are_the_raw_bytes_and_nulls_are_null() -> None:
+    table = TableSpec("t", (ColumnSpec("raw", "bytes"),), ())
+    (col,) = table_columns(table)
+    pg: Any = postgres
+    assert pg._pg_type(col) == "bytea"
+    values = [b"\x00\xff\x00", b"", b"garbage under a null", bytes(range(256)), b"\\x41"]
+    rows = ResultRows(
+        chunk_id=np.array(["c"] * 5, dtype=object),
+        row_index=np.arange(5, dtype=np.int64),
+        source_message_id=np.array(["m"] * 5, dtype=object),
+        passthrough={"raw": np.array(values, dtype=object)},
+        outputs={},
+        nulls={"raw": np.array([False, False, True, False, False])},
+        model_name="m",
+        model_version="1",
+        processed_at=datetime(2024, 1, 1, tzinfo=UTC),
+    )
+    encoded = postgres._encode(
+        (pg._Column(col.name, "bytea", pg._encoder(col), col),), rows, slice(0, 5)
+    )
+    fields = []
+    at = 0
+    while at < len(encoded):
+        (count,) = struct.unpack(">h", encoded[at : at + 2])
+        assert count == 7
+        at += 2
+        row = []
+        for _ in range(count):
+            (size,) = struct.unpack(">i", encoded[at : at + 4])
+            at += 4
+            row.append(None if size < 0 else encoded[at : at + size])
+            at += max(size, 0)
+        fields.append(row[3])  # chunk_id, row_index, source_message_id, raw, ...
+    assert fields == [b"\x00\xff\x00", b"", None, bytes(range(256)), b"\\x41"]
+
+
+def test_bytea_cells_refuse_text() -> None:
+    table = TableSpec("t", (ColumnSpec("raw", "bytes"),), ())
+    (col,) = table_columns(table)
+    data = make_rows(np.arange(2))
+    rows = ResultRows(
+        **{
+            **{f: getattr(data, f) for f in data.__dataclass_fields__},
+            "passthrough": {"raw": np.array([b"x", "text"], dtype=object)},
+            "nulls": {},
+        }
+    )
+    with pytest.raises(SinkError, match="column 'raw' row 1: expected bytes, found str"):
+        postgres._encoder(col)(rows, slice(0, 2))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import re
 import shutil
 import sqlite3
@@ -19,7 +20,15 @@ import pyarrow.parquet as pq
 import pytest
 
 from consumer.sinks import parquet as parquet_module
-from consumer.sinks.base import ColumnSpec, ResultRows, SinkError, TableMismatch, TableSpec
+from consumer.sinks.base import (
+    ColumnSpec,
+    ResultRows,
+    RowsRejected,
+    SinkError,
+    SinkUnavailable,
+    TableMismatch,
+    TableSpec,
+)
 from consumer.sinks.parquet import ParquetSink
 from consumer.sinks.sqlite import SqliteSink
 from tests.sink_data import CHUNK_ROWS, DIM, FIRST_WRITE, check_snapshot, make_rows, spec
@@ -363,16 +372,104 @@ async def test_parquet_a_failed_write_leaves_no_trace(
     await sink.open(spec())
 
     def broken(*args: Any, **kwargs: Any) -> None:
-        raise OSError("disk full (test)")
+        raise OSError(errno.ENOSPC, "No space left on device (test)")
 
     monkeypatch.setattr(pq, "write_table", broken)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(SinkUnavailable, match="No space left on device"):
         await sink.write(make_rows(np.arange(100)))
     monkeypatch.undo()
     assert not [f for f in _files(tmp_path) if not f.startswith("_rowbatch/")]
     await sink.write(make_rows(np.arange(100)))  # the retry writes every row
     await sink.close()
     check_snapshot(_snap(_dataset(tmp_path)), range(100))
+
+
+async def test_parquet_a_write_the_store_failed_under_is_retried_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store fails the upload and then the clean-up too (it is down): the keys the write
+    claimed must not make its retry skip the rows."""
+    sink = ParquetSink(str(tmp_path))
+    await sink.open(spec())
+    await sink.write(make_rows(np.arange(50)))
+
+    def slow_down(*args: Any, **kwargs: Any) -> None:
+        raise OSError("AWS Error SLOW_DOWN during PutObject operation: Please reduce your rate")
+
+    monkeypatch.setattr(ParquetSink, "_publish", slow_down)
+    monkeypatch.setattr(ParquetSink, "_exists", slow_down)
+    with pytest.raises(SinkUnavailable, match="SLOW_DOWN"):
+        await sink.write(make_rows(np.arange(100)))
+    with pytest.raises(SinkUnavailable, match="SLOW_DOWN"):  # still down: settling fails too
+        await sink.write(make_rows(np.arange(100)))
+    monkeypatch.undo()
+    await sink.write(make_rows(np.arange(100)))  # the same rows, once the store is back
+    await sink.close()
+    check_snapshot(_snap(_dataset(tmp_path)), range(100))
+    with contextlib.closing(_index(tmp_path)) as conn:
+        assert conn.execute("SELECT count(*) FROM files WHERE state = 'pending'").fetchone() == (0,)
+
+
+async def test_parquet_a_value_pyarrow_cannot_convert_is_rejected(tmp_path: Path) -> None:
+    table = TableSpec("t", (ColumnSpec("raw", "bytes"), ColumnSpec("label", "str")), ())
+    rows = ResultRows(
+        chunk_id=np.array(["c", "c"], dtype=object),
+        row_index=np.array([0, 1]),
+        source_message_id=np.array(["m", "m"], dtype=object),
+        passthrough={
+            "raw": np.array([b"ok", 5], dtype=object),
+            "label": np.array(["a", "b"], dtype=object),
+        },
+        outputs={},
+        nulls={},
+        model_name="m",
+        model_version="1",
+        processed_at=FIRST_WRITE,
+    )
+    sink = ParquetSink(str(tmp_path))
+    await sink.open(table)
+    with pytest.raises(RowsRejected, match=r"column 'raw': pyarrow cannot store a value as binary"):
+        await sink.write(rows)
+    good = ResultRows(
+        **{
+            **_fields(rows),
+            "passthrough": {**rows.passthrough, "raw": np.array([b"ok", None], dtype=object)},
+        }
+    )
+    await sink.write(good)  # the sink is fine
+    await sink.close()
+    assert _dataset(tmp_path)["raw"].to_pylist() == [b"ok", None]
+
+
+async def test_sqlite_a_locked_database_is_unavailable_then_written(tmp_path: Path) -> None:
+    db = tmp_path / "db.sqlite"
+    sink = SqliteSink(db, busy_timeout_s=0.05)
+    await sink.open(spec())
+    blocker = sqlite3.connect(db, isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")  # another writer holds the write lock
+    rows = make_rows(np.arange(100))
+    with pytest.raises(SinkUnavailable, match="database is locked"):
+        await sink.write(rows)
+    with pytest.raises(SinkUnavailable, match="database is locked"):
+        await sink.delete_chunks(["chunk-000"])
+    blocker.execute("ROLLBACK")
+    blocker.close()
+    await sink.write(rows)  # the same rows, the same sink
+    await sink.write(rows)
+    await sink.close()
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        assert conn.execute("SELECT count(*) FROM results").fetchone() == (100,)
+
+
+async def test_sqlite_a_value_it_cannot_bind_is_rejected(tmp_path: Path) -> None:
+    sink = SqliteSink(tmp_path / "db.sqlite")
+    await sink.open(spec())
+    rows = make_rows(np.arange(3))
+    rows.passthrough["title"][1] = {"not": "text"}
+    with pytest.raises(RowsRejected, match=r"type 'dict' is not supported \(column 'title'\)"):
+        await sink.write(rows)
+    await sink.write(make_rows(np.arange(3)))
+    await sink.close()
 
 
 async def test_parquet_delete_rewrites_only_affected_files(tmp_path: Path) -> None:
