@@ -205,6 +205,7 @@ def check_columns(spec: ModelSpec, binding: Binding, types: Mapping[str, ColumnT
                 column=column,
                 expected=f"a column named {column!r}",
                 found="absent",
+                code="missing_column",
             )
     for column, model_input in binding.inputs.items():
         tensor = spec.input(model_input)
@@ -236,6 +237,7 @@ def _null_error(column: str, tensor: TensorSpec, nulls: NDArray[np.bool_]) -> Sc
         expected="no nulls",
         found=f"null at row {row}",
         row=row,
+        code="null_not_allowed",
     )
 
 
@@ -264,6 +266,7 @@ def _check_range(column: str, values: NDArray[Any], dtype: np.dtype[Any]) -> Non
         expected=expected,
         found=repr(values[index]),
         row=index[0],
+        code="invalid_value",
     )
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from consumer.mismatch import SchemaMismatch
 from consumer.sources.base import DeadLetterReason, Delivery, ReasonClass
 from producer.errors import WireError
 from producer.wire import DecodedChunk, decode_chunk
@@ -53,16 +54,26 @@ def _nbytes(values: NDArray[Any]) -> int:
     return int(values.nbytes)
 
 
+@dataclass(frozen=True)
+class IntakeLimits:
+    """Sizes past which a message is dead-lettered before it is decoded."""
+
+    max_message_bytes: int = 32 * 1024 * 1024
+    max_attributes_bytes: int = 64 * 1024
+
+
 class Intake:
     def __init__(
         self,
         needed_columns: tuple[str, ...],
         check: SchemaCheck,
         max_delivery_attempts: int | None = None,
+        limits: IntakeLimits | None = None,
     ) -> None:
         self._needed = needed_columns
         self._check = check
         self._max_attempts = max_delivery_attempts
+        self._limits = limits or IntakeLimits()
 
     def rows(self, delivery: Delivery) -> MessageRows:
         """Decode and check one delivery; raises ``PoisonMessage`` with the reason."""
@@ -74,17 +85,26 @@ class Intake:
                     f"(max_delivery_attempts={self._max_attempts}) without being written",
                 )
             )
+        self._check_sizes(delivery)
         try:
             chunk = decode_chunk(delivery.payload, delivery.attributes)
         except WireError as exc:
             raise PoisonMessage(
-                DeadLetterReason(ReasonClass.UNDECODABLE, f"{exc.reason}: {exc}")
+                DeadLetterReason(ReasonClass.UNDECODABLE, f"{exc.reason}: {exc}", exc.reason)
             ) from exc
         try:
             self._check(chunk)
+        except SchemaMismatch as exc:
+            raise PoisonMessage(
+                DeadLetterReason(ReasonClass.SCHEMA_MISMATCH, f"{exc.code}: {exc}", exc.code)
+            ) from exc
         except (ValueError, TypeError, KeyError) as exc:
             raise PoisonMessage(
-                DeadLetterReason(ReasonClass.SCHEMA_MISMATCH, f"{type(exc).__name__}: {exc}")
+                DeadLetterReason(
+                    ReasonClass.SCHEMA_MISMATCH,
+                    f"column_type_mismatch: {type(exc).__name__}: {exc}",
+                    "column_type_mismatch",
+                )
             ) from exc
         columns = {name: chunk.columns[name] for name in self._needed}
         nulls = {name: chunk.null_masks[name] for name in self._needed if name in chunk.null_masks}
@@ -95,3 +115,26 @@ class Intake:
             nulls=nulls,
             nbytes=sum(_nbytes(v) for v in columns.values()),
         )
+
+    def _check_sizes(self, delivery: Delivery) -> None:
+        size = len(delivery.payload)
+        if size > self._limits.max_message_bytes:
+            raise PoisonMessage(
+                DeadLetterReason(
+                    ReasonClass.UNDECODABLE,
+                    f"payload_too_large: payload of {size} bytes exceeds max_message_bytes "
+                    f"({self._limits.max_message_bytes})",
+                    "payload_too_large",
+                )
+            )
+        headers = sum(len(k) + len(v) for k, v in delivery.attributes.items())
+        if headers > self._limits.max_attributes_bytes:
+            raise PoisonMessage(
+                DeadLetterReason(
+                    ReasonClass.UNDECODABLE,
+                    f"headers_too_large: {len(delivery.attributes)} attributes/headers take "
+                    f"{headers} bytes, more than max_attributes_bytes "
+                    f"({self._limits.max_attributes_bytes})",
+                    "headers_too_large",
+                )
+            )

@@ -7,6 +7,26 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from consumer.sources.base import ReasonClass
+
+#: ``rowbatch_messages_dead_lettered_total{reason}``: the dead-letter reason classes.
+DEAD_LETTER_REASONS = tuple(reason.value for reason in ReasonClass)
+#: ``rowbatch_inference_errors_total{kind}``: the gRPC status of a failed call, lower-case with
+#: dashes (``unavailable``, ``not-found``, ...), ``connection`` for a failed connection, or
+#: ``other``.
+INFERENCE_ERROR_KINDS = (
+    "unavailable",
+    "resource-exhausted",
+    "deadline-exceeded",
+    "not-found",
+    "invalid-argument",
+    "connection",
+    "http",
+    "other",
+)
+SINK_ERROR_KINDS = ("unavailable", "rejected", "fatal")
+PAUSE_REASONS = ("backoff", "budget")
+
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _FILL_BUCKETS = (0.1, 0.25, 0.5, 0.75, 0.9, 0.99, 1.0)
 
@@ -54,7 +74,16 @@ class Metrics:
             registry=r,
         )
         self.inference_errors = Counter(
-            "rowbatch_inference_errors", "Failed inference calls", ["kind"], registry=r
+            "rowbatch_inference_errors",
+            "Failed inference calls (every attempt, transient ones included), by kind",
+            ["kind"],
+            registry=r,
+        )
+        self.sink_errors = Counter(
+            "rowbatch_sink_errors",
+            "Failed sink writes: unavailable (retried), rejected (bisected), fatal",
+            ["kind"],
+            registry=r,
         )
         self.sink_seconds = Histogram(
             "rowbatch_sink_write_seconds",
@@ -76,7 +105,12 @@ class Metrics:
             "rowbatch_inflight_messages", "Messages taken but not yet settled", registry=r
         )
         self.inflight_batches = Gauge(
-            "rowbatch_inflight_batches", "Batches sent and not yet written", registry=r
+            "rowbatch_inflight_batches", "Inference requests in flight", registry=r
+        )
+        self.write_queue_batches = Gauge(
+            "rowbatch_write_queue_batches",
+            "Batches answered by the model and waiting for (or in) a sink write",
+            registry=r,
         )
         self.paused = Gauge(
             "rowbatch_paused",
@@ -90,3 +124,13 @@ class Metrics:
         self.target_batch_size = Gauge(
             "rowbatch_target_batch_size", "Batch size aimed at", registry=r
         )
+        # Every labelled series exists from the start (at 0), so alerts and dashboards see 0
+        # rather than nothing.
+        for reason in DEAD_LETTER_REASONS:
+            self.dead_lettered.labels(reason)
+        for kind in INFERENCE_ERROR_KINDS:
+            self.inference_errors.labels(kind)
+        for kind in SINK_ERROR_KINDS:
+            self.sink_errors.labels(kind)
+        for why in PAUSE_REASONS:
+            self.paused.labels(why).set(0)

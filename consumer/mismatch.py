@@ -13,10 +13,20 @@ class SchemaMismatch(ValueError):
     reason: ClassVar[str] = "schema_mismatch"
 
     def __init__(
-        self, message: str, *, column: str, expected: str, found: str, row: int | None = None
+        self,
+        message: str,
+        *,
+        column: str,
+        expected: str,
+        found: str,
+        row: int | None = None,
+        code: str = "column_type_mismatch",
     ) -> None:
         super().__init__(message)
         self.message = message
+        self.code = code
+        """The fine reason code (docs/wire-format.md section 6): ``missing_column``,
+        ``column_type_mismatch``, ``null_not_allowed`` or ``invalid_value``."""
         self.column = column
         self.expected = expected
         self.found = found

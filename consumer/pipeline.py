@@ -1,14 +1,20 @@
-"""The engine: deliveries -> intake -> batcher -> inference -> sink -> ledger -> ack.
+"""The engine: deliveries -> intake -> batcher -> inference stage -> writer stage -> ledger -> ack.
 
 Broker-agnostic: it sees a ``Source``, a ``Sink`` and a ``run_batch`` callable (tensor building
-plus inference with retries). Three kinds of tasks share one event loop:
+plus inference with retries). Four kinds of tasks share one event loop:
 
-- *intake* takes deliveries while the budget has room and the server is not backing off,
-  decodes them (poison goes straight to the dead-letter topic) and queues their rows;
+- *intake* takes deliveries while the budget has room and nothing is backing off, decodes them
+  (poison goes straight to the dead-letter topic) and queues their rows;
 - the *flusher* turns queued rows into batches (full, or partial after ``max_wait``);
-- *workers* (``max_in_flight`` of them) run batches, write results, and settle messages whose
-  rows are all written: ack, or, when any row failed for good, delete its written rows and
-  dead-letter the whole message (so each row ends up in exactly one place).
+- *inference workers* (``max_in_flight`` of them) each keep one request at the server and hand
+  the answers to the writer stage at once, so the server never waits for a sink write;
+- *writers* (``write_concurrency``) take every answered batch that is waiting (up to
+  ``max_write_rows``) and write them in one sink write (group commit), then settle messages
+  whose rows are all written: ack, or, when any row failed for good, delete its written rows
+  and dead-letter the whole message (so each row ends up in exactly one place).
+
+A slow sink slows intake through the byte budget (answered rows stay reserved until written),
+never by holding inference slots. Sink faults are handled by :class:`consumer.writer.SinkWriter`.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -32,6 +38,7 @@ from consumer.ledger import Entry, Ledger
 from consumer.metrics import Metrics
 from consumer.sinks.base import ResultRows, Sink
 from consumer.sources.base import DeadLetterReason, Delivery, ReasonClass, Source
+from consumer.writer import SinkBackoff, SinkWriter
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +67,11 @@ class PipelineSettings:
     model_name: str
     model_version: str
     grace_s: float = 30.0
+    write_concurrency: int = 2
+    """Sink writes at once."""
+    max_write_rows: int = 0
+    """Most rows coalesced into one sink write; 0: four target batches."""
+    sink_backoff: SinkBackoff = field(default_factory=SinkBackoff)
 
 
 class PipelineFailed(RuntimeError):
@@ -110,6 +122,7 @@ class Pipeline:
         metrics: Metrics,
         clock: Clock = time.monotonic,
         wall: Callable[[], float] = time.time,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self._source = source
         self._sink = sink
@@ -127,6 +140,19 @@ class Pipeline:
         self.gate = Gate(self._gate_changed)
         self._rows_queued = asyncio.Event()
         self._batches: asyncio.Queue[Batch | None] = asyncio.Queue(maxsize=settings.max_in_flight)
+        # Unbounded: what waits here is already reserved in the byte budget.
+        self._answered: asyncio.Queue[_Answered | None] = asyncio.Queue()
+        self._max_write_rows = settings.max_write_rows or 4 * settings.target_batch_size
+        self._writer = SinkWriter[_Answered](
+            sink.write,
+            build=self._result_rows,
+            split=_split_by_message,
+            metrics=metrics,
+            backoff=settings.sink_backoff,
+            on_pause=self.gate.close,
+            on_resume=self.gate.reopen,
+            sleep=sleep,
+        )
         self._intake_done = asyncio.Event()
         metrics.budget_bytes.set(budget.limit)
         metrics.target_batch_size.set(settings.target_batch_size)
@@ -158,13 +184,17 @@ class Pipeline:
             asyncio.create_task(self._worker(), name=f"rowbatch-worker-{i}")
             for i in range(self._s.max_in_flight)
         ]
+        writers = [
+            asyncio.create_task(self._write_loop(), name=f"rowbatch-writer-{i}")
+            for i in range(self._s.write_concurrency)
+        ]
         intake = asyncio.create_task(self._intake_loop(), name="rowbatch-intake")
         flusher = asyncio.create_task(self._flush_loop(), name="rowbatch-flusher")
         stopper = asyncio.create_task(stop.wait())
         failure: BaseException | None = None
         try:
             done, _ = await asyncio.wait(
-                {intake, stopper, flusher, *workers}, return_when=asyncio.FIRST_COMPLETED
+                {intake, stopper, flusher, *workers, *writers}, return_when=asyncio.FIRST_COMPLETED
             )
             broken = [t for t in done if not t.cancelled() and t.exception() is not None]
             for task in (intake, stopper):
@@ -176,22 +206,30 @@ class Pipeline:
             else:
                 self._intake_done.set()
                 self._rows_queued.set()
-                await self._drain(flusher, workers)
+                await self._drain(flusher, workers, writers)
         finally:
-            for task in (flusher, *workers):
+            for task in (flusher, *workers, *writers):
                 task.cancel()
-            await asyncio.gather(flusher, *workers, return_exceptions=True)
+            await asyncio.gather(flusher, *workers, *writers, return_exceptions=True)
             await self._nack_unsettled()
         if failure is not None:
             raise PipelineFailed(f"the consumer stopped: {failure}") from failure
 
-    async def _drain(self, flusher: asyncio.Task[None], workers: list[asyncio.Task[None]]) -> None:
+    async def _drain(
+        self,
+        flusher: asyncio.Task[None],
+        workers: list[asyncio.Task[None]],
+        writers: list[asyncio.Task[None]],
+    ) -> None:
         try:
             async with asyncio.timeout(self._s.grace_s):
                 await flusher
                 for _ in workers:
                     await self._batches.put(None)
                 await asyncio.gather(*workers)
+                for _ in writers:
+                    self._answered.put_nowait(None)
+                await asyncio.gather(*writers)
         except TimeoutError:
             log.warning(
                 "grace period of %.0f s over with %d messages unsettled; nacking them",
@@ -270,38 +308,38 @@ class Pipeline:
                 async with asyncio.timeout(timeout):
                     await self._rows_queued.wait()
 
-    # --- workers -----------------------------------------------------------------------------
+    # --- inference workers --------------------------------------------------------------------
 
     async def _worker(self) -> None:
         while (batch := await self._batches.get()) is not None:
             self._metrics.inflight_batches.inc()
             try:
-                await self._process(batch)
+                answered = await self._infer(batch)
             finally:
                 self._metrics.inflight_batches.dec()
+            for item in answered:
+                self._metrics.write_queue_batches.inc()
+                self._answered.put_nowait(item)
 
-    async def _process(self, batch: Batch) -> None:
+    async def _infer(self, batch: Batch) -> list[_Answered]:
+        """The batch's answers, as parts for the writer (several when poison was isolated);
+        poison segments are failed here, and a batch failing for good is nacked."""
         size = len(batch)
         self._metrics.batch_size.observe(size)
         self._metrics.batch_fill.observe(size / self._s.target_batch_size)
-        good: list[tuple[Batch, Mapping[str, NDArray[Any]]]]
-        bad: list[tuple[Segment, BaseException]]
         try:
             outputs = await self._timed_run(batch)
-            good, bad = [(batch, outputs)], []
         except Exception as exc:
             if not self._is_poison(exc):
-                self._metrics.inference_errors.labels("fatal").inc()
                 log.exception("inference failed for good; nacking the batch's messages")
                 await self._abandon(batch.segments)
-                return
-            self._metrics.inference_errors.labels("invalid-argument").inc()
+                return []
             good, bad = await self._isolate(batch, self._timed_run)
-        for sub, out in good:
-            await self._write(sub, out)
-        for segment, error in bad:
-            reason = DeadLetterReason(ReasonClass.REJECTED_BY_MODEL, f"{error}")
-            await self._fail(segment, reason)
+            for segment, error in bad:
+                reason = DeadLetterReason(ReasonClass.REJECTED_BY_MODEL, f"{error}")
+                await self._fail(segment, reason)
+            return [_Answered(sub, out) for sub, out in good]
+        return [_Answered(batch, outputs)]
 
     async def _timed_run(self, batch: Batch) -> Mapping[str, NDArray[Any]]:
         started = self._clock()
@@ -309,25 +347,55 @@ class Pipeline:
         self._metrics.inference_seconds.observe(self._clock() - started)
         return out
 
-    async def _write(self, batch: Batch, outputs: Mapping[str, NDArray[Any]]) -> None:
-        live = [s for s in batch.segments if s.message in self._ledger]
-        if not live:
-            return
-        if len(live) != len(batch.segments):  # some messages were abandoned meanwhile
-            index = batch.rows_of(live)
-            batch = batch.select(live)
-            outputs = {k: v[index] for k, v in outputs.items()}
-        rows = self._result_rows(batch, outputs)
-        started = self._clock()
-        await self._sink.write(rows)
-        self._metrics.sink_seconds.observe(self._clock() - started)
-        self._metrics.rows_written.inc(len(rows))
-        for segment in batch.segments:
-            done = self._ledger.written(segment.message, len(segment))
-            if done is not None:
-                await self._settle(done)
+    # --- writers -----------------------------------------------------------------------------
 
-    def _result_rows(self, batch: Batch, outputs: Mapping[str, NDArray[Any]]) -> ResultRows:
+    async def _write_loop(self) -> None:
+        while (first := await self._answered.get()) is not None:
+            parts, rows = [first], len(first.batch)
+            while rows < self._max_write_rows and not self._answered.empty():
+                item = self._answered.get_nowait()
+                if item is None:  # shutdown: write what we hold, then stop
+                    self._answered.put_nowait(None)
+                    break
+                parts.append(item)
+                rows += len(item.batch)
+            try:
+                await self._write(parts)
+            finally:
+                self._metrics.write_queue_batches.dec(len(parts))
+
+    async def _write(self, parts: Sequence[_Answered]) -> None:
+        live = [p for p in map(self._live, parts) if p is not None]
+        started = self._clock()
+        rejected = await self._writer.write(live)
+        self._metrics.sink_seconds.observe(self._clock() - started)
+        failed = {segment for part, _ in rejected for segment in part.batch.segments}
+        for part, error in rejected:
+            reason = DeadLetterReason(ReasonClass.REJECTED_BY_SINK, f"{error}", error.code)
+            for segment in part.batch.segments:
+                await self._fail(segment, reason)
+        for part in live:
+            for segment in part.batch.segments:
+                if segment in failed or segment.message not in self._ledger:
+                    continue
+                done = self._ledger.written(segment.message, len(segment))
+                if done is not None:
+                    await self._settle(done)
+
+    def _live(self, part: _Answered) -> _Answered | None:
+        """The part without the segments of messages settled meanwhile (abandoned, or failed
+        in another batch); ``None`` when nothing is left."""
+        batch = part.batch
+        live = [s for s in batch.segments if s.message in self._ledger]
+        if len(live) == len(batch.segments):
+            return part
+        if not live:
+            return None
+        index = batch.rows_of(live)
+        return _Answered(batch.select(live), {k: v[index] for k, v in part.outputs.items()})
+
+    def _result_rows(self, parts: Sequence[_Answered]) -> ResultRows:
+        batch, outputs = _merge(parts)
         entries = [self._ledger.get(s.message) for s in batch.segments]
         lengths = [len(s) for s in batch.segments]
         return ResultRows(
@@ -372,7 +440,10 @@ class Pipeline:
             )
         else:
             if entry.written_rows:
-                await self._sink.delete_chunks([entry.chunk_id])
+                await self._writer.retrying(
+                    lambda: self._sink.delete_chunks([entry.chunk_id]),
+                    f"delete of chunk {entry.chunk_id!r}",
+                )
             await self._dead_letter(entry.delivery, entry.failure, entry.chunk_id)
         await self._release(entry)
 
@@ -409,3 +480,47 @@ class Pipeline:
             reason.reason_class.value,
             reason.message,
         )
+
+
+@dataclass(frozen=True, eq=False)
+class _Answered:
+    """A batch (or the part of one that survived poison isolation) with the model's outputs,
+    waiting to be written."""
+
+    batch: Batch
+    outputs: Mapping[str, NDArray[Any]]
+
+
+def _split_by_message(part: _Answered) -> list[_Answered]:
+    """One part per segment (each segment is one message's rows), for bisecting a write."""
+    if len(part.batch.segments) == 1:
+        return [part]
+    out = []
+    for segment in part.batch.segments:
+        index = part.batch.rows_of([segment])
+        out.append(
+            _Answered(part.batch.select([segment]), {k: v[index] for k, v in part.outputs.items()})
+        )
+    return out
+
+
+def _merge(parts: Sequence[_Answered]) -> tuple[Batch, Mapping[str, NDArray[Any]]]:
+    """The parts as one batch and one set of outputs (rows in part order)."""
+    if len(parts) == 1:
+        return parts[0].batch, parts[0].outputs
+    batches = [p.batch for p in parts]
+    sizes = [len(b) for b in batches]
+    columns = {k: np.concatenate([b.columns[k] for b in batches]) for k in batches[0].columns}
+    nulls: dict[str, NDArray[np.bool_]] = {}
+    for name in {k for b in batches for k in b.nulls}:
+        nulls[name] = np.concatenate(
+            [b.nulls.get(name, np.zeros(n, np.bool_)) for b, n in zip(batches, sizes, strict=True)]
+        )
+    outputs = {k: np.concatenate([p.outputs[k] for p in parts]) for k in parts[0].outputs}
+    merged = Batch(
+        columns=columns,
+        nulls=nulls,
+        segments=tuple(s for b in batches for s in b.segments),
+        oldest_at=min(b.oldest_at for b in batches),
+    )
+    return merged, outputs

@@ -41,6 +41,7 @@ def utf8_elements(column: str, values: NDArray[Any]) -> list[bytes]:
                     expected="UTF-8 encodable text",
                     found=repr(v[exc.start : exc.end]),
                     row=row,
+                    code="invalid_value",
                 ) from exc
         elif isinstance(v, bytes | bytearray | memoryview | np.bytes_):
             out.append(bytes(v))
@@ -52,6 +53,7 @@ def utf8_elements(column: str, values: NDArray[Any]) -> list[bytes]:
                 expected="text or bytes",
                 found=null,
                 row=row,
+                code="null_not_allowed" if v is None else "column_type_mismatch",
             )
     return out
 

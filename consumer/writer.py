@@ -1,0 +1,126 @@
+"""Writing result rows through a ``Sink`` whatever the sink says back.
+
+- ``SinkUnavailable`` (connection lost, database restarting, serialization failure, throttling):
+  the same write is retried with exponential backoff for as long as the outage lasts; the
+  pipeline pauses consumption meanwhile (``on_pause``/``on_resume``), and nothing is nacked or
+  dead-lettered for it.
+- ``RowsRejected`` (a value the sink can never store): the write is bisected, first by part and
+  then by message, until the parts that fail alone are found; everything else is written.
+- Anything else propagates: the consumer stops (a configuration problem, or a bug).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from consumer.metrics import Metrics
+from consumer.sinks.base import ResultRows, RowsRejected, SinkUnavailable
+
+log = logging.getLogger(__name__)
+
+PartT = TypeVar("PartT")
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class SinkBackoff:
+    """The n-th wait after a transient sink failure: ``min(max_s, initial_s * 2**(n-1))``,
+    minus up to ``jitter`` of it at random."""
+
+    initial_s: float = 0.2
+    max_s: float = 5.0
+    jitter: float = 0.3
+
+    def __post_init__(self) -> None:
+        if not 0 < self.initial_s <= self.max_s or not 0 <= self.jitter <= 1:
+            raise ValueError(f"need 0 < initial_s <= max_s and 0 <= jitter <= 1: {self}")
+
+    def wait(self, attempt: int, rng: random.Random) -> float:
+        base = min(self.max_s, self.initial_s * 2 ** min(attempt - 1, 30))
+        return float(base * (1.0 - self.jitter * rng.random()))
+
+
+class SinkWriter(Generic[PartT]):
+    """Writes parts (units the pipeline can settle on their own, e.g. an inference batch's
+    results) in one sink write, and finds the parts the sink rejects.
+
+    ``build`` turns parts into one ``ResultRows``; ``split`` cuts one part into smaller ones
+    (per message) for the bisection, returning ``[part]`` when it cannot be cut further."""
+
+    def __init__(
+        self,
+        write: Callable[[ResultRows], Awaitable[None]],
+        *,
+        build: Callable[[Sequence[PartT]], ResultRows],
+        split: Callable[[PartT], list[PartT]],
+        metrics: Metrics,
+        backoff: SinkBackoff | None = None,
+        on_pause: Callable[[], None] = lambda: None,
+        on_resume: Callable[[], None] = lambda: None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._write = write
+        self._build = build
+        self._split = split
+        self._metrics = metrics
+        self._backoff = backoff or SinkBackoff()
+        self._on_pause = on_pause
+        self._on_resume = on_resume
+        self._sleep = sleep
+        self._rng = rng or random.Random()  # noqa: S311 (jitter, not secrets)
+
+    async def write(self, parts: Sequence[PartT]) -> list[tuple[PartT, RowsRejected]]:
+        """Write ``parts``; returns the parts that the sink rejects on their own, with the
+        sink's error. Every other part is durably written when this returns."""
+        if not parts:
+            return []
+        rows = self._build(parts)
+        try:
+            await self.retrying(lambda: self._write(rows), f"write of {len(rows)} rows")
+        except RowsRejected as exc:
+            self._metrics.sink_errors.labels("rejected").inc()
+            if len(parts) == 1:
+                finer = self._split(parts[0])
+                if len(finer) == 1:
+                    return [(parts[0], exc)]
+                parts = finer
+            half = len(parts) // 2
+            return [*await self.write(parts[:half]), *await self.write(parts[half:])]
+        self._metrics.rows_written.inc(len(rows))
+        return []
+
+    async def retrying(self, op: Callable[[], Awaitable[T]], what: str) -> T:
+        """``op()``, retried with backoff while it raises ``SinkUnavailable``."""
+        attempt = 0
+        try:
+            while True:
+                try:
+                    result = await op()
+                except SinkUnavailable as exc:
+                    attempt += 1
+                    self._metrics.sink_errors.labels("unavailable").inc()
+                    if attempt == 1:
+                        self._metrics.backoffs.inc()
+                        self._on_pause()
+                    wait = self._backoff.wait(attempt, self._rng)
+                    log.warning(
+                        "sink unavailable (%s, attempt %d), retrying in %.2f s: %s",
+                        what,
+                        attempt,
+                        wait,
+                        exc,
+                    )
+                    await self._sleep(wait)
+                else:
+                    if attempt:
+                        log.info("sink %s went through after %d failed attempt(s)", what, attempt)
+                    return result
+        finally:
+            if attempt:
+                self._on_resume()
