@@ -102,6 +102,8 @@ _LOG = logging.getLogger(__name__)
 
 # The same names as the Pub/Sub source's dead-letter attributes (consumer/sources/pubsub.py).
 ATTR_REASON = "rowbatch-dlq-reason"
+ATTR_CODE = "rowbatch-dlq-code"
+"""The fine reason code (docs/wire-format.md section 6), next to the coarse reason class."""
 ATTR_MESSAGE = "rowbatch-dlq-message"
 ATTR_SOURCE = "rowbatch-dlq-source"
 ATTR_MESSAGE_ID = "rowbatch-dlq-message-id"
@@ -402,7 +404,9 @@ class KafkaSource:
     Clients are created on first use (``check`` or the first delivery) and closed by
     ``close``. ``registry``: where the lag gauges go (the consumer's metrics registry); a
     private one when not given. ``consumer_factory``/``producer_factory`` replace the aiokafka
-    classes (tests). Everything runs on the event loop's thread."""
+    classes (tests). ``on_dead_letter(reason)`` is called after each dead letter the source
+    sends on its own initiative is confirmed (the pipeline counts the ones it asks for).
+    Everything runs on the event loop's thread."""
 
     def __init__(
         self,
@@ -411,8 +415,13 @@ class KafkaSource:
         registry: CollectorRegistry | None = None,
         consumer_factory: Callable[..., Any] | None = None,
         producer_factory: Callable[..., Any] | None = None,
+        on_dead_letter: Callable[[DeadLetterReason], None] | None = None,
     ) -> None:
         self.config = config
+        self._on_dead_letter = on_dead_letter
+        """Called once per dead letter the source sent on its own initiative (records whose
+        headers are not UTF-8), after the broker confirmed it; not for ``dead_letter`` calls
+        of the pipeline, which counts those itself."""
         self.registry = registry if registry is not None else CollectorRegistry()
         self._gauges = LagGauges(self.registry)
         self._meter = ThroughputMeter()
@@ -644,6 +653,7 @@ class KafkaSource:
         record = held.record
         ours = {
             ATTR_REASON: reason.reason_class.value,
+            ATTR_CODE: reason.code,
             ATTR_MESSAGE: message.decode("utf-8", errors="ignore"),
             ATTR_SOURCE: delivery.source,
             ATTR_MESSAGE_ID: delivery.message_id,
@@ -1018,7 +1028,7 @@ class KafkaSource:
         self._inflight[(tp, held.epoch)] += 1
         if bad is None:
             return delivery
-        reason = DeadLetterReason(ReasonClass.UNDECODABLE, f"{bad.reason}: {bad}")
+        reason = DeadLetterReason(ReasonClass.UNDECODABLE, f"{bad.reason}: {bad}", code=bad.reason)
         try:
             await self.dead_letter(delivery, reason)
         except DeadLetterFailed:
@@ -1027,6 +1037,11 @@ class KafkaSource:
             return None
         self.dead_lettered_here += 1
         _LOG.warning("dead-lettered %s: undecodable headers: %s", delivery.message_id, bad)
+        if self._on_dead_letter is not None:
+            try:
+                self._on_dead_letter(reason)
+            except Exception:  # noqa: BLE001 - a metrics hook must not stop consumption
+                _LOG.exception("on_dead_letter hook failed for %s", delivery.message_id)
         return None
 
     def _take(self, delivery: Delivery) -> _Held:

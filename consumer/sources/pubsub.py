@@ -64,6 +64,7 @@ import re
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Self
@@ -96,12 +97,17 @@ _TOPIC_RE = re.compile(r"^projects/[^/]+/topics/[^/]{3,}$")
 _LEASE_EXTENSION_RANGE = (10.0, 600.0)
 """What Pub/Sub accepts for one lease extension (``FlowControl`` docs)."""
 _SHUTDOWN_TIMEOUT_S = 60.0
+_HALF_CLOSE_WAIT_S = 2.0
+"""How long ``close`` waits for the server to end the streaming pull after half-closing it,
+before cancelling it."""
 _NACK_CHUNK = 500
 """Ack ids per ModifyAckDeadline request (the request size limit is 512 KB)."""
 DLQ_MESSAGE_MAX_BYTES = 1024
 """Pub/Sub's limit for one attribute value; the reason message is cut to fit."""
 
 ATTR_REASON = "rowbatch-dlq-reason"
+ATTR_CODE = "rowbatch-dlq-code"
+"""The fine reason code (docs/wire-format.md section 6), next to the coarse reason class."""
 ATTR_MESSAGE = "rowbatch-dlq-message"
 ATTR_SOURCE = "rowbatch-dlq-source"
 ATTR_MESSAGE_ID = "rowbatch-dlq-message-id"
@@ -273,8 +279,13 @@ class PubSubSource:
         subscriber: pubsub_v1.SubscriberClient | None = None,
         publisher: pubsub_v1.PublisherClient | None = None,
         host: str | None = None,
+        on_dead_letter: Callable[[DeadLetterReason], None] | None = None,
     ) -> None:
         self.config = config
+        self._on_dead_letter = on_dead_letter
+        """Called after a dead letter the source sent on its own initiative is confirmed (the
+        same hook as ``KafkaSource``'s). This source sends none today: every dead letter
+        comes from the pipeline's ``dead_letter`` call, which the pipeline counts itself."""
         self._owns_subscriber = subscriber is None
         self._subscriber = subscriber if subscriber is not None else default_subscriber()
         self._owns_publisher = publisher is None and config.dead_letter_topic is not None
@@ -298,6 +309,10 @@ class PubSubSource:
         self._closing = False
         self._late: list[PubSubMessage] = []
         """Arrived while closing: nacked by close()."""
+        # Event loop thread only:
+        self._nacks: list[PubSubMessage] = []
+        """Nacked by ``nack`` and not yet handed to the client (see ``nack``)."""
+        self._nack_flush: asyncio.Handle | None = None
         self._stream_error: BaseException | None = None
 
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -317,7 +332,22 @@ class PubSubSource:
         self._settle(delivery).ack()
 
     async def nack(self, delivery: Delivery) -> None:
-        self._settle(delivery).nack()
+        """Give the message back. The nack goes to the client (``Message.nack``) on the next
+        turn of the event loop, unless ``close`` starts first: the pipeline nacks whatever is
+        unsettled right before it closes the source, and a nack sent while the stream is
+        still open makes Pub/Sub hand the message straight back to this closing stream.
+        ``close`` sends those nacks itself, once the stream is down."""
+        self._nacks.append(self._settle(delivery))
+        if self._nack_flush is None:
+            self._nack_flush = asyncio.get_running_loop().call_soon(self._flush_nacks)
+
+    def _flush_nacks(self) -> None:
+        self._nack_flush = None
+        if self._closed:
+            return  # close() took them over
+        nacks, self._nacks = self._nacks, []
+        for message in nacks:
+            message.nack()
 
     async def dead_letter(self, delivery: Delivery, reason: DeadLetterReason) -> None:
         """Publish the original payload and attributes plus ``rowbatch-dlq-*`` attributes to
@@ -385,31 +415,46 @@ class PubSubSource:
         handed out, plus any that arrived while stopping), then close the clients this source
         created. Idempotent.
 
-        The nacks are sent once the stream is down, as one ModifyAckDeadline(0) RPC per 500
-        ack ids: nacked while the stream is still open, Pub/Sub would hand them straight back
-        to this very stream, and whatever is in transit when it closes would only come back
-        after its ack deadline."""
+        The nacks (also those of ``nack`` calls not yet handed to the client) are sent once
+        the stream is down, as one ModifyAckDeadline(0) RPC per 500 ack ids, each awaited:
+        nacked while the stream is still open, Pub/Sub would hand them straight back to this
+        very stream, and whatever is in transit when it closes would only come back after
+        its ack deadline.
+
+        The stream is first *half-closed* (the client ends its request stream, the server
+        then ends the call) and cancelled only if the server has not ended it within
+        ``_HALF_CLOSE_WAIT_S``. The official emulator (0.8.20) never notices a cancelled
+        stream (its grpc-netty fails in ``onRstStreamRead``): the dead stream keeps pulling
+        messages, nacked ones included, and sends them nowhere, so they came back only after
+        the stream's ack deadline (60 s by default), once per round it wins."""
         if self._closed:
             return
         self._closed = True
+        if self._nack_flush is not None:
+            self._nack_flush.cancel()
+            self._nack_flush = None
         with self._lock:
             self._closing = True
             unsettled = [held.message for held in self._unsettled.values()]
             self._unsettled.clear()
             self._buffer.clear()
+        unsettled.extend(self._nacks)
+        self._nacks.clear()
         self._changed.set()
         if self._streaming is not None:
-            self._streaming.cancel()
-            try:
-                # Not asyncio.wrap_future: a cancelled StreamingPullFuture reports cancelled()
-                # at once, while result() waits for the shutdown to finish.
-                await asyncio.to_thread(self._streaming.result, timeout=_SHUTDOWN_TIMEOUT_S)
-            except TimeoutError:
+            if self._half_close():
+                outcome = await asyncio.to_thread(self._stream_result, _HALF_CLOSE_WAIT_S)
+                _LOG.debug("streaming pull on %s after half-close: %s", self._sub, outcome)
+            self._streaming.cancel()  # a no-op once the stream has ended
+            # Not asyncio.wrap_future: a cancelled StreamingPullFuture reports cancelled()
+            # at once, while result() waits for the shutdown to finish.
+            outcome = await asyncio.to_thread(self._stream_result, _SHUTDOWN_TIMEOUT_S)
+            if outcome == "timeout":
                 _LOG.warning(
                     "streaming pull on %s did not stop within %g s", self._sub, _SHUTDOWN_TIMEOUT_S
                 )
-            except Exception as exc:  # noqa: BLE001 - its error was reported when it happened
-                _LOG.debug("streaming pull ended with %r", exc)
+            else:
+                _LOG.debug("streaming pull on %s ended: %s", self._sub, outcome)
         with self._lock:
             unsettled.extend(self._late)
             self._late.clear()
@@ -452,6 +497,7 @@ class PubSubSource:
         return {
             **delivery.attributes,
             ATTR_REASON: reason.reason_class.value,
+            ATTR_CODE: reason.code,
             ATTR_MESSAGE: message.decode("utf-8", errors="ignore"),
             ATTR_SOURCE: delivery.source,
             ATTR_MESSAGE_ID: delivery.message_id,
@@ -542,8 +588,35 @@ class PubSubSource:
                     self._sub,
                 )
 
+    def _half_close(self) -> bool:
+        """End the streaming pull's request stream, so that the server ends the call (rather
+        than have it cancelled). The client library has no public way to do this: it ends
+        its request generator when ``None`` is queued on the RPC's request queue (what
+        ``BidiRpc.close`` does, right after cancelling). False when the library's internals
+        are not what this expects (the stream is then only cancelled)."""
+        manager = getattr(self._streaming, "_StreamingPullFuture__manager", None)
+        rpc = getattr(manager, "_rpc", None)
+        requests = getattr(rpc, "_request_queue", None)
+        if requests is None or not hasattr(requests, "put"):
+            _LOG.debug("cannot half-close the streaming pull on %s: cancelling it", self._sub)
+            return False
+        requests.put(None)
+        return True
+
+    def _stream_result(self, timeout: float) -> str:
+        """Blocking; waits for the streaming pull's shutdown and says how it ended (never
+        raises: its error, if any, was reported when it happened)."""
+        try:
+            self._streaming.result(timeout=timeout)
+        except TimeoutError:
+            return "timeout"
+        except Exception as exc:  # noqa: BLE001 - StopIteration when the server ended it
+            return f"ended ({type(exc).__name__})"
+        return "ended"
+
     def _nack_now(self, ack_ids: list[str]) -> None:
         """Blocking; runs in a worker thread after the stream is down."""
+        started = time.monotonic()
         for start in range(0, len(ack_ids), _NACK_CHUNK):
             chunk = ack_ids[start : start + _NACK_CHUNK]
             try:
@@ -563,7 +636,13 @@ class PubSubSource:
                     self._sub,
                     exc,
                 )
-        _LOG.info("nacked %d unsettled message(s) on %s at close", len(ack_ids), self._sub)
+        _LOG.info(
+            "nacked %d unsettled message(s) on %s at close (ModifyAckDeadline 0, answered "
+            "in %.2f s)",
+            len(ack_ids),
+            self._sub,
+            time.monotonic() - started,
+        )
 
     def _publish(self, request: pubsub_types.PublishRequest) -> None:
         """Blocking; runs in a worker thread. Retries transient errors until the timeout."""

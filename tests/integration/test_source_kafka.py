@@ -149,6 +149,7 @@ async def test_commits_stop_below_the_first_unsettled_record(
     assert headers["seq"] == b"17"
     assert headers["x"] == b""
     assert headers["rowbatch-dlq-reason"] == b"schema-mismatch"
+    assert headers["rowbatch-dlq-code"] == b"column_type_mismatch"
     assert headers["rowbatch-dlq-message"] == b"column 'x' is int64, want string"
     assert headers["rowbatch-dlq-source"] == f"{topics.topic}/0".encode()
     assert headers["rowbatch-dlq-message-id"] == f"{topics.topic}/0/17".encode()
@@ -312,6 +313,7 @@ async def test_records_with_non_utf8_headers_are_dead_lettered_by_the_source(
     assert dead.key == b"bad"
     assert headers["rowbatch-chunk-id"] == b"\xff\xfe"
     assert headers["rowbatch-dlq-reason"] == b"undecodable"
+    assert headers["rowbatch-dlq-code"] == b"invalid_header"  # the WireError's reason
     assert b"rowbatch-chunk-id" in headers["rowbatch-dlq-message"]
 
 

@@ -28,6 +28,7 @@ from google.pubsub_v1.services.publisher import PublisherClient as GapicPublishe
 
 from consumer.sources.base import DeadLetterReason, Delivery, ReasonClass, Source
 from consumer.sources.pubsub import (
+    ATTR_CODE,
     ATTR_CONSUMER_VERSION,
     ATTR_DELIVERY_ATTEMPT,
     ATTR_MESSAGE,
@@ -305,6 +306,7 @@ async def test_dead_letter_publishes_reason_and_acks_original(
     attrs = dict(dead.attributes)
     assert {k: attrs[k] for k in original} == original
     assert attrs[ATTR_REASON] == "undecodable"
+    assert attrs[ATTR_CODE] == "wire_error"  # the class's default fine code
     assert long_message.startswith(attrs[ATTR_MESSAGE])
     assert 1000 < len(attrs[ATTR_MESSAGE].encode()) <= DLQ_MESSAGE_MAX_BYTES
     assert attrs[ATTR_SOURCE] == names.subscription

@@ -335,6 +335,48 @@ async def test_a_failed_dead_letter_leaves_the_record_unsettled() -> None:
     await rig.source.close()
 
 
+async def test_own_dead_letters_are_reported_once_with_their_code_the_pipelines_are_not() -> None:
+    rig = make_rig()
+    seen: list[DeadLetterReason] = []
+    rig.source._on_dead_letter = seen.append  # what make_source passes, as a plain list here
+    await start(rig, {TP0})
+    rig.consumer.pending[TP0] = [
+        Record(TOPIC, 0, 0, headers=(("rowbatch-chunk-id", b"\xff\xfe"),)),
+        Record(TOPIC, 0, 1),
+    ]
+    [d1] = await take(rig.source, 1)
+    assert offset(d1) == 1
+    [own] = seen
+    assert own.reason_class is ReasonClass.UNDECODABLE
+    assert own.code == "invalid_header"
+    assert dict(rig.producer.sent[0][3])["rowbatch-dlq-code"] == b"invalid_header"
+
+    await rig.source.dead_letter(d1, DeadLetterReason(ReasonClass.SCHEMA_MISMATCH, "x"))
+    assert len(seen) == 1, "the pipeline counts the dead letters it asks for"
+    assert dict(rig.producer.sent[1][3])["rowbatch-dlq-code"] == b"column_type_mismatch"
+    await rig.source.close()
+
+
+def test_make_source_counts_the_sources_own_dead_letters_in_the_metrics() -> None:
+    from consumer.metrics import Metrics
+
+    metrics = Metrics()
+    source = make_source(
+        KafkaSettings.model_validate(
+            {"bootstrap_servers": "b:9092", "topic": "t", "group_id": "g"}
+        ),
+        metrics,
+    )
+    assert isinstance(source, KafkaSource)
+    assert source.registry is metrics.registry
+    assert source._on_dead_letter is not None
+    source._on_dead_letter(DeadLetterReason(ReasonClass.UNDECODABLE, "bad header"))
+    sample = metrics.registry.get_sample_value(
+        "rowbatch_messages_dead_lettered_total", {"reason": "undecodable"}
+    )
+    assert sample == 1.0
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     counts=st.tuples(st.integers(1, 12), st.integers(1, 12)),
@@ -511,6 +553,7 @@ def test_dead_letter_header_names_match_the_pubsub_source() -> None:
 
     for name in (
         "ATTR_REASON",
+        "ATTR_CODE",
         "ATTR_MESSAGE",
         "ATTR_SOURCE",
         "ATTR_MESSAGE_ID",
