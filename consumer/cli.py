@@ -49,7 +49,9 @@ async def _run(config: ConsumerConfig) -> None:
 
 
 async def _check(config: ConsumerConfig) -> None:
-    async with InferenceClient(config.model.url, config.model.name, config.model.version) as c:
+    async with InferenceClient(
+        config.model.url, config.model.name, config.model.version, tls=config.model.tls_options()
+    ) as c:
         spec = await c.discover()
     binding = Binding(
         config.binding.inputs, config.binding.outputs, tuple(config.binding.passthrough)

@@ -7,6 +7,7 @@ Nested fields use ``__`` in the environment: ``ROWBATCH_MODEL__URL=127.0.0.1:800
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -26,6 +27,14 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from consumer.tls import (
+    TlsConfigError,
+    TlsOptions,
+    check_ca_file,
+    check_cert_file,
+    check_key_file,
+    check_pair,
+)
 from producer.columns import ColumnType
 
 MiB = 1024 * 1024
@@ -157,6 +166,78 @@ class ModelSettings(_Section):
     """Per-request deadline."""
     backoff_initial_s: float = Field(default=0.1, gt=0)
     backoff_max_s: float = Field(default=10.0, gt=0)
+    tls: bool = False
+    """gRPC over TLS to the model server."""
+    tls_ca_file: Path | None = None
+    """PEM root certificate(s) the server's certificate must chain to (default: the system's)."""
+    tls_cert_file: Path | None = None
+    """Client certificate chain (PEM) for servers that require mutual TLS; with
+    ``tls_key_file``."""
+    tls_key_file: Path | None = None
+    """The client certificate's private key: unencrypted PEM (gRPC cannot use an encrypted
+    one)."""
+    tls_server_name: str | None = Field(default=None, min_length=1)
+    """The name checked against the server's certificate instead of the URL's host (gRPC's
+    ``ssl_target_name_override``), e.g. when connecting by IP address."""
+
+    @field_validator("tls_ca_file")
+    @classmethod
+    def _ca_file_usable(cls, value: Path | None) -> Path | None:
+        if value is not None:
+            _tls_check(check_ca_file, value)
+        return value
+
+    @field_validator("tls_cert_file")
+    @classmethod
+    def _cert_file_usable(cls, value: Path | None) -> Path | None:
+        if value is not None:
+            _tls_check(check_cert_file, value)
+        return value
+
+    @field_validator("tls_key_file")
+    @classmethod
+    def _key_file_usable(cls, value: Path | None) -> Path | None:
+        if value is not None:
+            _tls_check(check_key_file, value)
+        return value
+
+    @model_validator(mode="after")
+    def _tls_consistent(self) -> ModelSettings:
+        files = {
+            "tls_ca_file": self.tls_ca_file,
+            "tls_cert_file": self.tls_cert_file,
+            "tls_key_file": self.tls_key_file,
+            "tls_server_name": self.tls_server_name,
+        }
+        given = [name for name, value in files.items() if value is not None]
+        if given and not self.tls:
+            raise ValueError(f"{', '.join(given)} need(s) tls = true")
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("tls_cert_file and tls_key_file go together (both or neither)")
+        if self.tls_cert_file is not None and self.tls_key_file is not None:
+            try:
+                check_pair(self.tls_cert_file, self.tls_key_file)
+            except TlsConfigError as exc:
+                raise ValueError(f"tls_cert_file/tls_key_file: {exc}") from None
+        return self
+
+    def tls_options(self) -> TlsOptions | None:
+        """The TLS settings for the inference client; ``None`` when ``tls`` is off."""
+        if not self.tls:
+            return None
+        return TlsOptions(
+            ca_file=self.tls_ca_file,
+            cert_file=self.tls_cert_file,
+            key_file=self.tls_key_file,
+            server_name=self.tls_server_name,
+        )
+
+
+def _tls_check(check: Callable[[Path], None], path: Path) -> None:
+    try:
+        check(path)
+    except TlsConfigError as exc:
+        raise ValueError(str(exc)) from None
 
 
 class BindingSettings(_Section):
@@ -180,20 +261,42 @@ class BindingSettings(_Section):
         return value
 
 
-class SqliteSinkSettings(_Section):
+class _SinkSection(_Section):
+    backoff_initial_s: float = Field(default=0.2, gt=0)
+    """First wait after a transient sink failure (connection lost, database restarting,
+    serialization failure, object-store throttling); doubles up to ``backoff_max_s``. Writes
+    are retried for as long as the outage lasts, with consumption paused meanwhile."""
+    backoff_max_s: float = Field(default=5.0, gt=0)
+    startup_wait_s: float = Field(default=300.0, ge=0)
+    """How long start-up waits for an unreachable sink (retrying with backoff) before giving
+    up with an error."""
+    write_concurrency: int = Field(default=2, ge=1)
+    """Sink writes at once. Inference does not wait for writes: answered batches queue for
+    the writers (bounded by ``budget_bytes``) and are coalesced into one write."""
+    max_write_rows: int = Field(default=0, ge=0)
+    """Most rows coalesced into one sink write; 0: four target batches."""
+
+    @model_validator(mode="after")
+    def _backoff_order(self) -> _SinkSection:
+        if self.backoff_initial_s > self.backoff_max_s:
+            raise ValueError("sink.backoff_initial_s must not exceed sink.backoff_max_s")
+        return self
+
+
+class SqliteSinkSettings(_SinkSection):
     kind: Literal["sqlite"] = "sqlite"
     path: Path = Path("rowbatch-results.sqlite")
     table: str = "results"
 
 
-class PostgresSinkSettings(_Section):
+class PostgresSinkSettings(_SinkSection):
     kind: Literal["postgres"] = "postgres"
     dsn: SecretStr
     table: str = "results"
     db_schema: str = "public"
 
 
-class ParquetSinkSettings(_Section):
+class ParquetSinkSettings(_SinkSection):
     kind: Literal["parquet"] = "parquet"
     url: str
     """A local path or an object-store URL understood by pyarrow (``s3://``, ``gs://``)."""
@@ -225,6 +328,12 @@ class ConsumerConfig(BaseSettings):
     budget_bytes: int = Field(default=256 * MiB, ge=MiB)
     """Memory budget for everything in flight: decoded inputs plus expected outputs."""
     shutdown_grace_s: float = Field(default=30.0, gt=0)
+    max_message_bytes: int = Field(default=32 * MiB, ge=1024)
+    """A message whose payload is larger is dead-lettered (``undecodable``, code
+    ``payload_too_large``) without being decoded."""
+    max_attributes_bytes: int = Field(default=64 * 1024, ge=1024)
+    """A message whose attributes/headers (names plus values) take more is dead-lettered
+    (``undecodable``, code ``headers_too_large``)."""
     server: ServerSettings = ServerSettings()
     log_format: Literal["json", "text"] = "json"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"

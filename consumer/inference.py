@@ -34,7 +34,8 @@ from tenacity.stop import stop_after_attempt, stop_base, stop_never
 from tenacity.wait import wait_base
 from tritonclient.utils import InferenceServerException
 
-from consumer.model import ModelSpec, discover_model
+from consumer.model import ModelDiscoveryError, ModelServerUnavailable, ModelSpec, discover_model
+from consumer.tls import TlsOptions, channel_credentials, describe_handshake_failure
 
 log = logging.getLogger(__name__)
 
@@ -43,9 +44,15 @@ RETRYABLE_STATUSES: Final = frozenset({"UNAVAILABLE", "RESOURCE_EXHAUSTED", "DEA
 #: gRPC statuses that say "these rows are bad".
 POISON_STATUSES: Final = frozenset({"INVALID_ARGUMENT"})
 #: HTTP statuses (a gateway in front of the server) that say "try again later".
-RETRYABLE_HTTP: Final = frozenset({"429", "503"})
+RETRYABLE_HTTP: Final = frozenset({"429", "502", "503", "504"})
+#: gRPC statuses that, for a model this consumer already discovered and used, mean "the server
+#: is unloading or restarting it" (Triton answers NOT_FOUND "has no available versions" while it
+#: shuts down): transient while running, though fatal at start-up (see ``classify``).
+GONE_WHILE_SERVED: Final = frozenset({"NOT_FOUND"})
 _HTTP_RETRYABLE_TEXT: Final = re.compile(
-    r"\b(?:status:? ?|HTTP/\S+ )(?:429|503)\b|too many requests|service unavailable", re.I
+    r"\b(?:status:? ?|HTTP/\S+ )(?:429|502|503|504)\b|too many requests|service unavailable"
+    r"|bad gateway|gateway time-?out",
+    re.I,
 )
 #: tritonclient's own default for both message-length limits (INT32_MAX).
 MAX_GRPC_MESSAGE_BYTES: Final = 2**31 - 1
@@ -80,8 +87,12 @@ def grpc_status(exc: InferenceServerException) -> str:
     return str(exc.status() or "").removeprefix("StatusCode.")
 
 
-def classify(exc: InferenceServerException | OSError, *, model: str) -> InferenceError:
-    """The :class:`InferenceError` subclass instance for a failed request to ``model``."""
+def classify(
+    exc: InferenceServerException | OSError, *, model: str, served: bool = False
+) -> InferenceError:
+    """The :class:`InferenceError` subclass instance for a failed request to ``model``.
+    ``served``: the model was discovered on this server and is being used, so NOT_FOUND means
+    it is being unloaded or the server restarted (transient), not that it never existed."""
     if isinstance(exc, OSError):
         status = type(exc).__name__
         return RetryableInferenceError(
@@ -94,6 +105,12 @@ def classify(exc: InferenceServerException | OSError, *, model: str) -> Inferenc
         return RetryableInferenceError(described, model=model, status=status)
     if status in ("", "UNKNOWN") and _HTTP_RETRYABLE_TEXT.search(text):
         return RetryableInferenceError(described, model=model, status=status or "HTTP")
+    if served and status in GONE_WHILE_SERVED:
+        return RetryableInferenceError(
+            f"{described} (the server is unloading or restarting the model; waiting for it)",
+            model=model,
+            status=status,
+        )
     if status in POISON_STATUSES:
         return PoisonInferenceError(described, model=model, status=status)
     return FatalInferenceError(described, model=model, status=status or "CLIENT")
@@ -112,6 +129,11 @@ class ChannelOptions:
     keepalive_timeout_ms: int = 20_000
     keepalive_permit_without_calls: bool = False
     http2_max_pings_without_data: int = 2
+    initial_reconnect_backoff_ms: int = 100
+    min_reconnect_backoff_ms: int = 100
+    max_reconnect_backoff_ms: int = 1_000
+    """gRPC's own reconnect backoff after the server went away (its defaults: 1 s initial, up to
+    120 s) is kept short, so a restarted server is used again within about a second."""
     extra: Sequence[tuple[str, int | str]] = field(default=())
     """Further ``(grpc.option, value)`` pairs, appended as given."""
 
@@ -123,6 +145,9 @@ class ChannelOptions:
             ("grpc.keepalive_timeout_ms", self.keepalive_timeout_ms),
             ("grpc.keepalive_permit_without_calls", int(self.keepalive_permit_without_calls)),
             ("grpc.http2.max_pings_without_data", self.http2_max_pings_without_data),
+            ("grpc.initial_reconnect_backoff_ms", self.initial_reconnect_backoff_ms),
+            ("grpc.min_reconnect_backoff_ms", self.min_reconnect_backoff_ms),
+            ("grpc.max_reconnect_backoff_ms", self.max_reconnect_backoff_ms),
             *self.extra,
         ]
 
@@ -139,7 +164,9 @@ class InferenceClient:
     """One model on one KServe v2 gRPC server. ``infer`` raises only :class:`InferenceError`
     subclasses for server and connection failures.
 
-    ``client`` replaces the ``tritonclient.grpc.aio.InferenceServerClient`` (tests)."""
+    ``tls``: TLS (or mutual TLS) to the server; its files are read here, so an unreadable one
+    raises :class:`consumer.tls.TlsConfigError` at once. ``client`` replaces the
+    ``tritonclient.grpc.aio.InferenceServerClient`` (tests)."""
 
     def __init__(
         self,
@@ -148,17 +175,20 @@ class InferenceClient:
         version: str = "",
         *,
         channel: ChannelOptions | None = None,
+        tls: TlsOptions | None = None,
         client: Any = None,
     ) -> None:
         self.url = url
         self.model = model
         self.version = version
+        self.tls = tls
         options = channel or ChannelOptions()
-        self._client = (
-            client
-            if client is not None
-            else grpcaio.InferenceServerClient(url, channel_args=options.channel_args())
-        )
+        if client is None:
+            args = options.channel_args() + (tls.channel_args() if tls else [])
+            creds = channel_credentials(tls) if tls is not None else None
+            # creds (not ssl=/root_certificates=, which take paths) so the bytes are read once
+            client = grpcaio.InferenceServerClient(url, creds=creds, channel_args=args)
+        self._client = client
 
     async def __aenter__(self) -> InferenceClient:
         return self
@@ -170,14 +200,21 @@ class InferenceClient:
         await self._client.close()
 
     async def discover(self, client_timeout: float | None = 30.0) -> ModelSpec:
-        """This model's spec from the server (see :func:`consumer.model.discover_model`)."""
-        return await discover_model(
-            self._client,
-            self.model,
-            self.version,
-            server=f"inference server {self.url}",
-            client_timeout=client_timeout,
-        )
+        """This model's spec from the server (see :func:`consumer.model.discover_model`).
+        A failed TLS handshake (which gRPC reports as UNAVAILABLE) is named as such."""
+        try:
+            return await discover_model(
+                self._client,
+                self.model,
+                self.version,
+                server=f"inference server {self.url}",
+                client_timeout=client_timeout,
+            )
+        except ModelServerUnavailable as exc:
+            described = describe_handshake_failure(self.url, str(exc), self.tls)
+            if described is None:
+                raise
+            raise ModelDiscoveryError(described) from exc
 
     async def infer(
         self, inputs: Sequence[Any], outputs: Sequence[str], *, client_timeout: float | None = None
@@ -194,7 +231,7 @@ class InferenceClient:
                 client_timeout=client_timeout,
             )
         except (InferenceServerException, OSError) as exc:
-            raise classify(exc, model=self.model) from exc
+            raise classify(exc, model=self.model, served=True) from exc
         arrays: dict[str, NDArray[Any]] = {}
         for name in outputs:
             array = result.as_numpy(name)
@@ -206,6 +243,33 @@ class InferenceClient:
                 )
             arrays[name] = np.asarray(array)
         return arrays
+
+    async def ready(self, client_timeout: float = 1.0) -> bool:
+        """Whether the server answers that the model is ready (``False`` on any error)."""
+        try:
+            return bool(
+                await self._client.is_model_ready(
+                    self.model, self.version, client_timeout=client_timeout
+                )
+            )
+        except (InferenceServerException, OSError):
+            return False
+
+
+def error_kind(error: InferenceError) -> str:
+    """The ``kind`` label of ``rowbatch_inference_errors_total`` for ``error``."""
+    status = error.status
+    if status.isdigit() or status == "HTTP":
+        return "http"
+    if status.isupper() and status.replace("_", "").isalpha():
+        kind = status.lower().replace("_", "-")
+        return kind if kind in _KNOWN_KINDS else "other"
+    return "connection" if isinstance(error, RetryableInferenceError) else "other"
+
+
+_KNOWN_KINDS: Final = frozenset(
+    {"unavailable", "resource-exhausted", "deadline-exceeded", "not-found", "invalid-argument"}
+)
 
 
 # --- retries -------------------------------------------------------------------------------------
@@ -275,7 +339,13 @@ class RetryingInferencer:
     Backoff periods are counted across concurrent requests: ``on_backoff_start`` is called when
     the first request starts backing off, ``on_backoff_end`` when no request is backing off any
     more (its retry answered, failed otherwise, or was cancelled). The consumer pauses its
-    source and sets a metric there. ``sleep`` and ``rng`` are injectable for tests."""
+    source and sets a metric there. ``on_error`` sees every failed attempt (metrics).
+
+    ``probe`` (e.g. :meth:`InferenceClient.ready`) is asked every ``probe_interval_s`` while
+    requests back off; when it turns from not ready to ready (the server came back), every
+    waiting request retries at once instead of sleeping out its backoff. A server that stays
+    ready while refusing requests (a full queue) does not shorten the backoff.
+    ``sleep`` and ``rng`` are injectable for tests."""
 
     def __init__(
         self,
@@ -284,6 +354,9 @@ class RetryingInferencer:
         *,
         on_backoff_start: Callable[[], None] = _nothing,
         on_backoff_end: Callable[[], None] = _nothing,
+        on_error: Callable[[InferenceError], None] = lambda _: None,
+        probe: Callable[[], Awaitable[bool]] | None = None,
+        probe_interval_s: float = 0.25,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         rng: random.Random | None = None,
     ) -> None:
@@ -291,6 +364,11 @@ class RetryingInferencer:
         self._client = client
         self._on_start = on_backoff_start
         self._on_end = on_backoff_end
+        self._on_error = on_error
+        self._probe = probe
+        self._probe_interval_s = probe_interval_s
+        self._probe_task: asyncio.Task[None] | None = None
+        self._recovered = asyncio.Event()
         self._sleep = sleep
         self._wait = _PolicyWait(self.policy, rng or random.Random())  # noqa: S311 (jitter, not secrets)
         self._stop: stop_base = (
@@ -324,7 +402,7 @@ class RetryingInferencer:
             )
 
         retrying = AsyncRetrying(
-            sleep=self._sleep,
+            sleep=self._pause,
             stop=self._stop,
             wait=self._wait,
             retry=retry_if_exception_type(RetryableInferenceError),
@@ -332,22 +410,63 @@ class RetryingInferencer:
             reraise=True,
         )
         try:
-            result: dict[str, NDArray[Any]] = await retrying(
-                self._client.infer, inputs, outputs, client_timeout=self.policy.client_timeout_s
-            )
+            result: dict[str, NDArray[Any]] = await retrying(self._attempt, inputs, outputs)
         finally:
             if in_backoff:
                 self._leave_backoff()
         return result
 
+    async def _attempt(
+        self, inputs: Sequence[Any], outputs: Sequence[str]
+    ) -> dict[str, NDArray[Any]]:
+        try:
+            return await self._client.infer(
+                inputs, outputs, client_timeout=self.policy.client_timeout_s
+            )
+        except InferenceError as exc:
+            self._on_error(exc)
+            raise
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep out a backoff, or less if the probe sees the server come back."""
+        recovered = asyncio.ensure_future(self._recovered.wait())
+        slept = asyncio.ensure_future(self._sleep(seconds))
+        try:
+            await asyncio.wait({recovered, slept}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (recovered, slept):
+                task.cancel()
+            await asyncio.gather(recovered, slept, return_exceptions=True)
+
+    async def _watch(self, probe: Callable[[], Awaitable[bool]]) -> None:
+        was_down = False
+        while True:
+            await self._sleep(self._probe_interval_s)
+            try:
+                up = await probe()
+            except Exception:  # noqa: BLE001 (a probe failing means "not ready")
+                up = False
+            if not up:
+                was_down = True
+            elif was_down:
+                was_down = False
+                log.info("inference server answers ready again; retrying at once")
+                self._recovered.set()
+                self._recovered = asyncio.Event()
+
     def _enter_backoff(self) -> None:
         self._backing_off += 1
         if self._backing_off == 1:
             self._on_start()
+            if self._probe is not None:
+                self._probe_task = asyncio.ensure_future(self._watch(self._probe))
 
     def _leave_backoff(self) -> None:
         self._backing_off -= 1
         if self._backing_off == 0:
+            if self._probe_task is not None:
+                self._probe_task.cancel()
+                self._probe_task = None
             self._on_end()
 
 
@@ -362,5 +481,6 @@ __all__ = [
     "RetryableInferenceError",
     "RetryingInferencer",
     "classify",
+    "error_kind",
     "grpc_status",
 ]

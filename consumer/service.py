@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+import random
+import time
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,9 +35,11 @@ from consumer.inference import (
     PoisonInferenceError,
     RetryingInferencer,
     RetryPolicy,
+    error_kind,
 )
-from consumer.intake import Intake
+from consumer.intake import Intake, IntakeLimits
 from consumer.metrics import Metrics
+from consumer.mismatch import SchemaMismatch
 from consumer.model import (
     ModelSpec,
     default_in_flight,
@@ -44,8 +48,9 @@ from consumer.model import (
 )
 from consumer.pipeline import Pipeline, PipelineSettings, RunBatch
 from consumer.poison import isolate
-from consumer.sinks.base import ColumnSpec, Sink, TableSpec
+from consumer.sinks.base import ColumnSpec, Sink, SinkUnavailable, TableSpec
 from consumer.sources.base import Source
+from consumer.writer import SinkBackoff
 from producer.columns import ColumnType
 from producer.wire import DecodedChunk
 
@@ -76,9 +81,21 @@ class Running:
     ready: bool = False
 
 
-def make_source(settings: SourceSettings, registry: CollectorRegistry | None = None) -> Source:
-    """The configured source. ``registry``: the consumer's metrics registry (the Kafka source
-    exports its lag gauges there)."""
+def make_source(settings: SourceSettings, metrics: Metrics | None = None) -> Source:
+    """The configured source. ``metrics``: the consumer's metrics (the Kafka source exports
+    its lag gauges in their registry; a dead letter a source sends on its own initiative is
+    counted in ``rowbatch_messages_dead_lettered_total{reason}``, like the pipeline's)."""
+    from consumer.sources.base import DeadLetterReason  # noqa: PLC0415
+
+    registry: CollectorRegistry | None = None
+    on_dead_letter: Callable[[DeadLetterReason], None] | None = None
+    if metrics is not None:
+        registry = metrics.registry
+        counter = metrics.dead_lettered
+
+        def on_dead_letter(reason: DeadLetterReason) -> None:
+            counter.labels(reason.reason_class.value).inc()
+
     if isinstance(settings, PubSubSettings):
         from consumer.sources.pubsub import PubSubSource, PubSubSourceConfig  # noqa: PLC0415
 
@@ -92,7 +109,8 @@ def make_source(settings: SourceSettings, registry: CollectorRegistry | None = N
                 max_lease_extension_s=settings.max_lease_extension_s,
                 max_delivery_attempts=settings.max_delivery_attempts,
                 consumer_version=__version__,
-            )
+            ),
+            on_dead_letter=on_dead_letter,
         )
     assert isinstance(settings, KafkaSettings)
     from consumer.sources.kafka import (  # noqa: PLC0415
@@ -142,7 +160,7 @@ def make_source(settings: SourceSettings, registry: CollectorRegistry | None = N
         )
     except KafkaConfigError as exc:
         raise StartupError(f"source (kafka): {exc}") from exc
-    return KafkaSource(config, registry=registry)
+    return KafkaSource(config, registry=registry, on_dead_letter=on_dead_letter)
 
 
 def make_sink(settings: SinkSettings) -> Sink:
@@ -160,7 +178,10 @@ def make_sink(settings: SinkSettings) -> Sink:
 
 
 def _column_spec(name: str, ctype: ColumnType) -> ColumnSpec:
-    dtype = "object" if ctype.kind.value in ("string", "bytes") else str(ctype.numpy_dtype)
+    """The result column of a passthrough column: text is ``object`` (PostgreSQL ``text``),
+    raw bytes ``bytes`` (``bytea``, SQLite BLOB, Parquet binary), numbers keep their dtype."""
+    kind = ctype.kind.value
+    dtype = "object" if kind == "string" else "bytes" if kind == "bytes" else str(ctype.numpy_dtype)
     return ColumnSpec(name, dtype, ctype.dim or 0)
 
 
@@ -178,6 +199,43 @@ def table_spec(config: ConsumerConfig, spec: ModelSpec) -> TableSpec:
     return TableSpec(config.sink.table, passthrough, tuple(outputs))
 
 
+async def open_sink(
+    sink: Sink,
+    table: TableSpec,
+    settings: SinkSettings,
+    *,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> None:
+    """``sink.open(table)``, waiting (with backoff, up to ``settings.startup_wait_s``) while the
+    sink is unreachable: a database that restarts with the consumer is not a reason to exit."""
+    backoff = SinkBackoff(settings.backoff_initial_s, settings.backoff_max_s)
+    rng = random.Random()  # noqa: S311 (jitter, not secrets)
+    deadline = clock() + settings.startup_wait_s
+    attempt = 0
+    while True:
+        try:
+            await sink.open(table)
+        except SinkUnavailable as exc:
+            attempt += 1
+            wait = backoff.wait(attempt, rng)
+            if clock() + wait > deadline:
+                raise StartupError(
+                    f"sink ({settings.kind}) still unavailable after "
+                    f"{settings.startup_wait_s:.0f} s (sink.startup_wait_s): {exc}"
+                ) from exc
+            log.warning(
+                "sink (%s) unavailable at start-up (attempt %d), retrying in %.1f s: %s",
+                settings.kind,
+                attempt,
+                wait,
+                exc,
+            )
+            await sleep(wait)
+        else:
+            return
+
+
 def make_check(
     spec: ModelSpec, binding: Binding, passthrough: Mapping[str, ColumnType]
 ) -> Callable[[DecodedChunk], None]:
@@ -186,14 +244,23 @@ def make_check(
     def check(chunk: DecodedChunk) -> None:
         missing = [c for c in binding.columns if c not in chunk.columns]
         if missing:
-            raise ValueError(
+            raise SchemaMismatch(
                 f"chunk of table {chunk.table!r} lacks column(s) {missing}; "
-                f"it has {sorted(chunk.columns)}"
+                f"it has {sorted(chunk.columns)}",
+                column=missing[0],
+                expected="present",
+                found="absent",
+                code="missing_column",
             )
         for name, want in passthrough.items():
             got = chunk.types[name]
             if got != want:
-                raise ValueError(f"passthrough column {name!r} is {got}, configured as {want}")
+                raise SchemaMismatch(
+                    f"passthrough column {name!r} is {got}, configured as {want}",
+                    column=name,
+                    expected=str(want),
+                    found=str(got),
+                )
         check_chunk(spec, binding, {name: chunk.column(name) for name in binding.columns})
 
     return check
@@ -243,7 +310,9 @@ async def run_consumer(
         passthrough=tuple(config.binding.passthrough),
     )
     passthrough_types = {k: ColumnType.parse(v) for k, v in config.binding.passthrough.items()}
-    client = InferenceClient(config.model.url, config.model.name, config.model.version)
+    client = InferenceClient(
+        config.model.url, config.model.name, config.model.version, tls=config.model.tls_options()
+    )
     try:
         spec = await client.discover()
         check_binding(spec, binding)
@@ -255,8 +324,8 @@ async def run_consumer(
         )
         running = Running(metrics, health, spec, target)
         sink = sink or make_sink(config.sink)
-        await sink.open(table_spec(config, spec))
-        source = source or make_source(config.source, metrics.registry)
+        await open_sink(sink, table_spec(config, spec), config.sink)
+        source = source or make_source(config.source, metrics)
         await source.check()
         pipeline: Pipeline
         inferencer = RetryingInferencer(
@@ -268,6 +337,8 @@ async def run_consumer(
             ),
             on_backoff_start=lambda: pipeline.backoff_started(),  # noqa: PLW0108 (bound later)
             on_backoff_end=lambda: pipeline.backoff_ended(),  # noqa: PLW0108
+            on_error=lambda exc: metrics.inference_errors.labels(error_kind(exc)).inc(),
+            probe=client.ready,
         )
         pipeline = Pipeline(
             source=source,
@@ -276,6 +347,7 @@ async def run_consumer(
                 binding.columns,
                 make_check(spec, binding, passthrough_types),
                 getattr(config.source, "max_delivery_attempts", None),
+                IntakeLimits(config.max_message_bytes, config.max_attributes_bytes),
             ),
             run_batch=make_run_batch(inferencer, spec, binding),
             isolate=isolate_batch,
@@ -290,6 +362,9 @@ async def run_consumer(
                 model_name=spec.name,
                 model_version=spec.version,
                 grace_s=config.shutdown_grace_s,
+                write_concurrency=config.sink.write_concurrency,
+                max_write_rows=config.sink.max_write_rows,
+                sink_backoff=SinkBackoff(config.sink.backoff_initial_s, config.sink.backoff_max_s),
             ),
             budget=ByteBudget(config.budget_bytes),
             metrics=metrics,

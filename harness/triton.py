@@ -18,6 +18,7 @@ import shutil
 import sys
 import sysconfig
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,6 +49,37 @@ class TritonEndpoint:
     metrics_url: str  # "http://127.0.0.1:PORT/metrics" (Prometheus text)
     model_repository: Path
     chaos_control: Path  # write harness.chaos.ChaosControl here to steer the "chaos" model
+    tls: TritonTls | None = None  # set when gRPC serves TLS only
+
+
+@dataclass(frozen=True)
+class TritonTls:
+    """TLS on Triton's gRPC endpoint (HTTP stays plain). ``ca_cert`` is the CA the readiness
+    check trusts for the server's certificate and, with ``mutual``, the CA client certificates
+    must chain to (``--grpc-root-cert``); the readiness check then presents ``client_cert`` /
+    ``client_key``."""
+
+    server_cert: Path
+    server_key: Path
+    ca_cert: Path
+    mutual: bool = False
+    client_cert: Path | None = None
+    client_key: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.mutual and (self.client_cert is None or self.client_key is None):
+            raise ValueError("mutual TLS needs client_cert and client_key for the ready check")
+
+    def server_args(self) -> list[str]:
+        args = [
+            "--grpc-use-ssl=true",
+            f"--grpc-server-cert={self.server_cert}",
+            f"--grpc-server-key={self.server_key}",
+            f"--grpc-root-cert={self.ca_cert}",
+        ]
+        if self.mutual:
+            args.append("--grpc-use-ssl-mutual=true")
+        return args
 
 
 @dataclass(frozen=True)
@@ -112,7 +144,11 @@ def _model_names(repository: Path) -> list[str]:
 
 
 class TritonService(ManagedService[TritonEndpoint]):
-    """``with TritonService(run) as endpoint:`` runs tritonserver until the block ends."""
+    """``with TritonService(run) as endpoint:`` runs tritonserver until the block ends.
+
+    Optional: ``tls`` serves gRPC over TLS (or mutual TLS) only; ``models`` loads just these
+    models of the repository (explicit model control); ``name`` names its data dir and log, so
+    a second server in the same run does not share the first one's files."""
 
     name = "triton"
 
@@ -121,8 +157,16 @@ class TritonService(ManagedService[TritonEndpoint]):
         run: RunDir,
         model_repository: Path = REPO_ROOT / "deploy" / "models",
         chaos_control: Path | None = None,
+        *,
+        tls: TritonTls | None = None,
+        models: Sequence[str] | None = None,
+        name: str | None = None,
     ) -> None:
+        if name is not None:
+            self.name = name
         self.run = run
+        self.tls = tls
+        self.models = list(models) if models is not None else None
         self.model_repository = model_repository.resolve()
         self.chaos_control = chaos_control or run.data(self.name) / "chaos-control.json"
         self._process: ServiceProcess | None = None
@@ -140,10 +184,17 @@ class TritonService(ManagedService[TritonEndpoint]):
 
     def start(self) -> TritonEndpoint:
         install = _find_install()
-        models = _model_names(self.model_repository)
+        available = _model_names(self.model_repository)
+        models = available if self.models is None else self.models
         if not models:
             raise PrerequisiteMissing(
                 f"models in {self.model_repository}", "a Triton model repository (deploy/models)"
+            )
+        if not set(models) <= set(available):
+            raise PrerequisiteMissing(
+                f"models {sorted(set(models) - set(available))} in {self.model_repository} "
+                f"(it has {available})",
+                "a Triton model repository (deploy/models)",
             )
         backends = _backend_dir(install, self.run.data(self.name))
         ChaosControl().write(self.chaos_control)  # every run starts without faults
@@ -162,13 +213,17 @@ class TritonService(ManagedService[TritonEndpoint]):
             "--allow-gpu-metrics=false",
             "--exit-on-error=true",
         ]
+        if self.models is not None:
+            argv += ["--model-control-mode=explicit", *(f"--load-model={m}" for m in models)]
+        if self.tls is not None:
+            argv += self.tls.server_args()
         self._process = ServiceProcess(
             self.name, argv, self.run.log(self.name), env=self._env(install)
         )
         started = time.monotonic()
         self._process.start()
         grpc_url = f"{LOOPBACK}:{grpc_port}"
-        self._process.wait_ready(_ReadyCheck(grpc_url, models), READY_TIMEOUT_S, 0.25)
+        self._process.wait_ready(_ReadyCheck(grpc_url, models, self.tls), READY_TIMEOUT_S, 0.25)
         log.info(
             "triton ready in %.1f s on %s (models %s)", time.monotonic() - started, grpc_url, models
         )
@@ -178,6 +233,7 @@ class TritonService(ManagedService[TritonEndpoint]):
             metrics_url=f"http://{LOOPBACK}:{metrics_port}/metrics",
             model_repository=self.model_repository,
             chaos_control=self.chaos_control,
+            tls=self.tls,
         )
 
     def stop(self) -> None:
@@ -189,12 +245,23 @@ class TritonService(ManagedService[TritonEndpoint]):
 class _ReadyCheck:
     """True once a real gRPC client sees the server ready and every model ready."""
 
-    def __init__(self, grpc_url: str, models: list[str]) -> None:
+    def __init__(self, grpc_url: str, models: list[str], tls: TritonTls | None = None) -> None:
         self.grpc_url = grpc_url
         self.models = models
+        self.tls = tls
 
     def __call__(self) -> bool:
-        client = grpcclient.InferenceServerClient(self.grpc_url)
+        tls = self.tls
+        if tls is None:
+            client = grpcclient.InferenceServerClient(self.grpc_url)
+        else:
+            client = grpcclient.InferenceServerClient(
+                self.grpc_url,
+                ssl=True,
+                root_certificates=str(tls.ca_cert),
+                private_key=str(tls.client_key) if tls.mutual else None,
+                certificate_chain=str(tls.client_cert) if tls.mutual else None,
+            )
         try:
             return bool(client.is_server_ready(client_timeout=2.0)) and all(
                 client.is_model_ready(m, client_timeout=2.0) for m in self.models
