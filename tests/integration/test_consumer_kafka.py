@@ -294,6 +294,12 @@ async def test_poison_records_go_to_the_dead_letter_topic_with_reasons(
         "no-content-type": "undecodable",
         "bad-header": "undecodable",
     }
+    codes = {
+        "garbage": "corrupt_arrow",  # the template chunk is Arrow
+        "wrong-type": "column_type_mismatch",
+        "no-content-type": "missing_header",
+        "bad-header": "invalid_header",
+    }
     await produce(kafka, t.topic, good[: len(good) // 2])
     sent = await produce(kafka, t.topic, list(poison.values()))
     await produce(kafka, t.topic, good[len(good) // 2 :])
@@ -310,8 +316,9 @@ async def test_poison_records_go_to_the_dead_letter_topic_with_reasons(
         )
         await wait_until(lambda: lag_total(registry, t.topic) == 0, 60, "lag at 0", run.task)
         await run.stop_and_wait()
-        # The bad header never reaches the pipeline: the source dead-letters it itself.
-        assert dead_lettered(registry) == {"undecodable": 2, "schema-mismatch": 1}
+        # The bad header never reaches the pipeline: the source dead-letters it itself, and
+        # it is counted all the same (every dead letter once, whoever sends it).
+        assert dead_lettered(registry) == {"undecodable": 3, "schema-mismatch": 1}
 
     dead = await read_all(kafka, t.dlq)
     by_id = {dict(r.headers)["rowbatch-dlq-message-id"].decode(): r for r in dead}
@@ -326,6 +333,7 @@ async def test_poison_records_go_to_the_dead_letter_topic_with_reasons(
         for k, v in original:
             assert headers[k] == v, (name, k)
         assert headers["rowbatch-dlq-reason"].decode() == reasons[name], name
+        assert headers["rowbatch-dlq-code"].decode() == codes[name], name
         assert headers["rowbatch-dlq-message"]
         assert headers["rowbatch-dlq-topic"].decode() == t.topic
         partition, offset = message_id.rsplit("/", 2)[1:]
