@@ -21,7 +21,6 @@ from consumer.config import ConsumerConfig
 from harness.faults import RestartablePostgres, RestartableTriton
 from harness.kafka import KafkaEndpoint
 from harness.postgres import PostgresEndpoint
-from harness.pubsub import PubSubEndpoint
 from harness.service import RunDir
 from harness.triton import TritonEndpoint
 from producer.wire import encode_chunk
@@ -41,15 +40,6 @@ def total(registry: CollectorRegistry, name: str) -> float:
     return sum(
         s.value for m in registry.collect() for s in m.samples if s.name == name and s.value > 0
     )
-
-
-@pytest.fixture(name="topics")
-def _topics(pubsub: PubSubEndpoint, monkeypatch: pytest.MonkeyPatch) -> Iterator[Topics]:
-    for key, value in pubsub.env().items():
-        monkeypatch.setenv(key, value)
-    t = Topics.create(pubsub)
-    yield t
-    t.close()
 
 
 @pytest.fixture

@@ -83,13 +83,6 @@ class Launcher:
             proc.stop()
 
 
-@pytest.fixture
-def topics(pubsub: PubSubEndpoint) -> Iterator[Topics]:
-    t = Topics.create(pubsub)
-    yield t
-    t.close()
-
-
 @contextlib.contextmanager
 def launcher(tmp_path: Path, pubsub: PubSubEndpoint, config: dict[str, Any]) -> Iterator[Launcher]:
     runs = Launcher(tmp_path, pubsub, config)

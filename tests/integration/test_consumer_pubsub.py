@@ -26,15 +26,6 @@ from producer.wire import EncodedChunk, encode_chunk
 from tests.integration.consumer_helpers import Topics, consumer_running, wait_until
 
 
-@pytest.fixture
-def topics(pubsub: PubSubEndpoint, monkeypatch: pytest.MonkeyPatch) -> Iterator[Topics]:
-    for key, value in pubsub.env().items():
-        monkeypatch.setenv(key, value)
-    t = Topics.create(pubsub)
-    yield t
-    t.close()
-
-
 def config(
     topics: Topics, triton: TritonEndpoint, model: str, sink: dict[str, Any], **extra: Any
 ) -> ConsumerConfig:

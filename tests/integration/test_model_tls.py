@@ -42,7 +42,6 @@ from consumer.model import ModelDiscoveryError
 from consumer.service import run_consumer
 from consumer.tls import TlsOptions, describe_handshake_failure
 from harness.consumer_process import to_toml
-from harness.pubsub import PubSubEndpoint
 from harness.reference_models import score
 from harness.service import RunDir
 from harness.triton import TritonEndpoint, TritonService, TritonTls
@@ -352,15 +351,6 @@ async def test_the_consumer_stops_at_start_on_a_handshake_failure(servers: TlsSe
 
 
 # --- the consumer end to end over mutual TLS -----------------------------------------------------
-
-
-@pytest.fixture
-def topics(pubsub: PubSubEndpoint, monkeypatch: pytest.MonkeyPatch) -> Iterator[Topics]:
-    for key, value in pubsub.env().items():
-        monkeypatch.setenv(key, value)
-    t = Topics.create(pubsub)
-    yield t
-    t.close()
 
 
 @pytest.mark.timeout(300)

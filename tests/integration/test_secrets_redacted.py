@@ -75,13 +75,6 @@ def role(postgres: PostgresEndpoint) -> Iterator[Role]:
         conn.execute(f"DROP ROLE {name}")
 
 
-@pytest.fixture
-def topics(pubsub: PubSubEndpoint) -> Iterator[Topics]:
-    t = Topics.create(pubsub)
-    yield t
-    t.close()
-
-
 def write_config(
     tmp_path: Path, topics: Topics, triton: TritonEndpoint, port: int, log_format: str
 ) -> Path:

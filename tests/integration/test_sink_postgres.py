@@ -25,8 +25,8 @@ from consumer.sinks.base import (
     TableSpec,
 )
 from consumer.sinks.postgres import PostgresSink
+from harness.faults import RestartablePostgres
 from harness.postgres import PostgresEndpoint
-from harness.postgres_restart import RestartablePostgresService
 from harness.service import RunDir
 from tests.sink_data import check_snapshot, make_rows, spec
 
@@ -435,20 +435,20 @@ async def test_a_wrong_database_is_a_plain_error(postgres: PostgresEndpoint) -> 
 async def test_a_restarted_server_is_waited_for_and_written_once(tmp_path: Path) -> None:
     """A write while the server is down is SinkUnavailable; once it is back the same sink
     writes the same rows (a new connection, a new staging table), with no duplicates."""
-    server = RestartablePostgresService(RunDir(tmp_path))
+    server = RestartablePostgres(RunDir(tmp_path))
     with server as endpoint:
         name = _name()
         sink = PostgresSink(endpoint.dsn)
         await sink.open(spec(name))
         await sink.write(make_rows(np.arange(0, 300)))
-        server.stop_server()
+        server.interrupt()  # fast shutdown: clients are disconnected at once
         rows = make_rows(np.arange(200, 600))
         for _ in range(2):  # the retried write and the reconnect both fail while it is down
             with pytest.raises(SinkUnavailable, match=rf"127\.0\.0\.1:{endpoint.port}/"):
                 await sink.write(rows)
         with pytest.raises(SinkUnavailable):
             await sink.delete_chunks(["chunk-000"])
-        server.start_server()
+        server.resume()  # the same port and data directory
         await sink.write(rows)  # the same rows, the same sink
         await sink.write(rows)
         await sink.close()
