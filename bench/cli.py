@@ -4,6 +4,7 @@ section and write everything to JSON.
     python -m bench                               everything (about 10 minutes)
     python -m bench --only ceiling,e2e --rows 300000
     python -m bench --quick --only ceiling,overhead --out /tmp/bench.json
+    python -m bench chaos [--short] [--broker pubsub|kafka|both]   the fault campaign
 """
 
 from __future__ import annotations
@@ -85,6 +86,11 @@ def _sections(args: BenchArgs, done: dict[str, Any]) -> dict[str, Callable[[Benc
 
 
 def main(argv: list[str] | None = None) -> int:
+    given = sys.argv[1:] if argv is None else argv
+    if given[:1] == ["chaos"]:  # a subcommand of its own: the fault campaign (docs/chaos.md)
+        from bench import chaos  # noqa: PLC0415 - only when asked for
+
+        return chaos.main(given[1:])
     args = parse_args(argv)
     command = shlex.join([Path(sys.executable).name, "-m", "bench", *(argv or sys.argv[1:])])
     started = time.monotonic()
