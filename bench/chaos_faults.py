@@ -57,8 +57,11 @@ class Sizes:
     chunk_rows: int = 100
 
 
-SHORT = Sizes(2, 1, 1.0, 3.0, 2.0, 1, 24, 8, stall_s=30.0, deadline_s=90.0)
-FULL = Sizes(10, 3, 3.0, 10.0, 8.0, 3, 100, 30, stall_s=45.0, deadline_s=240.0)
+# The Pub/Sub emulator keeps a killed consumer's streaming pull registered and hands it messages
+# in ~10 s rounds with even odds each (see tests/integration/test_consumer_process.py), so a
+# drain after kill -9 may stand still for several rounds: the stall limit allows six.
+SHORT = Sizes(2, 1, 1.0, 3.0, 2.0, 1, 24, 8, stall_s=60.0, deadline_s=180.0)
+FULL = Sizes(10, 3, 3.0, 10.0, 8.0, 3, 100, 30, stall_s=60.0, deadline_s=300.0)
 
 
 @dataclass

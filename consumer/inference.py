@@ -182,6 +182,9 @@ class InferenceClient:
         self.model = model
         self.version = version
         self.tls = tls
+        self._served = False
+        """Set once the model was discovered or answered: from then on NOT_FOUND means the
+        server is unloading or restarting it (transient), not that it does not exist."""
         options = channel or ChannelOptions()
         if client is None:
             args = options.channel_args() + (tls.channel_args() if tls else [])
@@ -203,7 +206,7 @@ class InferenceClient:
         """This model's spec from the server (see :func:`consumer.model.discover_model`).
         A failed TLS handshake (which gRPC reports as UNAVAILABLE) is named as such."""
         try:
-            return await discover_model(
+            spec = await discover_model(
                 self._client,
                 self.model,
                 self.version,
@@ -215,6 +218,8 @@ class InferenceClient:
             if described is None:
                 raise
             raise ModelDiscoveryError(described) from exc
+        self._served = True
+        return spec
 
     async def infer(
         self, inputs: Sequence[Any], outputs: Sequence[str], *, client_timeout: float | None = None
@@ -231,7 +236,7 @@ class InferenceClient:
                 client_timeout=client_timeout,
             )
         except (InferenceServerException, OSError) as exc:
-            raise classify(exc, model=self.model, served=True) from exc
+            raise classify(exc, model=self.model, served=self._served) from exc
         arrays: dict[str, NDArray[Any]] = {}
         for name in outputs:
             array = result.as_numpy(name)
@@ -242,6 +247,7 @@ class InferenceClient:
                     status="MISSING_OUTPUT",
                 )
             arrays[name] = np.asarray(array)
+        self._served = True
         return arrays
 
     async def ready(self, client_timeout: float = 1.0) -> bool:

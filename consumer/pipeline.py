@@ -71,6 +71,10 @@ class PipelineSettings:
     """Sink writes at once."""
     max_write_rows: int = 0
     """Most rows coalesced into one sink write; 0: four target batches."""
+    max_write_bytes: int = 8 * 1024 * 1024
+    """Batches are coalesced only while their outputs (``output_bytes_per_row`` a row) stay
+    under this: a write's encoding buffers live outside the budget, so models with large
+    outputs write batch by batch."""
     sink_backoff: SinkBackoff = field(default_factory=SinkBackoff)
 
 
@@ -352,7 +356,12 @@ class Pipeline:
     async def _write_loop(self) -> None:
         while (first := await self._answered.get()) is not None:
             parts, rows = [first], len(first.batch)
-            while rows < self._max_write_rows and not self._answered.empty():
+            per_row = max(1, self._s.output_bytes_per_row)
+            while (
+                rows < self._max_write_rows
+                and rows * per_row < self._s.max_write_bytes
+                and not self._answered.empty()
+            ):
                 item = self._answered.get_nowait()
                 if item is None:  # shutdown: write what we hold, then stop
                     self._answered.put_nowait(None)

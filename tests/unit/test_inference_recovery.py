@@ -44,10 +44,14 @@ def test_gateway_errors_are_transient(status: str) -> None:
     assert isinstance(classify(text, model="m"), RetryableInferenceError)
 
 
-async def test_client_treats_not_found_of_its_model_as_transient() -> None:
-    client = InferenceClient(
-        "h:1", "scorer", client=FakeTriton([server_error("StatusCode.NOT_FOUND", GONE)])
-    )
+async def test_client_treats_not_found_as_transient_once_its_model_answered() -> None:
+    gone = server_error("StatusCode.NOT_FOUND", GONE)
+    fake = FakeTriton([gone])
+    client = InferenceClient("h:1", "scorer", client=fake)
+    with pytest.raises(FatalInferenceError):  # never seen: the model may not exist at all
+        await client.infer([], ["SCORE"])
+    fake.answers = [{"SCORE": np.zeros(1)}, gone]
+    await client.infer([], ["SCORE"])
     with pytest.raises(RetryableInferenceError, match="no available versions"):
         await client.infer([], ["SCORE"])
 
