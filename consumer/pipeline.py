@@ -71,7 +71,7 @@ class PipelineSettings:
     """Sink writes at once."""
     max_write_rows: int = 0
     """Most rows coalesced into one sink write; 0: four target batches."""
-    max_write_bytes: int = 8 * 1024 * 1024
+    max_write_bytes: int = 2 * 1024 * 1024
     """Batches are coalesced only while their outputs (``output_bytes_per_row`` a row) stay
     under this: a write's encoding buffers live outside the budget, so models with large
     outputs write batch by batch."""

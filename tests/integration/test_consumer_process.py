@@ -274,18 +274,19 @@ def test_sigterm_mid_run_exits_0_within_grace_and_loses_nothing(
 # --- memory: a 64 MiB budget with outputs 1024x the inputs ----------------------------------
 
 MEMORY_BUDGET = 64 * MiB
-MEMORY_OVERHEAD = 48 * MiB
-"""Fixed overhead allowed above ``baseline + budget`` (budget + overhead = 112 MiB, inside the
+MEMORY_OVERHEAD = 64 * MiB
+"""Fixed overhead allowed above ``baseline + budget`` (budget + overhead = 128 MiB, inside the
 150 MB over baseline the benchmark aims at). The budget reserves the *expected* outputs of
-every admitted row, but only ``max_in_flight`` batches (2 x 128 rows x 8 KiB = 2 MiB) are
-materialised at a time, plus their copies on the way (the gRPC response, the numpy view, the
-sink's per-row blobs): a few MiB. The rest is a one-off step on first use that does not grow
-with the volume (measured: +21 MiB once the first quarter is written, flat after that):
-lazily imported code paths (the Arrow IPC reader, the inference call), gRPC channel buffers,
-glibc arenas of the threads that start then (Pub/Sub stream, leaser, dispatcher, the sink's
+every admitted row, and since inference no longer waits for sink writes, answered batches
+really do wait for the writers up to that budget when the sink is the slower stage (the peak
+in-flight gauge reads 62.7 of 64 MiB here). Above it: the writers' transient copies (at most
+``write_concurrency`` writes of <= ``max_write_bytes`` = 2 MiB of outputs each, plus their
+encoding), and a one-off step on first use that does not grow with the volume: lazily
+imported code paths (the Arrow IPC reader, the inference call), gRPC channel buffers, glibc
+arenas of the threads that start then (Pub/Sub stream, leaser, dispatcher, the sink's
 thread), SQLite's page cache, and the Pub/Sub client's leased messages (the emulator ignores
-flow control and sends the whole 1 MiB backlog at once). Measured in total: 27-35 MiB over
-the baseline with the SQLite sink, 47 MiB with the Parquet sink (Arrow's allocator pools)."""
+flow control and sends the whole 1 MiB backlog at once). Measured in total with the SQLite
+sink: 104-108 MiB over the baseline (27-35 MiB when inference waited for each write)."""
 
 
 @pytest.mark.timeout(300)
@@ -357,9 +358,10 @@ def test_peak_rss_stays_within_budget_plus_fixed_overhead(
         f"peak RSS {peak / MiB:.1f} MiB is {over / MiB:.1f} MiB over the baseline "
         f"{baseline / MiB:.1f} MiB: more than the budget plus {MEMORY_OVERHEAD / MiB:.0f} MiB"
     )
-    # Nothing grows with the volume: most of the 469 MiB of outputs went through after the
-    # first sample past a quarter, and RSS stayed put (measured: within +-6 MiB).
-    later = [rss for quarter, rss in sorted(rss_by_progress.items()) if quarter >= 1]
+    # Nothing grows with the volume: answered batches may wait for the writers up to the
+    # budget, which fills during the first half; from half-way on (most of the 469 MiB of
+    # outputs still to go) RSS stays put (measured: within +-13 MiB).
+    later = [rss for quarter, rss in sorted(rss_by_progress.items()) if quarter >= 2]
     assert max(later) - later[0] <= 32, f"RSS (MiB) by quarter written: {rss_by_progress}"
     with contextlib.closing(sqlite3.connect(db)) as conn:
         n, distinct = conn.execute(f"SELECT count(*), count(DISTINCT id) FROM {table}").fetchone()
