@@ -7,6 +7,7 @@ waited ``max_wait_s`` (the latency bound). The clock is injected, so tests need 
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -45,7 +46,13 @@ class Batch:
     """Clock time at which the batch's oldest row was queued."""
 
     def __len__(self) -> int:
-        return sum(len(s) for s in self.segments)
+        return self._rows
+
+    @functools.cached_property
+    def _rows(self) -> int:
+        """Rows in the batch (counted once: a batch of many small messages has many segments,
+        and the pipeline asks several times)."""
+        return sum(s.stop - s.start for s in self.segments)
 
     def offsets(self) -> list[int]:
         """Row offset of each segment inside the batch."""
@@ -112,10 +119,13 @@ class Batcher:
         nulls: Mapping[str, NDArray[np.bool_]] | None = None,
     ) -> None:
         """Queue all rows of one message (every column has the same number of rows)."""
-        rows = {int(v.shape[0]) for v in columns.values()}
-        if len(rows) > 1:
-            raise ValueError(f"message {message}: columns have different lengths {sorted(rows)}")
-        count = rows.pop() if rows else 0
+        count = 0
+        for i, values in enumerate(columns.values()):
+            if i == 0:
+                count = int(values.shape[0])
+            elif values.shape[0] != count:
+                rows = sorted({int(v.shape[0]) for v in columns.values()})
+                raise ValueError(f"message {message}: columns have different lengths {rows}")
         if count == 0:
             return
         self._queue.append(_Pending(message, columns, nulls or {}, count, self.clock()))
@@ -157,16 +167,20 @@ class Batcher:
 
     def _take(self, want: int) -> Batch:
         parts: list[tuple[_Pending, int, int]] = []
-        oldest = self._queue[0].queued_at
+        queue = self._queue
+        oldest = queue[0].queued_at
+        self._rows -= want
         while want > 0:
-            head = self._queue[0]
-            n = min(want, head.left)
-            parts.append((head, head.taken, head.taken + n))
-            head.taken += n
+            head = queue[0]
+            start = head.taken
+            n = head.rows - start
+            if n <= want:
+                queue.popleft()
+            else:
+                n = want
+            head.taken = start + n
+            parts.append((head, start, start + n))
             want -= n
-            self._rows -= n
-            if head.left == 0:
-                self._queue.popleft()
         return _concat(parts, oldest)
 
 
@@ -176,7 +190,17 @@ def _concat(parts: Sequence[tuple[_Pending, int, int]], oldest: float) -> Batch:
         p, a, b = parts[0]
         columns = {k: p.columns[k][a:b] for k in names}
     else:
-        columns = {k: np.concatenate([p.columns[k][a:b] for p, a, b in parts]) for k in names}
+        # Whole messages (the common case for small ones) go in as they are, without a slice.
+        whole = [a == 0 and b == p.rows for p, a, b in parts]
+        columns = {
+            k: np.concatenate(
+                [
+                    p.columns[k] if w else p.columns[k][a:b]
+                    for (p, a, b), w in zip(parts, whole, strict=True)
+                ]
+            )
+            for k in names
+        }
     nulls: dict[str, NDArray[np.bool_]] = {}
     for name in {k for p, _, _ in parts for k in p.nulls}:
         masks = [

@@ -16,7 +16,7 @@ Three checks at three moments:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Final
@@ -29,6 +29,7 @@ from consumer.mismatch import SchemaMismatch as SchemaMismatch  # noqa: PLC0414 
 from consumer.model import ModelSpec, TensorSpec
 from consumer.text_tensor import bytes_input, check_text, serialize_text
 from producer.columns import Column, ColumnType, Kind
+from producer.wire import DecodedChunk
 
 #: Result-table columns the consumer writes itself; no output or passthrough may take them.
 RESERVED_COLUMNS: Final = frozenset(
@@ -223,6 +224,80 @@ def check_chunk(spec: ModelSpec, binding: Binding, columns: Mapping[str, Column]
         tensor = spec.input(model_input)
         assert tensor is not None  # check_columns saw it
         _check_values(column, tensor, col.values, col.nulls)
+
+
+#: Column-type signatures remembered by a :func:`memoized_check` (a table has one or a few).
+MAX_KNOWN_SIGNATURES: Final = 256
+
+_InputPlan = tuple[tuple[str, "np.dtype[Any] | None", bool], ...]
+"""Per bound input column, in ``binding.inputs`` order: the column, the dtype its values must
+fit (a narrowing cast: ``_check_range``) or None, and whether it is text (``check_text``)."""
+
+
+def memoized_check(
+    spec: ModelSpec,
+    binding: Binding,
+    full_check: Callable[[DecodedChunk], None],
+    also_typed: Sequence[str] = (),
+) -> Callable[[DecodedChunk], None]:
+    """``full_check`` (a per-message check made of :func:`check_chunk` plus checks on the
+    types of ``binding.columns`` and ``also_typed``) with its type checks run once per column
+    signature: the types of those columns and the dtype and row shape of the bound inputs'
+    arrays. A chunk whose signature passed before gets only the value checks (no nulls, the
+    range of a narrowing cast, UTF-8 text); if any of them fails, or the signature is new,
+    ``full_check`` runs, so every error (and its wording) is ``full_check``'s own."""
+    names = tuple(dict.fromkeys((*binding.columns, *also_typed)))
+    inputs = tuple(binding.inputs)
+    tensors = {column: spec.input(model_input) for column, model_input in binding.inputs.items()}
+    known: dict[tuple[Any, ...], _InputPlan] = {}
+
+    def signature(chunk: DecodedChunk) -> tuple[Any, ...] | None:
+        try:
+            types = tuple(map(chunk.types.__getitem__, names))
+            arrays = tuple(map(chunk.columns.__getitem__, inputs))
+        except KeyError:
+            return None  # a missing column: full_check says which
+        return (*types, *((a.dtype, a.shape[1:]) for a in arrays))
+
+    def plan(chunk: DecodedChunk) -> _InputPlan:
+        out = []
+        for column in inputs:
+            tensor = tensors[column]
+            assert tensor is not None  # full_check passed: check_columns saw it
+            values = chunk.columns[column]
+            dtype = _NUMPY[tensor.datatype][0]
+            narrows = dtype.itemsize < values.dtype.itemsize or dtype.kind != values.dtype.kind
+            ranged = tensor.datatype != "BYTES" and values.dtype != dtype and narrows
+            out.append((column, dtype if ranged else None, tensor.datatype == "BYTES"))
+        return tuple(out)
+
+    def values_fit(chunk: DecodedChunk, checks: _InputPlan) -> bool:
+        masks, columns = chunk.null_masks, chunk.columns
+        try:
+            for column, ranged, text in checks:
+                if column in masks:
+                    return False  # a null: full_check words it
+                values = columns[column]
+                if ranged is not None:
+                    _check_range(column, values, ranged)
+                if text:
+                    check_text(column, values)
+        except SchemaMismatch:
+            return False
+        return True
+
+    def check(chunk: DecodedChunk) -> None:
+        key = signature(chunk)
+        checks = known.get(key) if key is not None else None
+        if checks is not None and values_fit(chunk, checks):
+            return
+        full_check(chunk)
+        if key is not None and checks is None:
+            if len(known) >= MAX_KNOWN_SIGNATURES:
+                known.clear()
+            known[key] = plan(chunk)
+
+    return check
 
 
 # --- per batch -----------------------------------------------------------------------------------

@@ -37,13 +37,30 @@ class MessageRows:
     nbytes: int
     """Memory the decoded columns hold (text counted by its UTF-8 length plus overhead)."""
 
+    @classmethod
+    def _of(
+        cls,
+        chunk_id: str,
+        rows: int,
+        columns: Mapping[str, NDArray[Any]],
+        nulls: Mapping[str, NDArray[np.bool_]],
+        nbytes: int,
+    ) -> MessageRows:
+        """The instance, without the frozen dataclass's per-field ``__init__`` (a cost per
+        message)."""
+        out = object.__new__(cls)
+        out.__dict__.update(
+            chunk_id=chunk_id, rows=rows, columns=columns, nulls=nulls, nbytes=nbytes
+        )
+        return out
+
 
 SchemaCheck = Callable[[DecodedChunk], None]
 """Raises an exception with a message naming the column when a chunk cannot feed the model."""
 
 
 def _nbytes(values: NDArray[Any]) -> int:
-    if values.dtype == np.object_:
+    if values.dtype.kind == "O":
         # A Python str costs ~49 bytes plus its length; count that, not the 8-byte pointer.
         items = values.ravel().tolist()
         try:
@@ -106,14 +123,16 @@ class Intake:
                     "column_type_mismatch",
                 )
             ) from exc
-        columns = {name: chunk.columns[name] for name in self._needed}
-        nulls = {name: chunk.null_masks[name] for name in self._needed if name in chunk.null_masks}
-        return MessageRows(
-            chunk_id=chunk.chunk_id,
+        decoded = chunk.columns
+        columns = {name: decoded[name] for name in self._needed}
+        masks = chunk.null_masks
+        nulls = {name: masks[name] for name in self._needed if name in masks} if masks else {}
+        return MessageRows._of(
+            chunk_id=chunk.headers.chunk_id,
             rows=chunk.row_count,
             columns=columns,
             nulls=nulls,
-            nbytes=sum(_nbytes(v) for v in columns.values()),
+            nbytes=sum(map(_nbytes, columns.values())),
         )
 
     def _check_sizes(self, delivery: Delivery) -> None:
@@ -127,7 +146,8 @@ class Intake:
                     "payload_too_large",
                 )
             )
-        headers = sum(len(k) + len(v) for k, v in delivery.attributes.items())
+        attributes = delivery.attributes
+        headers = sum(map(len, attributes)) + sum(map(len, attributes.values()))
         if headers > self._limits.max_attributes_bytes:
             raise PoisonMessage(
                 DeadLetterReason(

@@ -18,7 +18,13 @@ from pydantic import SecretStr
 
 from consumer import __version__
 from consumer.batcher import Batch, Segment
-from consumer.binding import Binding, build_inputs, check_binding, check_chunk
+from consumer.binding import (
+    Binding,
+    build_inputs,
+    check_binding,
+    check_chunk,
+    memoized_check,
+)
 from consumer.budget import ByteBudget
 from consumer.config import (
     ConsumerConfig,
@@ -239,7 +245,8 @@ async def open_sink(
 def make_check(
     spec: ModelSpec, binding: Binding, passthrough: Mapping[str, ColumnType]
 ) -> Callable[[DecodedChunk], None]:
-    """Per-message check: bound columns fit the model, passthrough columns have their type."""
+    """Per-message check: bound columns fit the model, passthrough columns have their type.
+    The type checks run once per column signature (``memoized_check``)."""
 
     def check(chunk: DecodedChunk) -> None:
         missing = [c for c in binding.columns if c not in chunk.columns]
@@ -263,7 +270,7 @@ def make_check(
                 )
         check_chunk(spec, binding, {name: chunk.column(name) for name in binding.columns})
 
-    return check
+    return memoized_check(spec, binding, check, tuple(passthrough))
 
 
 def make_run_batch(inferencer: RetryingInferencer, spec: ModelSpec, binding: Binding) -> RunBatch:

@@ -61,6 +61,15 @@ _BOOL_NULL: Final[frozenset[type]] = frozenset({bool, _NONE})
 _STR_NULL: Final[frozenset[type]] = frozenset({str, _NONE})
 _ROW_NULL: Final[frozenset[type]] = frozenset({list, _NONE})
 _FLOAT_OR_STR: Final[frozenset[type]] = frozenset({int, float, str})
+_FLOAT32_MAX: Final = float(np.finfo(np.float32).max)
+_SHORT_FLOATS: Final = 32
+#: Column types by JSON type name, for the names that need no ``dim``.
+_SCALAR_TYPES: Final[Mapping[str, ColumnType]] = {
+    kind.value: ColumnType(kind) for kind in Kind if kind is not Kind.VECTOR
+}
+#: Vector types by dim, made once (``vector_type`` checks the dim).
+_VECTOR_TYPES: Final[dict[int, ColumnType]] = {}
+_MAX_VECTOR_TYPES: Final = 1024
 
 
 # --- encode -----------------------------------------------------------------------------------
@@ -183,12 +192,12 @@ def _decode_fast(data: bytes) -> list[Column] | None:
     # orjson keeps the last of duplicate members silently; the stdlib path rejects them. Every
     # colon outside a string ends a member name, so the payload has as many colons as the
     # members parsed plus the colons inside strings (no escaped colons, checked above).
-    members = 1 + sum(len(entry) for entry in doc["columns"])
-    inside = sum(col.name.count(":") for col in columns)
+    expected = 1 + sum(map(len, doc["columns"]))  # member names; then colons in strings
     for col in columns:
+        expected += col.name.count(":")
         if col.type.kind is Kind.STRING:
-            inside += "".join(filter(None, col.values.tolist())).count(":")
-    return columns if data.count(b":") == members + inside else None
+            expected += "".join(filter(None, col.values.tolist())).count(":")
+    return columns if data.count(b":") == expected else None
 
 
 def _decode_strict(data: bytes) -> list[Column]:
@@ -270,6 +279,18 @@ def _decode_entry(index: int, entry: object) -> Column:
             found=type(entry).__name__,
         )
     name = entry.get("name")
+    members = len(entry)
+    if (
+        type(name) is str
+        and (members == 3 or (members == 4 and "dim" in entry))
+        and "type" in entry
+        and "values" in entry
+    ):  # exactly name, type, values and perhaps dim
+        ctype = _entry_type_fast(name, entry)
+        values = entry["values"]
+        if ctype is not None and type(values) is list:
+            converted, nulls = _convert(name, ctype, values)
+            return make_column(name, converted, ctype, nulls)
     if isinstance(name, str):
         where = f"column {name!r}"
     unknown = set(entry) - _ENTRY_KEYS
@@ -299,6 +320,25 @@ def _decode_entry(index: int, entry: object) -> Column:
         )
     converted, nulls = _convert(name, ctype, values)
     return make_column(name, converted, ctype, nulls)
+
+
+def _entry_type_fast(name: str, entry: Mapping[str, Any]) -> ColumnType | None:
+    """The column type of a well-formed entry (what :func:`_entry_type` returns); None where
+    :func:`_entry_type` should decide (and word any error)."""
+    type_name = entry["type"]
+    if type(type_name) is not str:
+        return None
+    if "dim" not in entry:
+        return _SCALAR_TYPES.get(type_name)
+    dim = entry["dim"]
+    if type_name != "vector" or type(dim) is not int:
+        return None
+    ctype = _VECTOR_TYPES.get(dim)
+    if ctype is None:
+        ctype = _entry_type(name, entry)  # checks the dim
+        if len(_VECTOR_TYPES) < _MAX_VECTOR_TYPES:
+            _VECTOR_TYPES[dim] = ctype
+    return ctype
 
 
 def _entry_type(name: str, entry: Mapping[str, Any]) -> ColumnType:
@@ -407,7 +447,30 @@ def _convert(
     return _floats(name, kind, values, (len(values),)), nulls
 
 
+def _float32_fast(values: list[Any], shape: tuple[int, ...]) -> NDArray[np.float32] | None:
+    """``values`` (ints and floats) as float32 when every one is within float32's finite range,
+    so the cast cannot overflow; None otherwise (NaN, infinities, anything beyond: the checked
+    cast decides). Short lists are checked in Python, long ones in numpy (as float64, which
+    rounds to the same float32)."""
+    if len(values) <= _SHORT_FLOATS:
+        if values and not (min(values) >= -_FLOAT32_MAX and max(values) <= _FLOAT32_MAX):
+            return None
+        return np.array(values, dtype=np.float32).reshape(shape)
+    try:
+        wide = np.array(values, dtype=np.float64)
+    except OverflowError:  # an integer beyond float64: the checked path says so
+        return None
+    if not (wide.min() >= -_FLOAT32_MAX and wide.max() <= _FLOAT32_MAX):
+        return None
+    return wide.astype(np.float32).reshape(shape)
+
+
 def _floats(name: str, kind: Kind, values: list[Any], shape: tuple[int, ...]) -> NDArray[Any]:
+    """``values`` (flat: ints and floats) as float64 or float32 of ``shape``."""
+    if kind is Kind.FLOAT32:
+        fast = _float32_fast(values, shape)
+        if fast is not None:
+            return fast
     try:
         if kind is Kind.FLOAT64:
             return np.array(values, dtype=np.float64).reshape(shape)
@@ -472,7 +535,10 @@ def _convert_vectors(
             expected=f"{dim} elements",
             found=f"{len(rows[row])} elements",
         )
-    elem_types = set(map(type, itertools.chain.from_iterable(rows)))
+    flat = list(itertools.chain.from_iterable(rows))
+    elem_types = set(map(type, flat))
+    if elem_types <= _FLOAT:
+        return _floats(name, Kind.FLOAT32, flat, (n, dim)), nulls
     if _NONE in elem_types:
         row = next(i for i, r in enumerate(rows) if None in r)
         raise InvalidValue(
@@ -494,7 +560,7 @@ def _convert_vectors(
                         expected="numbers",
                         found=_json_type(bad),
                     )
-        rows = [
-            [_nonfinite(name, i, v) if type(v) is str else v for v in r] for i, r in enumerate(rows)
+        flat = [
+            _nonfinite(name, i, v) if type(v) is str else v for i, r in enumerate(rows) for v in r
         ]
-    return _floats(name, Kind.FLOAT32, rows, (n, dim)), nulls
+    return _floats(name, Kind.FLOAT32, flat, (n, dim)), nulls

@@ -22,7 +22,7 @@ have at least one null. NaN is a float value, never a null.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
@@ -669,7 +669,14 @@ def column_type_of_arrow(name: str, atype: pa.DataType) -> ColumnType:
 
 def arrow_to_column(name: str, data: pa.Array | pa.ChunkedArray) -> Column:
     """Arrow column -> canonical column; numeric columns without nulls are zero-copy views."""
-    ctype = column_type_of_arrow(name, data.type)
+    return arrow_to_column_of_type(name, data, column_type_of_arrow(name, data.type))
+
+
+def arrow_to_column_of_type(
+    name: str, data: pa.Array | pa.ChunkedArray, ctype: ColumnType
+) -> Column:
+    """:func:`arrow_to_column` for data whose column type is known to be ``ctype`` (that is,
+    ``column_type_of_arrow(name, data.type) == ctype``)."""
     arr = data
     if isinstance(data, pa.ChunkedArray):
         arr = data.chunk(0) if data.num_chunks == 1 else data.combine_chunks()
@@ -707,6 +714,40 @@ def arrow_to_column(name: str, data: pa.Array | pa.ChunkedArray) -> Column:
         if values.dtype != ctype.numpy_dtype:
             values = values.astype(ctype.numpy_dtype)
     return make_column(name, values, ctype, nulls)
+
+
+ArrowConverter: TypeAlias = "Callable[[str, pa.Array], Column]"
+
+
+def arrow_converter(ctype: ColumnType, atype: pa.DataType) -> ArrowConverter:
+    """``arrow_to_column_of_type(name, arr, ctype)`` for arrays of Arrow type ``atype``, with
+    a shorter path for the common cases (numeric columns and vectors without nulls, in the
+    types producers write); anything else goes the general way."""
+
+    def general(name: str, arr: pa.Array) -> Column:
+        return arrow_to_column_of_type(name, arr, ctype)
+
+    if ctype.kind in (Kind.INT64, Kind.FLOAT32, Kind.FLOAT64) and atype == arrow_type_of(ctype):
+
+        def numeric(name: str, arr: pa.Array) -> Column:
+            if arr.null_count:
+                return general(name, arr)
+            return Column(name, ctype, _read_only(arr.to_numpy(zero_copy_only=False)))
+
+        return numeric
+    if ctype.kind is Kind.VECTOR and pa.types.is_fixed_size_list(atype):
+        dim = cast("int", ctype.dim)
+
+        def vector(name: str, arr: pa.Array) -> Column:
+            n = len(arr)
+            flat = arr.values.slice(arr.offset * dim, n * dim)
+            if arr.null_count or flat.null_count:
+                return general(name, arr)
+            values = flat.to_numpy(zero_copy_only=False).reshape(n, dim)
+            return Column(name, ctype, _read_only(values))
+
+        return vector
+    return general
 
 
 def column_to_arrow(col: Column) -> pa.Array:

@@ -52,6 +52,10 @@ _TIMESTAMP_RE: Final = re.compile(
     r"(?P<date>\d{4}-\d{2}-\d{2})[Tt](?P<time>\d{2}:\d{2}:\d{2})(?:\.(?P<frac>\d{1,9}))?"
     r"(?P<tz>[Zz]|[+-]\d{2}:\d{2})"
 )
+#: Exactly the form producers write (the fast path; anything else takes ``_TIMESTAMP_RE``).
+_TIMESTAMP_AS_WRITTEN_RE: Final = re.compile(
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z"
+)
 
 
 class Encoding(StrEnum):
@@ -238,6 +242,10 @@ class ChunkHeaders:
     def from_attributes(cls, attributes: Mapping[str, str]) -> ChunkHeaders:
         """Parses and validates headers. Header names match case-insensitively; unknown
         attributes (e.g. Pub/Sub's ``googclient_*``) are ignored."""
+        if cls is ChunkHeaders:
+            fast = _headers_as_written(attributes)
+            if fast is not None:
+                return fast
         attrs: dict[str, str] = {}
         for key, value in attributes.items():
             name = key.lower()
@@ -280,12 +288,108 @@ class ChunkHeaders:
             format_version=version,
         )
 
+    @classmethod
+    def _validated(
+        cls,
+        *,
+        chunk_id: str,
+        table: str,
+        row_count: int,
+        content_type: Encoding,
+        produced_at: datetime,
+        ordering_key: str | None,
+    ) -> ChunkHeaders:
+        """An instance of values already checked as ``__post_init__`` checks them (and
+        ``produced_at`` already in UTC, whole milliseconds), without checking them again."""
+        headers = object.__new__(cls)
+        headers.__dict__.update(
+            chunk_id=chunk_id,
+            table=table,
+            row_count=row_count,
+            content_type=content_type,
+            produced_at=produced_at,
+            ordering_key=ordering_key,
+            format_version=FORMAT_VERSION,
+        )
+        return headers
+
     def to_kafka_headers(self) -> list[tuple[str, bytes]]:
         return [(k, v.encode("utf-8")) for k, v in self.to_attributes().items()]
 
     @classmethod
     def from_kafka_headers(cls, headers: Iterable[tuple[str, bytes | None]]) -> ChunkHeaders:
         return cls.from_attributes(kafka_headers_to_attributes(headers))
+
+
+#: Content types written exactly as producers write them (anything else takes the full parse).
+_CONTENT_TYPES: Final[Mapping[str, Encoding]] = {enc.value: enc for enc in Encoding}
+#: Ordering keys of at most this many characters fit 1024 UTF-8 bytes (4 bytes a character at
+#: most, 3 for a surrogate with ``surrogatepass``).
+_SHORT_ORDERING_KEY: Final = MAX_ORDERING_KEY_BYTES // 4
+
+
+def _timestamp_as_written(value: str) -> datetime | None:
+    """``value`` in exactly the form producers write (``2024-05-01T12:34:56.789Z``, ASCII
+    digits) as :func:`parse_timestamp` reads it; None for any other form."""
+    if not _TIMESTAMP_AS_WRITTEN_RE.fullmatch(value):
+        return None
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        return None  # e.g. month 13: the full parse words the error
+    return moment if moment.tzinfo is UTC else moment.astimezone(UTC)
+
+
+def _headers_as_written(attributes: Mapping[str, str]) -> ChunkHeaders | None:
+    """The headers when every name is lower case and every required value is exactly in the
+    form producers write (what ``from_attributes`` would return for them); None otherwise, and
+    the full parse decides (and words any error)."""
+    try:
+        names = "".join(attributes)
+        if names.lower() != names:
+            return None  # names to fold (and perhaps duplicates to find)
+        version = attributes[H_FORMAT_VERSION]
+        content_type = attributes[H_CONTENT_TYPE]
+        chunk_id = attributes[H_CHUNK_ID]
+        table = attributes[H_TABLE]
+        row_count = attributes[H_ROW_COUNT]
+        produced_at = attributes[H_PRODUCED_AT]
+        ordering_key = attributes.get(H_ORDERING_KEY)
+    except (KeyError, TypeError):
+        return None
+    if (
+        version != FORMAT_VERSION
+        or type(content_type) is not str
+        or type(chunk_id) is not str
+        or type(table) is not str
+        or type(row_count) is not str
+        or type(produced_at) is not str
+    ):
+        return None
+    encoding = _CONTENT_TYPES.get(content_type)
+    if (
+        encoding is None
+        or not _CHUNK_ID_RE.fullmatch(chunk_id)
+        or not _TABLE_RE.fullmatch(table)
+        or not (row_count.isascii() and row_count.isdigit() and len(row_count) <= 18)
+        or (row_count[0] == "0" and row_count != "0")
+        or (
+            ordering_key is not None
+            and (type(ordering_key) is not str or len(ordering_key) > _SHORT_ORDERING_KEY)
+        )
+    ):
+        return None
+    moment = _timestamp_as_written(produced_at)
+    if moment is None:
+        return None
+    return ChunkHeaders._validated(
+        chunk_id=chunk_id,
+        table=table,
+        row_count=int(row_count),
+        content_type=encoding,
+        produced_at=moment,
+        ordering_key=ordering_key or None,
+    )
 
 
 def kafka_headers_to_attributes(headers: Iterable[tuple[str, bytes | None]]) -> dict[str, str]:

@@ -32,6 +32,7 @@ from producer.columns import (
     FLOAT32,
     FLOAT64,
     INT64,
+    MAX_COLUMN_NAME_LEN,
     STRING,
     Column,
     ColumnData,
@@ -129,6 +130,27 @@ class DecodedChunk:
 
     def column(self, name: str) -> Column:
         return Column(name, self.types[name], self.columns[name], self.null_masks.get(name))
+
+    @classmethod
+    def _of(
+        cls,
+        headers: ChunkHeaders,
+        columns: Mapping[str, NDArray[Any]],
+        types: Mapping[str, ColumnType],
+        null_masks: Mapping[str, NDArray[np.bool_]],
+        row_count: int,
+    ) -> DecodedChunk:
+        """The instance, without the frozen dataclass's per-field ``__init__`` (a cost per
+        message)."""
+        chunk = object.__new__(cls)
+        chunk.__dict__.update(
+            headers=headers,
+            columns=columns,
+            types=types,
+            null_masks=null_masks,
+            row_count=row_count,
+        )
+        return chunk
 
 
 # --- encode -----------------------------------------------------------------------------------
@@ -407,13 +429,16 @@ def decode_chunk(
     else:
         names, cols = decode_arrow(payload)
     for name in names:
-        check_column_name(name)
+        if type(name) is not str or not 0 < len(name) <= MAX_COLUMN_NAME_LEN:
+            check_column_name(name)
     if len(set(names)) != len(names):
         dup = next(name for name in names if names.count(name) > 1)
         raise DuplicateColumn(
             f"column {dup!r} appears {names.count(dup)} times", column=dup, found="duplicate"
         )
-    n = _check_columns(cols)
+    lengths = {col.values.shape[0] for col in cols}
+    # Names are unique by now, so _check_columns only has no columns or unequal lengths to find.
+    n = lengths.pop() if len(lengths) == 1 else _check_columns(cols)
     if n != headers.row_count:
         raise RowCountMismatch(
             f"header {H_ROW_COUNT!r} says {headers.row_count} rows but the payload has {n}",
@@ -421,15 +446,22 @@ def decode_chunk(
             expected=str(headers.row_count),
             found=str(n),
         )
-    by_name = {c.name: c for c in cols}
     table_schema = _schema_types(schema)
     if table_schema is not None:
-        table_schema.check(by_name)
-    return DecodedChunk(
+        table_schema.check({c.name: c for c in cols})
+    values: dict[str, NDArray[Any]] = {}
+    types: dict[str, ColumnType] = {}
+    nulls: dict[str, NDArray[np.bool_]] = {}
+    for c in cols:
+        values[c.name] = c.values
+        types[c.name] = c.type
+        if c.nulls is not None:
+            nulls[c.name] = c.nulls
+    return DecodedChunk._of(
         headers=headers,
-        columns=MappingProxyType({c.name: c.values for c in cols}),
-        types=MappingProxyType({c.name: c.type for c in cols}),
-        null_masks=MappingProxyType({c.name: c.nulls for c in cols if c.nulls is not None}),
+        columns=MappingProxyType(values),
+        types=MappingProxyType(types),
+        null_masks=MappingProxyType(nulls),
         row_count=n,
     )
 

@@ -14,9 +14,19 @@ fp32[384]); ``numeric`` = ``id`` + ``features`` vector[float32,16] + ``count`` i
 Sinks: ``sqlite`` and ``parquet`` (real, in a temporary directory) and ``pg-encode`` (the
 PostgreSQL sink's binary COPY encoding only: no server).
 
+``--per-message``: CPU microseconds per *message* for small messages (``--sizes``, default 1
+and 16 rows), through the same ``Pipeline`` with a sink that stores nothing and a model that
+answers at once (no tensors, no gRPC unless ``--tensor``): rowbatch's own per-message cost
+(headers, decode, check, intake, ledger entry, batcher add, batch take, result rows, settle;
+``other`` is the pipeline's glue: asyncio, metrics, the byte budget, the writer). The total is
+from uninstrumented runs; stage figures are corrected for the timers' own cost. The broker
+clients' per-message receive cost (aiokafka record parsing, the Pub/Sub client's message
+wrapper) is measured apart (``--broker``).
+
     .venv/bin/python scripts/profile_hot_path.py                      # table, all cases
     .venv/bin/python scripts/profile_hot_path.py --sink parquet --profile 20
     .venv/bin/python scripts/profile_hot_path.py --json out.json
+    .venv/bin/python scripts/profile_hot_path.py --per-message --broker   # us/message
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ import asyncio
 import contextlib
 import cProfile
 import functools
+import inspect
 import json
 import pstats
 import sys
@@ -44,6 +55,7 @@ from tritonclient.grpc import InferRequestedOutput
 from tritonclient.grpc._utils import _get_inference_request
 
 from consumer import batcher, intake, ledger, pipeline, service
+from consumer import binding as binding_module
 from consumer.binding import Binding
 from consumer.budget import ByteBudget
 from consumer.inference import RetryingInferencer
@@ -86,42 +98,86 @@ TABLES = {
 class Stages:
     """Exclusive thread CPU time per stage: a stage's time excludes stages nested inside it."""
 
-    def __init__(self) -> None:
-        self.seconds = dict.fromkeys(STAGES, 0.0)
+    def __init__(self, stages: Sequence[str] = STAGES) -> None:
+        self.seconds = dict.fromkeys(stages, 0.0)
+        self.calls = dict.fromkeys(stages, 0)
+        self.nested = dict.fromkeys(stages, 0)
+        """Calls of other stages made from inside this one (for the timer-cost correction)."""
         self._local = threading.local()
         self._lock = threading.Lock()
 
     def wrap(self, stage: str, func: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(func)
         def timed(*args: Any, **kwargs: Any) -> Any:
-            stack: list[float] = self._local.__dict__.setdefault("stack", [])
-            stack.append(0.0)  # time of nested stages
+            stack: list[list[float]] = self._local.__dict__.setdefault("stack", [])
+            frame = [0.0, 0.0]  # time and number of nested stage calls
+            stack.append(frame)
             started = time.thread_time()
             try:
                 return func(*args, **kwargs)
             finally:
                 spent = time.thread_time() - started
-                nested = stack.pop()
+                stack.pop()
                 if stack:
-                    stack[-1] += spent
+                    stack[-1][0] += spent
+                    stack[-1][1] += 1
                 with self._lock:
-                    self.seconds[stage] += spent - nested
+                    self.seconds[stage] = self.seconds.get(stage, 0.0) + spent - frame[0]
+                    self.calls[stage] = self.calls.get(stage, 0) + 1
+                    self.nested[stage] = self.nested.get(stage, 0) + int(frame[1])
 
         return timed
+
+    def corrected(self, inside: float, outside: float) -> dict[str, float]:
+        """Seconds per stage less the timers' own cost: ``inside`` per call of the stage (what
+        a timed no-op records), ``outside`` per stage call nested in it (the rest of a timer's
+        cost, which lands in the caller's exclusive time)."""
+        return {
+            s: max(0.0, v - self.calls[s] * inside - self.nested[s] * outside)
+            for s, v in self.seconds.items()
+        }
 
     @contextlib.contextmanager
     def patched(self, targets: Sequence[tuple[object, str, str]]) -> Iterator[None]:
         saved = []
         for owner, attr, stage in targets:
             if hasattr(owner, attr):
-                original = getattr(owner, attr)
-                saved.append((owner, attr, original))
-                setattr(owner, attr, self.wrap(stage, original))
+                raw = inspect.getattr_static(owner, attr)
+                timed = self.wrap(stage, getattr(owner, attr))
+                if isinstance(raw, classmethod | staticmethod):
+                    timed = staticmethod(timed)  # the class's attribute was already bound
+                saved.append((owner, attr, raw))
+                setattr(owner, attr, timed)
         try:
             yield
         finally:
-            for owner, attr, original in reversed(saved):
-                setattr(owner, attr, original)
+            for owner, attr, raw in reversed(saved):
+                setattr(owner, attr, raw)
+
+
+def timer_cost() -> tuple[float, float]:
+    """(inside, outside): what one timed call adds, as :meth:`Stages.corrected` takes it."""
+    stages = Stages(("cal",))
+
+    def noop() -> None:
+        pass
+
+    timed = stages.wrap("cal", noop)
+    n = 50_000
+    best_plain = best_timed = float("inf")
+    for _ in range(3):
+        started = time.process_time()
+        for _ in range(n):
+            noop()
+        best_plain = min(best_plain, time.process_time() - started)
+        stages.seconds["cal"] = 0.0
+        started = time.process_time()
+        for _ in range(n):
+            timed()
+        best_timed = min(best_timed, time.process_time() - started)
+    inside = stages.seconds["cal"] / n
+    total = (best_timed - best_plain) / n
+    return inside, max(0.0, total - inside)
 
 
 # --- fakes -------------------------------------------------------------------------------------
@@ -352,6 +408,251 @@ def profiled(enabled: bool) -> Iterator[list[cProfile.Profile]]:
         profilers[0].disable()
 
 
+# --- per message -------------------------------------------------------------------------------
+
+MSG_STAGES = (
+    "headers",
+    "decode",
+    "check",
+    "intake",
+    "ledger",
+    "add",
+    "take",
+    "tensor",
+    "result",
+    "settle",
+)
+"""``headers``: ChunkHeaders.from_attributes; ``decode``: the rest of decode_chunk; ``check``:
+the binding's per-message check; ``intake``: the rest of Intake.rows (limits, MessageRows);
+``ledger``: Ledger.open; ``add``: Batcher.add; ``take``: Batcher.ready/drain (batch building);
+``tensor``: build_inputs (only with --tensor); ``result``: the pipeline's result rows;
+``settle``: Ledger.written per segment."""
+
+
+class NullSink:
+    """Stores nothing: the sink's own cost is per row, not per message."""
+
+    async def open(self, table: TableSpec) -> None:
+        pass
+
+    async def write(self, rows: ResultRows) -> None:
+        pass
+
+    async def delete_chunks(self, chunk_ids: list[str]) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+
+def run_messages(
+    kind: str, deliveries: Sequence[Delivery], *, instrument: bool, tensor: bool, profile: bool
+) -> tuple[float, Stages, pstats.Stats | None]:
+    """(total CPU s, stages, profile) for the pipeline over ``deliveries`` with a null sink and
+    a model that answers at once."""
+    from producer import wire  # noqa: PLC0415 - patched below
+
+    spec = TEXT_MODEL if kind == "text" else NUMERIC_MODEL
+    binding = BINDINGS[kind]
+    stages = Stages(MSG_STAGES)
+    check = service.make_check(spec, binding, {"id": ColumnType.parse("int64")})
+    if instrument:
+        check = stages.wrap("check", check)
+    answers: dict[int, dict[str, NDArray[Any]]] = {}
+
+    async def run_batch(batch: batcher.Batch) -> dict[str, NDArray[Any]]:
+        rows = len(batch)
+        if tensor:
+            binding_module.build_inputs(spec, binding, batch.columns, batch.nulls)
+        if rows not in answers:
+            answers[rows] = {
+                t.name: np.ones(rows if t.dims == (1,) else (rows, *t.dims), dtype=np.float32)
+                for t in spec.outputs
+            }
+        return answers[rows]
+
+    targets: list[tuple[object, str, str]] = []
+    if instrument:
+        targets = [
+            (wire.ChunkHeaders, "from_attributes", "headers"),
+            (intake, "decode_chunk", "decode"),
+            (intake.Intake, "rows", "intake"),
+            (ledger.Ledger, "open", "ledger"),
+            (ledger.Ledger, "written", "settle"),
+            (batcher.Batcher, "add", "add"),
+            (batcher.Batcher, "ready", "take"),
+            (batcher.Batcher, "drain", "take"),
+            (binding_module, "build_inputs", "tensor"),
+            (pipeline.Pipeline, "_result_rows", "result"),
+        ]
+    source = ListSource(deliveries)
+    with stages.patched(targets):
+
+        async def main() -> float:
+            pipe = Pipeline(
+                source=source,
+                sink=NullSink(),
+                intake=Intake(binding.columns, check),
+                run_batch=run_batch,
+                isolate=service.isolate_batch,
+                is_poison=service.is_poison,
+                settings=PipelineSettings(
+                    target_batch_size=max(spec.preferred_batch_sizes),
+                    max_wait_s=0.05,
+                    max_in_flight=2,
+                    output_bytes_per_row=1536,
+                    outputs=binding.outputs,
+                    passthrough=binding.passthrough,
+                    model_name=spec.name,
+                    model_version=spec.version,
+                ),
+                budget=ByteBudget(1 << 40),
+                metrics=Metrics(),
+            )
+            started = time.process_time()
+            await pipe.run(asyncio.Event())
+            return time.process_time() - started
+
+        with profiled(profile) as profilers:
+            total = asyncio.run(main())
+    if source.acked != len(deliveries):
+        raise AssertionError(f"{source.acked} of {len(deliveries)} messages acked")
+    stats = None
+    if profilers:
+        stats = pstats.Stats(profilers[0])
+        stats.add(*profilers[1:])
+    return total, stages, stats
+
+
+def per_message_table(args: argparse.Namespace) -> list[dict[str, Any]]:
+    inside, outside = timer_cost()
+    results = []
+    cols = (*MSG_STAGES, "other")
+    print(
+        f"CPU us/message, best of {args.repeat} (stages: best instrumented run, less the timers' "
+        f"cost of {inside * 1e6:.2f}+{outside * 1e6:.2f} us a call)"
+    )
+    print(f"{'case':<22}{'total':>7}" + "".join(f"{s:>8}" for s in cols))
+    for rows in (int(r) for r in args.sizes.split(",")):
+        messages = max(200, args.message_rows // rows)
+        for encoding in args.encoding.split(","):
+            for kind in args.kind.split(","):
+                deliveries = make_deliveries(encoding, kind, messages, rows)
+                plain = min(
+                    run_messages(
+                        kind, deliveries, instrument=False, tensor=args.tensor, profile=False
+                    )[0]
+                    for _ in range(args.repeat)
+                )
+                timed = [
+                    run_messages(
+                        kind, deliveries, instrument=True, tensor=args.tensor, profile=False
+                    )
+                    for _ in range(args.repeat)
+                ]
+                _, stages, _ = min(timed, key=lambda r: r[0])
+                per_msg = {
+                    s: v / messages * 1e6 for s, v in stages.corrected(inside, outside).items()
+                }
+                total = plain / messages * 1e6
+                per_msg["other"] = total - sum(per_msg.values())
+                case = f"{encoding}/{kind}/{rows}row"
+                print(f"{case:<22}{total:7.1f}" + "".join(f"{per_msg[s]:8.2f}" for s in cols))
+                results.append({"case": case, "messages": messages, "total": total, **per_msg})
+                if args.profile:
+                    _, _, stats = run_messages(
+                        kind, deliveries, instrument=False, tensor=args.tensor, profile=True
+                    )
+                    assert stats is not None
+                    print_profile(case + " (per message)", stats, messages, args.profile)
+    return results
+
+
+# --- broker clients --------------------------------------------------------------------------
+
+
+def broker_costs(messages: Sequence[Delivery], repeat: int) -> dict[str, float]:
+    """CPU us per message of the broker clients' receive side, in-process: aiokafka parsing a
+    fetched record batch into ``ConsumerRecord`` values plus the Kafka source's conversion to
+    a ``Delivery``; the Pub/Sub client parsing a ``StreamingPullResponse`` and wrapping each
+    message, plus the Pub/Sub source's conversion to a ``Delivery``."""
+    import queue  # noqa: PLC0415
+
+    from aiokafka.record.default_records import (  # noqa: PLC0415
+        DefaultRecordBatch,
+        DefaultRecordBatchBuilder,
+    )
+    from aiokafka.structs import ConsumerRecord  # noqa: PLC0415
+    from google.cloud.pubsub_v1.subscriber.message import Message  # noqa: PLC0415
+    from google.pubsub_v1 import types as pubsub_types  # noqa: PLC0415
+
+    from producer.headers import kafka_headers_to_attributes  # noqa: PLC0415
+
+    builder = DefaultRecordBatchBuilder(2, 0, 0, -1, -1, -1, 1 << 30)
+    for i, d in enumerate(messages):
+        headers = [(k, v.encode("utf-8")) for k, v in d.attributes.items()]
+        builder.append(i, timestamp=1_700_000_000_000, key=None, value=d.payload, headers=headers)
+    kafka_batch = bytes(builder.build())
+    received = [
+        pubsub_types.ReceivedMessage(
+            ack_id=f"ack-{i}",
+            message=pubsub_types.PubsubMessage(
+                data=d.payload, attributes=dict(d.attributes), message_id=str(i)
+            ),
+            delivery_attempt=1,
+        )
+        for i, d in enumerate(messages)
+    ]
+    pull = pubsub_types.StreamingPullResponse.serialize(
+        pubsub_types.StreamingPullResponse(received_messages=received)
+    )
+    requests: queue.Queue[Any] = queue.Queue()
+
+    def kafka() -> None:
+        batch = DefaultRecordBatch(bytearray(kafka_batch))
+        for rec in batch:
+            record = ConsumerRecord(
+                "t", 0, rec.offset, rec.timestamp, rec.timestamp_type, rec.key, rec.value,
+                None, len(rec.value or b""), -1, rec.headers,
+            )  # fmt: skip
+            attributes = kafka_headers_to_attributes(record.headers)
+            Delivery(
+                f"t/0/{record.offset}",
+                bytes(record.value or b""),
+                attributes,
+                record.timestamp / 1000,
+                1,
+                "t/0",
+                bytes(record.key or b"").decode("utf-8", errors="replace"),
+                len(record.value or b""),
+            )
+
+    def pubsub() -> None:
+        response = pubsub_types.StreamingPullResponse.pb().FromString(pull)
+        for item in response.received_messages:
+            message = Message(item.message, item.ack_id, item.delivery_attempt, requests)
+            Delivery(
+                str(message.message_id),
+                bytes(message.data),
+                dict(message.attributes),
+                float(message.publish_time.timestamp()),
+                int(message.delivery_attempt or 0),
+                "sub",
+                str(message.ordering_key or ""),
+                int(message.size),
+            )
+
+    out = {}
+    for name, func in (("kafka", kafka), ("pubsub", pubsub)):
+        best = float("inf")
+        for _ in range(repeat):
+            started = time.process_time()
+            func()
+            best = min(best, time.process_time() - started)
+        out[name] = best / len(messages) * 1e6
+    return out
+
+
 def print_profile(title: str, stats: pstats.Stats, rows: int, top: int) -> None:
     entries = getattr(stats, "stats", {})
     ranked = sorted(entries.items(), key=lambda kv: kv[1][2], reverse=True)[:top]
@@ -371,7 +672,34 @@ def main() -> None:
     parser.add_argument("--sink", default="sqlite,parquet,pg-encode")
     parser.add_argument("--profile", type=int, default=0, metavar="N", help="cProfile top N")
     parser.add_argument("--json", type=Path, help="write the figures here")
+    parser.add_argument(
+        "--per-message", action="store_true", help="us per message of small messages"
+    )
+    parser.add_argument("--sizes", default="1,16", help="rows per message (--per-message)")
+    parser.add_argument(
+        "--message-rows", type=int, default=4096, help="rows per run (--per-message)"
+    )
+    parser.add_argument(
+        "--tensor", action="store_true", help="build the input tensors (--per-message)"
+    )
+    parser.add_argument(
+        "--broker", action="store_true", help="broker clients' receive cost (--per-message)"
+    )
     args = parser.parse_args()
+    if args.per_message:
+        results = per_message_table(args)
+        if args.broker:
+            print("\nbroker clients, receive side, CPU us/message (not in the table above)")
+            for rows in (int(r) for r in args.sizes.split(",")):
+                for encoding in args.encoding.split(","):
+                    deliveries = make_deliveries(encoding, "text", 1000, rows)
+                    costs = broker_costs(deliveries, args.repeat)
+                    case = f"{encoding}/text/{rows}row"
+                    print(f"  {case:<22}" + "".join(f"{k:>8} {v:6.1f}" for k, v in costs.items()))
+                    results.append({"case": f"broker/{case}", **costs})
+        if args.json is not None:
+            args.json.write_text(json.dumps(results, indent=1))
+        return
 
     results = []
     header = f"{'case':<26}{'total':>7}" + "".join(f"{s:>8}" for s in (*STAGES, "other"))
