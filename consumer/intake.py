@@ -5,6 +5,7 @@ batch (and never costs an inference call)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +17,8 @@ from consumer.mismatch import SchemaMismatch
 from consumer.sources.base import DeadLetterReason, Delivery, ReasonClass
 from producer.errors import WireError
 from producer.wire import DecodedChunk, decode_chunk
+
+log = logging.getLogger(__name__)
 
 
 class PoisonMessage(Exception):
@@ -108,6 +111,17 @@ class Intake:
         except WireError as exc:
             raise PoisonMessage(
                 DeadLetterReason(ReasonClass.UNDECODABLE, f"{exc.reason}: {exc}", exc.reason)
+            ) from exc
+        except Exception as exc:
+            # A decoder bug must not stop the consumer on one message (it would crash-loop on
+            # its redelivery): the message is dead-lettered with what went wrong.
+            log.exception("decoding message %s failed unexpectedly", delivery.message_id)
+            raise PoisonMessage(
+                DeadLetterReason(
+                    ReasonClass.UNDECODABLE,
+                    f"wire_error: the decoder failed on this message ({type(exc).__name__}: {exc})",
+                    "wire_error",
+                )
             ) from exc
         try:
             self._check(chunk)

@@ -167,7 +167,14 @@ def decode_arrow(payload: bytes | bytearray | memoryview) -> tuple[list[str], li
             expected="nothing after the end-of-stream marker",
             found=f"{trailing} trailing bytes",
         )
-    names = list(schema.names)
+    try:
+        names = list(schema.names)
+    except UnicodeDecodeError as exc:
+        raise CorruptArrow(
+            f"a column name in the Arrow schema is not valid UTF-8: {exc}",
+            expected="UTF-8 column names",
+            found=str(exc)[:200],
+        ) from exc
     if len(set(names)) != len(names):
         return names, []
     try:

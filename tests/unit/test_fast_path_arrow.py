@@ -206,10 +206,11 @@ def test_decoded_chunks_are_the_same_either_way(case: ChunkCase) -> None:
     }
 
 
-def test_a_field_name_that_is_not_utf8_raises_alike() -> None:
-    """Found by the property above, and as before the fast path: pyarrow's ``schema.names``
-    raises UnicodeDecodeError (not a WireError) for a corrupt field name."""
+def test_a_field_name_that_is_not_utf8_is_corrupt_arrow() -> None:
+    """Found by the property above: pyarrow's ``schema.names`` raises UnicodeDecodeError for a
+    corrupt field name; that must be the wire error ``corrupt_arrow`` (poison, dead-lettered),
+    never an exception that stops the consumer and makes it crash-loop on the message."""
     payload = bytearray(encode_chunk("t", {"\x80": np.arange(0)}, Encoding.ARROW, "c").payload)
     payload[104] ^= 32
-    assert cold(bytes(payload))[:2] == ("raised", "UnicodeDecodeError")
+    assert cold(bytes(payload))[:2] == ("error", "CorruptArrow")
     assert warm(bytes(payload), GOOD) == cold(bytes(payload))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from consumer.intake import Intake
+from consumer.intake import Intake, PoisonMessage
 from consumer.sources.base import Delivery
 from producer.wire import DecodedChunk, encode_chunk
 
@@ -24,3 +24,20 @@ def test_text_is_charged_by_length_and_nulls_by_a_pointer(encoding: str) -> None
     without_null = encode_chunk("t", {"s": ["ab", "c"]}, encoding, "c")
     delivery = Delivery("m", without_null.payload, without_null.attributes, 0, 1, "s")
     assert Intake(("s",), no_check).rows(delivery).nbytes == (2 + 49) + (1 + 49) + 2 * 8
+
+
+def test_an_unexpected_decoder_error_is_poison_not_a_crash(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import consumer.intake as intake_module
+
+    def broken(payload: bytes, attributes: object) -> object:
+        raise UnicodeDecodeError("utf-8", b"\x80", 0, 1, "invalid start byte")
+
+    monkeypatch.setattr(intake_module, "decode_chunk", broken)
+    enc = encode_chunk("t", {"s": ["a"]}, "json", "c")
+    with pytest.raises(PoisonMessage) as caught:
+        Intake(("s",), no_check).rows(Delivery("m", enc.payload, enc.attributes, 0, 1, "s"))
+    assert caught.value.reason.reason_class.value == "undecodable"
+    assert caught.value.reason.code == "wire_error"
+    assert "UnicodeDecodeError" in caught.value.reason.message
