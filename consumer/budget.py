@@ -1,39 +1,134 @@
-"""The memory budget: bytes held by everything in flight, counting decoded inputs *and* the
-outputs the model will return for them. When it is full, intake stops taking messages."""
+"""The memory budget: bytes held by everything in flight, counting what a held message really
+costs (its delivery, payload and attributes, the decoded inputs, the outputs the model will
+return for them, and a measured per-message overhead for the objects that keep it: see
+:func:`message_cost`), plus what a source has read ahead of the pipeline. When it is full,
+intake stops taking messages and the source stops reading ahead."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+MESSAGE_OVERHEAD_BYTES = 1600
+"""Measured (tests/unit/test_memory_accounting.py), charged once per held message on top of
+its byte sizes: the ``Delivery`` and its strings, the source's record of it (Kafka: the
+``ConsumerRecord``, its ``_Held``, the unsettled-map and offset-tracker slots), the ledger
+``Entry`` and the batcher's pending entry, and the ``MessageRows`` with its dicts."""
+ATTRIBUTE_OVERHEAD_BYTES = 250
+"""Per attribute/header, on top of twice its name and value lengths: it is held as bytes
+(the broker's record) and as ``str`` (``Delivery.attributes``), each an object and a slot."""
+ARRAY_OVERHEAD_BYTES = 170
+"""Per numpy array object a message's decoded columns hold (header, shape, strides and the
+allocation of its data), counting every array in a view's ``base`` chain."""
+FOREIGN_BUFFER_OVERHEAD_BYTES = 900
+"""Per column whose array is a zero-copy view of memory numpy does not own (Arrow): the
+pyarrow array and buffer objects it keeps alive."""
+
+
+def _array_overhead(values: NDArray[Any]) -> int:
+    cost = 0
+    base: Any = values
+    while isinstance(base, np.ndarray):
+        cost += ARRAY_OVERHEAD_BYTES
+        base = base.base
+    return cost if base is None else cost + FOREIGN_BUFFER_OVERHEAD_BYTES
+
+
+def message_cost(
+    payload_bytes: int,
+    attributes: Mapping[str, str],
+    arrays: Iterable[NDArray[Any]],
+    decoded_bytes: int,
+    output_bytes: int,
+) -> int:
+    """What holding one message costs, in bytes: ``payload_bytes`` (the raw payload, held
+    until the ack), its ``attributes``, the numpy ``arrays`` of its decoded columns and null
+    masks (their objects; their data is ``decoded_bytes``), the ``output_bytes`` the model
+    will return for its rows, and ``MESSAGE_OVERHEAD_BYTES``."""
+    attrs = sum(len(k) + len(v) for k, v in attributes.items())
+    return (
+        MESSAGE_OVERHEAD_BYTES
+        + payload_bytes
+        + 2 * attrs
+        + ATTRIBUTE_OVERHEAD_BYTES * len(attributes)
+        + sum(map(_array_overhead, arrays))
+        + decoded_bytes
+        + output_bytes
+    )
 
 
 class ByteBudget:
     """An async byte semaphore. A single request larger than the whole budget is admitted when
     nothing else is held (so one huge message cannot deadlock the consumer), and is the only
-    way ``used`` can exceed ``limit``."""
+    way ``used`` can exceed ``limit``.
+
+    ``ahead`` is what a source holds read ahead of the pipeline (set by the source, never
+    waited for): it takes room from ``acquire`` like ``used`` does. A source reads ahead only
+    while there is ``room`` (``watch`` tells it when a release makes some)."""
 
     def __init__(self, limit: int) -> None:
         if limit <= 0:
             raise ValueError(f"memory budget must be > 0 bytes, got {limit}")
         self.limit = limit
         self._used = 0
-        self._changed = asyncio.Condition()
+        self._ahead = 0
+        self._waiters: list[asyncio.Future[None]] = []
+        self._watchers: list[Callable[[], None]] = []
 
     @property
     def used(self) -> int:
+        """Bytes held by messages taken into the pipeline."""
         return self._used
 
+    @property
+    def ahead(self) -> int:
+        """Bytes a source holds read ahead of the pipeline."""
+        return self._ahead
+
+    @property
+    def room(self) -> int:
+        """What is left for the pipeline and read-ahead together (negative: overdrawn)."""
+        return self.limit - self._used - self._ahead
+
     def fits(self, n: int) -> bool:
-        return self._used + n <= self.limit or self._used == 0
+        return self._used + self._ahead + n <= self.limit or self._used == 0
 
     async def acquire(self, n: int) -> None:
         """Wait until ``n`` bytes fit, then hold them."""
         if n < 0:
             raise ValueError(f"cannot reserve a negative amount ({n} bytes)")
-        async with self._changed:
-            await self._changed.wait_for(lambda: self.fits(n))
-            self._used += n
+        while not self.fits(n):
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            finally:
+                self._waiters.remove(waiter)
+        self._used += n
 
     async def release(self, n: int) -> None:
-        async with self._changed:
-            self._used = max(0, self._used - n)
-            self._changed.notify_all()
+        self._used = max(0, self._used - n)
+        self._wake()
+        for watcher in self._watchers:
+            watcher()
+
+    def set_ahead(self, n: int) -> None:
+        """The source now holds ``n`` bytes read ahead (synchronous: called from its buffer
+        bookkeeping)."""
+        shrunk = n < self._ahead
+        self._ahead = max(0, n)
+        if shrunk:
+            self._wake()
+
+    def watch(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` after every release (a source resumes reading ahead)."""
+        self._watchers.append(callback)
+
+    def _wake(self) -> None:
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_result(None)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -32,7 +33,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from consumer.batcher import Batch, Batcher, Clock, Segment
-from consumer.budget import ByteBudget
+from consumer.budget import ByteBudget, message_cost
 from consumer.intake import Intake, MessageRows, PoisonMessage
 from consumer.ledger import Entry, Ledger
 from consumer.metrics import Metrics
@@ -41,6 +42,10 @@ from consumer.sources.base import DeadLetterReason, Delivery, ReasonClass, Sourc
 from consumer.writer import SinkBackoff, SinkWriter
 
 log = logging.getLogger(__name__)
+
+_INTAKE_YIELD_EVERY = 32
+"""Intake yields to the event loop after this many messages in a row (and whenever the
+budget is near full), so a source that never suspends cannot starve the other stages."""
 
 RunBatch = Callable[[Batch], Awaitable[Mapping[str, NDArray[Any]]]]
 """Runs one batch through the model; returns model output name -> array (rows first)."""
@@ -249,6 +254,11 @@ class Pipeline:
     # --- intake ------------------------------------------------------------------------------
 
     async def _intake_loop(self) -> None:
+        # A source that reads ahead (Kafka) counts what it holds against the same budget.
+        share = getattr(self._source, "share_budget", None)
+        if share is not None:
+            share(self._budget)
+        taken = 0
         async for delivery in self._source.deliveries():
             self._metrics.messages_in.inc()
             try:
@@ -256,14 +266,29 @@ class Pipeline:
             except PoisonMessage as poison:
                 await self._dead_letter(delivery, poison.reason, None)
                 continue
-            # The raw payload stays held until the ack, so it counts too.
-            reserve = len(delivery.payload) + rows.nbytes + rows.rows * self._s.output_bytes_per_row
+            reserve = self._cost(delivery, rows)
             try:
                 await self._admit(reserve)
             except asyncio.CancelledError:
                 await self._nack(delivery)
                 raise
             self._accept(delivery, rows, reserve)
+            # A source with a deep buffer yields without ever suspending: let the flusher,
+            # the inference workers and the writers run (and release budget) meanwhile.
+            taken += 1
+            if taken % _INTAKE_YIELD_EVERY == 0 or not self._budget.fits(reserve):
+                await asyncio.sleep(0)
+
+    def _cost(self, delivery: Delivery, rows: MessageRows) -> int:
+        """What holding this message costs until it is settled (see ``message_cost``): the
+        raw payload and attributes stay held until the ack, so they count too."""
+        return message_cost(
+            len(delivery.payload),
+            delivery.attributes,
+            itertools.chain(rows.columns.values(), rows.nulls.values()),
+            rows.nbytes,
+            rows.rows * self._s.output_bytes_per_row,
+        )
 
     async def _admit(self, reserve: int) -> None:
         """Wait for the gate (not backing off) and for room in the budget."""

@@ -11,10 +11,18 @@ How it works (aiokafka 0.14; ``aiokafka/consumer/{consumer,group_coordinator,fet
   is blocked for that long.
 * **Backpressure.** ``pause()`` (budget full, or the model server backing off) pauses every
   assigned partition with ``consumer.pause`` and stops yielding; the poll task keeps calling
-  ``getmany`` (which then returns nothing after its timeout). The local buffer is bounded by
-  ``max_buffered_records``/``max_buffered_bytes``: when full, partitions are paused the same
-  way until it has drained to half. aiokafka drops records it prefetched for a paused
-  partition and fetches them again after ``resume`` (its position does not move).
+  ``getmany`` (which then returns nothing after its timeout). The local buffer (and the
+  nacked records waiting for a retry) is *read-ahead*, counted at what it really costs (each
+  record's key, value and headers plus ``RECORD_OVERHEAD_BYTES`` and
+  ``HEADER_OVERHEAD_BYTES`` per header, measured) and bounded by ``max_buffered_records``/
+  ``max_buffered_bytes`` and, once the pipeline shares its byte budget with the source
+  (``share_budget``), by that budget: the read-ahead is held in it (``ByteBudget.ahead``),
+  so what the pipeline holds plus what the source holds stays within one limit, the
+  read-ahead takes at most ``READ_AHEAD_SHARE`` (a quarter) of it, and a fetch asks for no
+  more records than the room left can hold (at the mean cost seen so far). When a bound is
+  reached, partitions are paused the same way until the buffer has drained to half (and the
+  read-ahead has half its share of room again). aiokafka drops records it prefetched for a
+  paused partition and fetches them again after ``resume`` (its position does not move).
 * **Commits** (``enable_auto_commit=False``). Records are settled out of order (batches
   complete out of order; a record may wait for a retry). An :class:`OffsetTracker` keeps the
   unsettled offsets of each partition; the offset committed for a partition is the lowest
@@ -80,6 +88,7 @@ from aiokafka.errors import CommitFailedError, ConsumerStoppedError, KafkaError
 from aiokafka.helpers import create_ssl_context
 from prometheus_client import CollectorRegistry
 
+from consumer.budget import ByteBudget
 from consumer.lag import LagGauges, ThroughputMeter, desired_replicas, partition_lag
 from consumer.sources.base import (
     DeadLetterFailed as BaseDeadLetterFailed,
@@ -176,6 +185,8 @@ class KafkaSourceConfig:
     max_buffered_records: int = 2000
     """Records fetched and not yet yielded; fetching pauses above this."""
     max_buffered_bytes: int = 64 * 1024 * 1024
+    """What records fetched and not yet yielded may cost (sizes plus the measured per-record
+    overhead); fetching pauses above this, or when the pipeline's budget is full."""
     max_partition_fetch_bytes: int = 1024 * 1024
     """Must be at least the topic's ``max.message.bytes``."""
     fetch_max_bytes: int = 16 * 1024 * 1024
@@ -358,6 +369,8 @@ class _Held:
     size: int
     rows: int
     """From its ``rowbatch-row-count`` header (0 when missing or bad)."""
+    cost: int = 0
+    """What holding it costs while it is read ahead (``_record_cost``)."""
     attempt: int = 1
 
 
@@ -386,6 +399,22 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka is
 def _record_size(record: Any) -> int:
     headers = sum(len(k) + len(v or b"") for k, v in record.headers)
     return len(record.value or b"") + len(record.key or b"") + headers
+
+
+RECORD_OVERHEAD_BYTES = 800
+"""Measured (tests/unit/test_memory_accounting.py): a held record's objects besides its key,
+value and header bytes (the ``ConsumerRecord``, its headers list, the ``_Held``, the buffer
+and offset-tracker slots)."""
+HEADER_OVERHEAD_BYTES = 170
+"""Per header: its tuple and the ``str``/``bytes`` objects of its name and value."""
+
+
+READ_AHEAD_SHARE = 0.25
+"""The most of a shared budget the read-ahead may hold; the pipeline keeps the rest."""
+
+
+def _record_cost(record: Any, size: int) -> int:
+    return size + RECORD_OVERHEAD_BYTES + HEADER_OVERHEAD_BYTES * len(record.headers)
 
 
 def _record_rows(record: Any) -> int:
@@ -441,9 +470,12 @@ class KafkaSource:
         """Assigned partitions whose records are taken and yielded (not being revoked)."""
         self._epoch_ids = itertools.count(1)
         self._buffer: deque[_Held] = deque()
-        self._buffered_bytes = 0
+        self._buffered_bytes = 0  # what the buffered records cost (``_Held.cost``)
         self._retries: list[tuple[float, int, _Held]] = []
         """Nacked records waiting to be yielded again: (due, seq, held), a heap."""
+        self._retry_bytes = 0
+        self._budget: ByteBudget | None = None
+        """The pipeline's budget, once shared: the read-ahead is held in it."""
         self._retry_seq = itertools.count()
         self._unsettled: dict[Delivery, _Held] = {}
         """Yielded and not yet settled."""
@@ -461,6 +493,7 @@ class KafkaSource:
         self._tasks: list[asyncio.Task[None]] = []
         self._records_seen = 0
         self._rows_seen = 0
+        self._cost_seen = 0
 
         self.assignments = 0
         """Partition assignments received (1 after joining; +1 per rebalance)."""
@@ -529,6 +562,8 @@ class KafkaSource:
         )
         due = time.monotonic() + delay
         heapq.heappush(self._retries, (due, next(self._retry_seq), held))
+        self._retry_bytes += held.cost
+        self._report_ahead()
         self._changed.set()
 
     async def dead_letter(self, delivery: Delivery, reason: DeadLetterReason) -> None:
@@ -581,6 +616,19 @@ class KafkaSource:
         self._paused = False
         self._update_fetch_pause()
         self._changed.set()
+
+    def share_budget(self, budget: ByteBudget) -> None:
+        """Hold the read-ahead in the pipeline's ``budget`` and read ahead only while it has
+        room (called by the pipeline when it starts)."""
+        self._budget = budget
+        budget.watch(self._update_fetch_pause)
+        self._report_ahead()
+        self._update_fetch_pause()
+
+    @property
+    def read_ahead_bytes(self) -> int:
+        """What the buffered and retry-waiting records cost."""
+        return self._buffered_bytes + self._retry_bytes
 
     async def close(self) -> None:
         """Stop polling, commit what is committable, leave the group, close the clients.
@@ -776,7 +824,7 @@ class KafkaSource:
             started = loop.time()
             try:
                 batches = await consumer.getmany(
-                    timeout_ms=_POLL_TIMEOUT_MS, max_records=self.config.max_poll_records
+                    timeout_ms=_POLL_TIMEOUT_MS, max_records=self._poll_records()
                 )
             except ConsumerStoppedError:
                 return
@@ -795,6 +843,18 @@ class KafkaSource:
                 self._changed.set()
             elif loop.time() - started < _MIN_POLL_PERIOD_S:
                 await asyncio.sleep(_MIN_POLL_PERIOD_S)
+
+    def _poll_records(self) -> int:
+        """At most ``max_poll_records``, and no more than the room left (in the budget and
+        under ``max_buffered_bytes``) holds at the mean cost of the records seen so far."""
+        limit = self.config.max_poll_records
+        if not self._records_seen:
+            return min(limit, 64) if self._budget is not None else limit
+        room = self.config.max_buffered_bytes - self._buffered_bytes
+        if self._budget is not None:
+            room = min(room, self._budget_room())
+        mean = max(1, self._cost_seen // self._records_seen)
+        return max(1, min(limit, room // mean))
 
     def _fail(self, exc: BaseException) -> None:
         _LOG.error("consuming from Kafka topic %s failed: %r", self.config.topic, exc)
@@ -899,10 +959,12 @@ class KafkaSource:
     def _purge(self, tps: set[TopicPartition]) -> None:
         """Drop buffered and retry-waiting records of ``tps`` (never yielded again)."""
         kept = deque(h for h in self._buffer if h.tp not in tps)
-        self._buffered_bytes = sum(h.size for h in kept)
+        self._buffered_bytes = sum(h.cost for h in kept)
         self._buffer = kept
         self._retries = [r for r in self._retries if r[2].tp not in tps]
         heapq.heapify(self._retries)
+        self._retry_bytes = sum(r[2].cost for r in self._retries)
+        self._report_ahead()
         self._update_fetch_pause()
 
     # -- internals: records and deliveries ---------------------------------------------------
@@ -919,13 +981,31 @@ class KafkaSource:
                     continue  # fetched twice (aiokafka re-fetch after a pause): have it
                 self._tracker.received(tp, record.offset)
                 last = record.offset
-                held = _Held(record, tp, epoch, _record_size(record), _record_rows(record))
+                size = _record_size(record)
+                held = _Held(
+                    record, tp, epoch, size, _record_rows(record), _record_cost(record, size)
+                )
                 self._records_seen += 1
                 self._rows_seen += held.rows
+                self._cost_seen += held.cost
                 self._buffer.append(held)
-                self._buffered_bytes += held.size
+                self._buffered_bytes += held.cost
                 added += 1
+        if added:
+            self._report_ahead()
         return added
+
+    def _budget_room(self) -> int:
+        """Room for read-ahead in the shared budget: what is left of it, and no more than
+        ``READ_AHEAD_SHARE`` of it in all (the pipeline keeps the rest)."""
+        budget = self._budget
+        assert budget is not None
+        share = budget.limit * READ_AHEAD_SHARE - self.read_ahead_bytes
+        return min(budget.room, int(share))
+
+    def _report_ahead(self) -> None:
+        if self._budget is not None:
+            self._budget.set_ahead(self._buffered_bytes + self._retry_bytes)
 
     def _assigned(self, held: _Held) -> bool:
         """Fetched under the current assignment of its partition (which may be being
@@ -940,17 +1020,20 @@ class KafkaSource:
         """Pause fetching while paused by the pipeline or while the buffer is full; resume
         once neither holds and the buffer has drained to half."""
         cfg = self.config
+        budget = self._budget
         if self._paused:
             want = True
         elif self._fetch_paused:
             want = not (
                 len(self._buffer) <= cfg.max_buffered_records // 2
                 and self._buffered_bytes <= cfg.max_buffered_bytes // 2
+                and (budget is None or self._budget_room() > budget.limit * READ_AHEAD_SHARE / 2)
             )
         else:
             want = (
                 len(self._buffer) >= cfg.max_buffered_records
                 or self._buffered_bytes >= cfg.max_buffered_bytes
+                or (budget is not None and self._budget_room() <= 0)
             )
         if want == self._fetch_paused:
             return
@@ -993,11 +1076,14 @@ class KafkaSource:
     def _pop_ready(self, now: float) -> _Held | None:
         while self._retries and self._retries[0][0] <= now:
             held = heapq.heappop(self._retries)[2]
+            self._retry_bytes -= held.cost
+            self._report_ahead()
             if self._current(held):
                 return held
         while self._buffer:
             held = self._buffer.popleft()
-            self._buffered_bytes -= held.size
+            self._buffered_bytes -= held.cost
+            self._report_ahead()
             self._update_fetch_pause()
             if self._current(held):
                 return held

@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from consumer.budget import ByteBudget
 from consumer.config import KafkaSettings
 from consumer.lag import ThroughputMeter, desired_replicas, partition_lag
 from consumer.service import make_source
@@ -54,6 +55,8 @@ class FakeConsumer:
     end: dict[TopicPartition, int] = field(default_factory=dict)
     stopped: bool = False
     on_commit: Any = None
+    asked: list[int] = field(default_factory=list)
+    """``max_records`` of every ``getmany``."""
 
     def subscribe(self, topics: list[str], listener: Any) -> None:
         assert topics == [TOPIC]
@@ -71,13 +74,13 @@ class FakeConsumer:
         self.end[tp] = max(self.end.get(tp, 0), *(o + 1 for o in offsets))
 
     async def getmany(self, timeout_ms: int, max_records: int) -> dict[TopicPartition, list[Any]]:
-        out = {
-            tp: recs
-            for tp, recs in self.pending.items()
-            if recs and tp in self.assigned and tp not in self.paused_tps
-        }
-        for tp in out:
-            self.pending[tp] = []
+        out: dict[TopicPartition, list[Record]] = {}
+        left = max_records
+        for tp, recs in self.pending.items():
+            if recs and left > 0 and tp in self.assigned and tp not in self.paused_tps:
+                out[tp], self.pending[tp] = recs[:left], recs[left:]
+                left -= len(out[tp])
+        self.asked.append(max_records)
         if not out:
             await asyncio.sleep(0.005)
         return out
@@ -305,6 +308,80 @@ async def test_a_full_buffer_pauses_fetching_until_it_drains_to_half() -> None:
     assert rig.consumer.paused() == {TP0}
     await take(rig.source, 1)
     assert rig.consumer.paused() == set()  # 2 left: half of 4
+    await rig.source.close()
+
+
+RECORD_COST = (
+    (len(b"v") + len(b"k") + len("rowbatch-row-count") + len(b"10"))
+    + kafka_source.RECORD_OVERHEAD_BYTES
+    + kafka_source.HEADER_OVERHEAD_BYTES
+)
+"""What one of the fake records costs read ahead (key, value, one header, overheads)."""
+
+
+async def until(predicate: Any, rounds: int = 200_000) -> None:
+    """Yield to the event loop (no timed sleep of ours) until ``predicate()``."""
+    for _ in range(rounds):
+        if predicate():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("condition not reached")
+
+
+async def test_read_ahead_is_counted_at_its_real_cost() -> None:
+    rig = make_rig(max_buffered_bytes=10 * RECORD_COST)
+    await start(rig, {TP0})
+    rig.consumer.feed(TP0, range(12))
+    await until(lambda: rig.source.buffered == 12)
+    assert rig.source.read_ahead_bytes == 12 * RECORD_COST  # not 12 x 24 bytes of payload
+    assert rig.consumer.paused() == {TP0}  # over max_buffered_bytes
+    await take(rig.source, 7)
+    assert rig.source.read_ahead_bytes == 5 * RECORD_COST
+    assert rig.consumer.paused() == set()  # drained to half
+    await rig.source.close()
+
+
+async def test_read_ahead_is_held_in_the_pipeline_budget_and_stops_when_it_is_full() -> None:
+    rig = make_rig()
+    budget = ByteBudget(40 * RECORD_COST)
+    rig.source.share_budget(budget)
+    await start(rig, {TP0})
+    rig.consumer.feed(TP0, range(5))
+    await until(lambda: rig.source.buffered == 5)
+    assert budget.ahead == 5 * RECORD_COST
+    rig.consumer.feed(TP0, range(5, 60))
+    await until(lambda: rig.consumer.paused() == {TP0})
+    # A quarter of the budget at most, and no fetch asked for more than the room left holds.
+    assert rig.source.buffered == 10
+    assert budget.ahead == rig.source.read_ahead_bytes == budget.limit // 4
+    assert rig.consumer.asked[1] == 5
+    # The pipeline holds the rest and more (one message is always admitted alone).
+    await budget.acquire(34 * RECORD_COST)
+    taken = await take(rig.source, 6)  # the read-ahead shrinks as the pipeline takes records
+    assert budget.ahead == 4 * RECORD_COST
+    assert rig.consumer.paused() == {TP0}  # no room in the budget: still paused
+    await budget.release(34 * RECORD_COST)  # room again: fetching resumes at once
+    assert rig.consumer.paused() == set()
+    await until(lambda: rig.source.buffered == 10 and rig.consumer.paused() == {TP0})
+    for d in taken:
+        await rig.source.ack(d)
+    await rig.source.close()
+
+
+async def test_read_ahead_of_revoked_partitions_is_dropped_from_the_budget_at_once() -> None:
+    rig = make_rig()
+    budget = ByteBudget(1024 * 1024)
+    rig.source.share_budget(budget)
+    await start(rig, {TP0, TP1})
+    rig.consumer.feed(TP0, range(6))
+    rig.consumer.feed(TP1, range(4))
+    await until(lambda: rig.source.buffered == 10)
+    [d] = await take(rig.source, 1)
+    await rig.source.nack(d)  # waits for its retry: read ahead too
+    assert budget.ahead == 10 * RECORD_COST
+    await rig.consumer.assign({TP1})  # TP0 goes to another member
+    left = sum(1 for h in rig.source._buffer if h.tp == TP1)
+    assert budget.ahead == rig.source.read_ahead_bytes == left * RECORD_COST
     await rig.source.close()
 
 

@@ -64,3 +64,45 @@ async def test_oversized_request_admitted_alone() -> None:
 def test_budget_rejects_nonsense() -> None:
     with pytest.raises(ValueError, match="must be > 0"):
         ByteBudget(0)
+
+
+async def test_read_ahead_takes_room_from_intake_and_giving_it_back_wakes_intake() -> None:
+    budget = ByteBudget(100)
+    await budget.acquire(10)
+    budget.set_ahead(60)
+    assert budget.room == 30
+    assert not budget.fits(40)
+    waiter = asyncio.create_task(budget.acquire(40))
+    await asyncio.sleep(0)  # a yield: the waiter is now waiting
+    assert not waiter.done()
+    budget.set_ahead(20)  # the source handed records to intake: synchronous, wakes it
+    await asyncio.wait_for(waiter, timeout=5)
+    assert (budget.used, budget.ahead, budget.room) == (50, 20, 30)
+
+
+async def test_intake_is_never_starved_by_read_ahead_alone() -> None:
+    budget = ByteBudget(100)
+    budget.set_ahead(150)  # one large fetch overshot the whole budget
+    await asyncio.wait_for(budget.acquire(30), timeout=5)  # nothing held: admitted
+    assert budget.used == 30
+
+
+async def test_releases_are_reported_to_watchers() -> None:
+    budget = ByteBudget(100)
+    seen: list[int] = []
+    budget.watch(lambda: seen.append(budget.used))
+    await budget.acquire(70)
+    await budget.release(30)
+    await budget.release(40)
+    assert seen == [40, 0]
+
+
+async def test_a_cancelled_wait_holds_nothing() -> None:
+    budget = ByteBudget(100)
+    await budget.acquire(90)
+    waiter = asyncio.create_task(budget.acquire(50))
+    await asyncio.sleep(0)
+    waiter.cancel()
+    await asyncio.gather(waiter, return_exceptions=True)
+    await budget.release(90)
+    assert budget.used == 0
