@@ -65,6 +65,17 @@ class PubSubSettings(_Section):
     max_delivery_attempts: int | None = Field(default=None, ge=1)
     """Dead-letter a message delivered more often than this (needs a subscription with a
     dead-letter policy, which is what makes Pub/Sub count attempts)."""
+    mode: Literal["pull", "streaming"] = "pull"
+    """``pull``: unary Pull calls with batched acks and leases kept by rowbatch
+    (``consumer/sources/pubsub_pull.py``; ~10x less CPU per message, see README "Pub/Sub pull
+    mode"); ``streaming``: google-cloud-pubsub's streaming pull (``sources/pubsub.py``)."""
+    pull_concurrency: int = Field(default=2, ge=1, le=16)
+    """Pull mode: Pull calls in flight at once."""
+    pull_max_messages: int = Field(default=1000, ge=1, le=1000)
+    """Pull mode: most messages one Pull asks for (also bounded by ``max_messages``)."""
+    ack_delay_ms: float = Field(default=10.0, ge=0, le=1000)
+    """Pull mode: longest an ack/nack waits to share an Acknowledge/ModifyAckDeadline call
+    (up to 1,000 ids each)."""
 
 
 class KafkaSettings(_Section):
@@ -99,6 +110,9 @@ class KafkaSettings(_Section):
     max_buffered_records: int = Field(default=2000, ge=1)
     """Records fetched ahead of the pipeline; fetching pauses beyond this."""
     max_buffered_bytes: int = Field(default=64 * MiB, ge=1024)
+    """What records fetched ahead of the pipeline may cost (their bytes plus ~1 KB of objects
+    each, measured); fetching pauses beyond this. The read-ahead is also held in
+    ``budget_bytes`` and takes at most a quarter of it."""
     max_partition_fetch_bytes: int = Field(default=MiB, ge=1024)
     """At least the topic's ``max.message.bytes``."""
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
@@ -326,7 +340,9 @@ class ConsumerConfig(BaseSettings):
     binding: BindingSettings
     sink: SinkSettings = SqliteSinkSettings()
     budget_bytes: int = Field(default=256 * MiB, ge=MiB)
-    """Memory budget for everything in flight: decoded inputs plus expected outputs."""
+    """Memory budget for everything in flight: what each held message costs (payload,
+    attributes, decoded inputs, expected outputs, and a measured overhead of ~2-5 KB for the
+    objects that hold it) plus what the source has read ahead (Kafka)."""
     shutdown_grace_s: float = Field(default=30.0, gt=0)
     max_message_bytes: int = Field(default=32 * MiB, ge=1024)
     """A message whose payload is larger is dead-lettered (``undecodable``, code

@@ -102,6 +102,28 @@ def make_source(settings: SourceSettings, metrics: Metrics | None = None) -> Sou
         def on_dead_letter(reason: DeadLetterReason) -> None:
             counter.labels(reason.reason_class.value).inc()
 
+    if isinstance(settings, PubSubSettings) and settings.mode == "pull":
+        from consumer.sources.pubsub_pull import (  # noqa: PLC0415
+            PubSubPullSource,
+            PubSubPullSourceConfig,
+        )
+
+        return PubSubPullSource(
+            PubSubPullSourceConfig(
+                subscription=settings.subscription,
+                dead_letter_topic=settings.dead_letter_topic,
+                max_messages=settings.max_messages,
+                max_bytes=settings.max_bytes,
+                max_lease_duration_s=settings.max_lease_duration_s,
+                lease_extension_s=settings.max_lease_extension_s,
+                max_delivery_attempts=settings.max_delivery_attempts,
+                consumer_version=__version__,
+                pull_concurrency=settings.pull_concurrency,
+                pull_max_messages=settings.pull_max_messages,
+                ack_delay_s=settings.ack_delay_ms / 1000,
+            ),
+            on_dead_letter=on_dead_letter,
+        )
     if isinstance(settings, PubSubSettings):
         from consumer.sources.pubsub import PubSubSource, PubSubSourceConfig  # noqa: PLC0415
 

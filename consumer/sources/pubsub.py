@@ -59,41 +59,44 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import re
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any, Self
 
-import grpc
 from google.api_core import exceptions as gexc
-from google.api_core.retry import Retry, if_exception_type
 from google.cloud import pubsub_v1
-from google.pubsub_v1 import types as pubsub_types
 from google.pubsub_v1.services.publisher import PublisherClient as GapicPublisherClient
-from google.pubsub_v1.services.publisher.transports import PublisherGrpcTransport
-from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcTransport
 
-from consumer.sources.base import (
-    DeadLetterFailed as BaseDeadLetterFailed,
+from consumer.sources.base import DeadLetterReason, Delivery, package_version
+from consumer.sources.pubsub_shared import (
+    ATTR_CODE,
+    ATTR_CONSUMER_VERSION,
+    ATTR_DELIVERY_ATTEMPT,
+    ATTR_MESSAGE,
+    ATTR_MESSAGE_ID,
+    ATTR_REASON,
+    ATTR_SOURCE,
+    ATTR_TIME,
+    DLQ_MESSAGE_MAX_BYTES,
+    UNLIMITED_MESSAGES,
+    DeadLetterFailed,
+    PubSubConfigError,
+    PubSubSourceError,
+    PubSubUnreachable,
+    check_subscription,
+    dead_letter_attributes,
+    default_publisher,
+    default_subscriber,
+    publish_dead_letter,
 )
-from consumer.sources.base import (
-    DeadLetterReason,
-    Delivery,
-    SourceConfigError,
-    SourceError,
-    SourceUnreachable,
-    package_version,
-)
+from consumer.sources.pubsub_shared import SUBSCRIPTION_RE as _SUBSCRIPTION_RE
+from consumer.sources.pubsub_shared import TOPIC_RE as _TOPIC_RE
 
 _LOG = logging.getLogger(__name__)
 
-_SUBSCRIPTION_RE = re.compile(r"^projects/[^/]+/subscriptions/[^/]{3,}$")
-_TOPIC_RE = re.compile(r"^projects/[^/]+/topics/[^/]{3,}$")
 _LEASE_EXTENSION_RANGE = (10.0, 600.0)
 """What Pub/Sub accepts for one lease extension (``FlowControl`` docs)."""
 _SHUTDOWN_TIMEOUT_S = 60.0
@@ -102,43 +105,15 @@ _HALF_CLOSE_WAIT_S = 2.0
 before cancelling it."""
 _NACK_CHUNK = 500
 """Ack ids per ModifyAckDeadline request (the request size limit is 512 KB)."""
-DLQ_MESSAGE_MAX_BYTES = 1024
-"""Pub/Sub's limit for one attribute value; the reason message is cut to fit."""
-
-ATTR_REASON = "rowbatch-dlq-reason"
-ATTR_CODE = "rowbatch-dlq-code"
-"""The fine reason code (docs/wire-format.md section 6), next to the coarse reason class."""
-ATTR_MESSAGE = "rowbatch-dlq-message"
-ATTR_SOURCE = "rowbatch-dlq-source"
-ATTR_MESSAGE_ID = "rowbatch-dlq-message-id"
-ATTR_DELIVERY_ATTEMPT = "rowbatch-dlq-delivery-attempt"
-ATTR_CONSUMER_VERSION = "rowbatch-dlq-consumer-version"
-ATTR_TIME = "rowbatch-dlq-time"
 
 # google.cloud.pubsub_v1 ships no type information: its objects are Any to mypy.
 PubSubMessage = Any
 """``google.cloud.pubsub_v1.subscriber.message.Message``."""
 
 
-class PubSubSourceError(SourceError):
-    """Base class for errors raised by ``PubSubSource``."""
-
-
-class PubSubConfigError(PubSubSourceError, SourceConfigError):
-    """The configuration, or the subscription/topic it names, cannot work."""
-
-
-class PubSubUnreachable(PubSubSourceError, SourceUnreachable):
-    """The Pub/Sub service (or emulator) did not answer."""
-
-
 class PubSubStreamError(PubSubSourceError):
     """The streaming pull stopped on an error it does not recover from (e.g. the subscription
     was deleted, or permission was revoked)."""
-
-
-class DeadLetterFailed(PubSubSourceError, BaseDeadLetterFailed):
-    """The dead-letter publish to PubSub was not confirmed (see the base class)."""
 
 
 @dataclass(frozen=True)
@@ -218,32 +193,6 @@ class PubSubSourceConfig:
             min_duration_per_lease_extension=round(self.min_lease_extension_s),
             max_duration_per_lease_extension=round(self.max_lease_extension_s),
         )
-
-
-# Streaming-pull responses carry up to ~10 MB of messages (more with attributes): gRPC's
-# default 4 MiB receive limit would make the stream fail and reopen forever, silently.
-UNLIMITED_MESSAGES = (("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1))
-
-
-def _emulator_channel() -> grpc.Channel | None:
-    host = os.environ.get("PUBSUB_EMULATOR_HOST")
-    return grpc.insecure_channel(host, options=UNLIMITED_MESSAGES) if host else None
-
-
-def default_subscriber() -> pubsub_v1.SubscriberClient:
-    """A subscriber from the environment (``PUBSUB_EMULATOR_HOST`` selects an emulator, with
-    no message size limit; otherwise Google's defaults, which have none either)."""
-    channel = _emulator_channel()
-    if channel is None:
-        return pubsub_v1.SubscriberClient()
-    return pubsub_v1.SubscriberClient(transport=SubscriberGrpcTransport(channel=channel))
-
-
-def default_publisher() -> pubsub_v1.PublisherClient:
-    channel = _emulator_channel()
-    if channel is None:
-        return pubsub_v1.PublisherClient()
-    return pubsub_v1.PublisherClient(transport=PublisherGrpcTransport(channel=channel))
 
 
 @dataclass
@@ -376,19 +325,14 @@ class PubSubSource:
             )
             await self.nack(delivery)
             return
-        attributes = self.dead_letter_attributes(delivery, reason)
-        timeout = self.config.dead_letter_timeout_s
-        request = pubsub_types.PublishRequest(
+        await publish_dead_letter(
+            self._dlq_api,
             topic=topic,
-            messages=[pubsub_types.PubsubMessage(data=delivery.payload, attributes=attributes)],
+            delivery=delivery,
+            reason=reason,
+            consumer_version=self.config.consumer_version,
+            timeout_s=self.config.dead_letter_timeout_s,
         )
-        try:
-            await asyncio.wait_for(asyncio.to_thread(self._publish, request), timeout)
-        except (TimeoutError, gexc.GoogleAPIError) as exc:
-            raise DeadLetterFailed(
-                f"dead-letter publish of message {delivery.message_id} to {topic} failed: "
-                f"{type(exc).__name__}: {exc}"
-            ) from exc
         with self._lock:
             held = self._unsettled.pop(delivery, None)
         if held is None:  # close() nacked it meanwhile: it comes back and is dead-lettered again
@@ -492,19 +436,7 @@ class PubSubSource:
         self, delivery: Delivery, reason: DeadLetterReason
     ) -> dict[str, str]:
         """The original attributes plus the ``rowbatch-dlq-*`` ones (ours win on a clash)."""
-        message = reason.message.encode("utf-8")[:DLQ_MESSAGE_MAX_BYTES]
-        now = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-        return {
-            **delivery.attributes,
-            ATTR_REASON: reason.reason_class.value,
-            ATTR_CODE: reason.code,
-            ATTR_MESSAGE: message.decode("utf-8", errors="ignore"),
-            ATTR_SOURCE: delivery.source,
-            ATTR_MESSAGE_ID: delivery.message_id,
-            ATTR_DELIVERY_ATTEMPT: str(delivery.delivery_attempt),
-            ATTR_CONSUMER_VERSION: self.config.consumer_version,
-            ATTR_TIME: now,
-        }
+        return dead_letter_attributes(delivery, reason, self.config.consumer_version)
 
     async def check(self) -> None:
         """Start-up check: the server answers, the subscription exists, the dead-letter topic
@@ -518,75 +450,16 @@ class PubSubSource:
     def _sub(self) -> str:
         return self.config.subscription
 
-    def _lookup_error(self, exc: Exception, what: str, timeout: float) -> PubSubSourceError:
-        """The start-up check's error for a failed lookup of ``what``."""
-        if isinstance(exc, gexc.NotFound):
-            return PubSubConfigError(f"{what} does not exist on {self.host}")
-        if isinstance(exc, gexc.RetryError | gexc.ServiceUnavailable | gexc.DeadlineExceeded):
-            return PubSubUnreachable(
-                f"Pub/Sub at {self.host} did not answer within {timeout:g} s "
-                f"(checking {what}): {exc}"
-            )
-        return PubSubConfigError(f"cannot read {what} on {self.host}: {exc}")
-
     def _check_sync(self) -> None:
-        timeout = self.config.check_timeout_s
-        retry = Retry(
-            predicate=if_exception_type(gexc.ServiceUnavailable, gexc.DeadlineExceeded),
-            initial=0.1,
-            maximum=1.0,
-            multiplier=2.0,
-            timeout=timeout,
+        check_subscription(
+            self._subscriber,
+            self._dlq_api,
+            subscription=self._sub,
+            dead_letter_topic=self.config.dead_letter_topic,
+            max_delivery_attempts=self.config.max_delivery_attempts,
+            host=self.host,
+            timeout=self.config.check_timeout_s,
         )
-        per_call = min(timeout, 5.0)
-        try:
-            subscription = self._subscriber.get_subscription(
-                request={"subscription": self._sub}, retry=retry, timeout=per_call
-            )
-        except (gexc.GoogleAPICallError, gexc.RetryError) as exc:
-            raise self._lookup_error(exc, f"Pub/Sub subscription {self._sub}", timeout) from exc
-
-        policy = subscription.dead_letter_policy
-        policy_topic = str(policy.dead_letter_topic) if policy else ""
-        policy_attempts = int(policy.max_delivery_attempts) if policy_topic else 0
-        topic = self.config.dead_letter_topic
-        if topic is None:
-            if not policy_topic:
-                raise PubSubConfigError(
-                    f"no dead_letter_topic configured and subscription {self._sub} has no "
-                    f"dead-letter policy: poison messages would be redelivered forever; "
-                    f"configure dead_letter_topic"
-                )
-            _LOG.warning(
-                "no dead_letter_topic configured: poison messages from %s are nacked and moved "
-                "to %s by the subscription's policy after %d attempts, without a reason",
-                self._sub,
-                policy_topic,
-                policy_attempts,
-            )
-        elif self._dlq_api is not None:
-            try:
-                self._dlq_api.get_topic(request={"topic": topic}, retry=retry, timeout=per_call)
-            except (gexc.GoogleAPICallError, gexc.RetryError) as exc:
-                raise self._lookup_error(exc, f"dead-letter topic {topic}", timeout) from exc
-
-        attempts = self.config.max_delivery_attempts
-        if attempts is not None:
-            if not policy_topic:
-                _LOG.warning(
-                    "max_delivery_attempts=%d has no effect: subscription %s has no dead-letter "
-                    "policy, so Pub/Sub does not count delivery attempts",
-                    attempts,
-                    self._sub,
-                )
-            elif attempts >= policy_attempts:
-                _LOG.warning(
-                    "max_delivery_attempts=%d is not below the dead-letter policy's %d on %s: "
-                    "Pub/Sub moves such messages before the consumer can attach a reason",
-                    attempts,
-                    policy_attempts,
-                    self._sub,
-                )
 
     def _half_close(self) -> bool:
         """End the streaming pull's request stream, so that the server ends the call (rather
@@ -643,25 +516,6 @@ class PubSubSource:
             self._sub,
             time.monotonic() - started,
         )
-
-    def _publish(self, request: pubsub_types.PublishRequest) -> None:
-        """Blocking; runs in a worker thread. Retries transient errors until the timeout."""
-        assert self._dlq_api is not None
-        timeout = self.config.dead_letter_timeout_s
-        retry = Retry(
-            predicate=if_exception_type(
-                gexc.Aborted,
-                gexc.DeadlineExceeded,
-                gexc.InternalServerError,
-                gexc.ResourceExhausted,
-                gexc.ServiceUnavailable,
-            ),
-            initial=0.1,
-            maximum=2.0,
-            multiplier=2.0,
-            timeout=timeout,
-        )
-        self._dlq_api.publish(request=request, retry=retry, timeout=min(timeout, 10.0))
 
     def _start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -777,6 +631,17 @@ class PubSubSource:
 
 
 __all__ = [
+    # Moved to pubsub_shared (shared with the unary-pull source); still importable from here.
+    "ATTR_CODE",
+    "ATTR_CONSUMER_VERSION",
+    "ATTR_DELIVERY_ATTEMPT",
+    "ATTR_MESSAGE",
+    "ATTR_MESSAGE_ID",
+    "ATTR_REASON",
+    "ATTR_SOURCE",
+    "ATTR_TIME",
+    "DLQ_MESSAGE_MAX_BYTES",
+    "UNLIMITED_MESSAGES",
     "DeadLetterFailed",
     "PubSubConfigError",
     "PubSubSource",
@@ -784,4 +649,6 @@ __all__ = [
     "PubSubSourceError",
     "PubSubStreamError",
     "PubSubUnreachable",
+    "default_publisher",
+    "default_subscriber",
 ]
