@@ -1,7 +1,7 @@
 """``python -m bench``: start the local stack, run the chosen sections, print a table per
 section and write everything to JSON.
 
-    python -m bench                               everything (about 10 minutes)
+    python -m bench                               everything (about 15 minutes)
     python -m bench --only ceiling,e2e --rows 300000
     python -m bench --quick --only ceiling,overhead --out /tmp/bench.json
     python -m bench chaos [--short] [--broker pubsub|kafka|both]   the fault campaign
@@ -20,13 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import baseline, ceiling, e2e, latency, memory, overhead, scaling, versions
+from bench import baseline, ceiling, e2e, latency, memory, overhead, saturation, scaling, versions
 from bench.report import Report, RunInfo
 from bench.stack import Bench, bench_stack
 from bench.targets import check_targets
 from harness.service import REPO_ROOT
 
-SECTIONS = ("ceiling", "e2e", "naive", "overhead", "latency", "memory", "scaling")
+SECTIONS = ("ceiling", "e2e", "naive", "overhead", "latency", "memory", "scaling", "saturation")
 DEFAULT_ROWS = 200_000
 QUICK_ROWS = 10_000
 
@@ -82,6 +82,7 @@ def _sections(args: BenchArgs, done: dict[str, Any]) -> dict[str, Callable[[Benc
         "latency": lambda b: latency.run(b, done.get("e2e")),
         "memory": memory.run,
         "scaling": scaling.run,
+        "saturation": saturation.run,
     }
 
 

@@ -10,7 +10,8 @@ from bench.e2e import E2eResult
 from bench.latency import LatencyResult
 from bench.memory import MemoryResult
 from bench.overhead import TARGET_US, OverheadResult
-from bench.report import Target
+from bench.report import Target, times
+from bench.saturation import STEADY_CHUNK_ROWS, SaturationResult
 from bench.stack import BROKERS
 
 
@@ -75,6 +76,72 @@ def check_targets(sections: Mapping[str, Any]) -> list[Target]:
                 f"<= budget + 150 MB = {mem.limit_mib:,.0f} MiB",
                 f"{mem.peak_rss_mib:,.0f} MiB",
                 mem.peak_rss_mib <= mem.limit_mib,
+            )
+        )
+    return found + saturation_targets(sections.get("saturation"))
+
+
+SMALL_MESSAGE_SHARE = {"kafka": 0.6, "pubsub": 0.4}
+"""1-row messages: the least share of the measured ceiling, per broker."""
+
+
+def saturation_targets(sat: object) -> list[Target]:
+    """The "keep the model server saturated" targets, against ``fixed_latency`` (none when the
+    section did not run)."""
+    found: list[Target] = []
+    if not isinstance(sat, SaturationResult):
+        return found
+    for broker in BROKERS:
+        for sink in ("postgres", "parquet"):
+            big = sat.find(broker, 500, sink)
+            if big is not None:
+                found.append(
+                    Target(
+                        f"saturation 500-row {broker} -> {sink}: of ceiling, server busy",
+                        ">= 90%, busy >= 90%",
+                        f"{big.of_measured:.0%}, busy {big.busy:.0%}",
+                        big.of_measured >= 0.9 and big.busy >= 0.9,
+                    )
+                )
+            if big is not None and big.speedup is not None:
+                found.append(
+                    Target(
+                        f"saturation 500-row {broker} -> {sink} vs reference",
+                        ">= 1.5x",
+                        f"{big.speedup:.1f}x",
+                        big.speedup >= 1.5,
+                    )
+                )
+        one = sat.find(broker, 1)
+        if one is not None:
+            share = SMALL_MESSAGE_SHARE[broker]
+            speedup = one.speedup or 0.0
+            found.append(
+                Target(
+                    f"saturation 1-row {broker}: of ceiling, vs reference",
+                    f">= {share:.0%}, >= 10x",
+                    f"{one.of_measured:.0%}, {times(one.speedup)}",
+                    one.of_measured >= share and speedup >= 10,
+                )
+            )
+        steady = sat.find(broker, STEADY_CHUNK_ROWS, load=0.8)
+        if steady is not None and steady.p99_ms is not None:
+            found.append(
+                Target(
+                    f"saturation steady 80% {broker}, {STEADY_CHUNK_ROWS}-row: keeps up, p99",
+                    f"yes, <= max_wait + 3 x batch = {steady.p99_bound_ms or 0:,.0f} ms",
+                    f"{'yes' if steady.keeps_up else 'no'}, {steady.p99_ms:,.0f} ms",
+                    steady.keeps_up is True and steady.p99_ms <= (steady.p99_bound_ms or 0.0),
+                )
+            )
+    if sat.cases:
+        peak = max(c.peak_rss_mib for c in sat.cases)
+        found.append(
+            Target(
+                "saturation peak RSS (all cases)",
+                f"<= budget + 150 MB = {sat.rss_limit_mib:,.0f} MiB",
+                f"{peak:,.0f} MiB",
+                peak <= sat.rss_limit_mib,
             )
         )
     return found

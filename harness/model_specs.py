@@ -22,3 +22,10 @@ SCORER = ModelSpec(
     512,
     (256,),
 )
+FIXED_LATENCY = ModelSpec(
+    "fixed_latency",
+    "1",
+    (TensorSpec("FEATURES", "FP32", (16,)), TensorSpec("COUNT", "INT64", (1,))),
+    (TensorSpec("SCORE", "FP32", (1,)),),
+    256,
+)

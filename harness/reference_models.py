@@ -10,6 +10,8 @@ that Triton's answers equal these functions' answers exactly.
   at least two 3-grams, so the norm is never zero.
 - ``scorer``: :func:`score` — ``SCORE = tanh(mean(FEATURES)) + 0.01 * log1p(max(COUNT, 0))``
   (computed in float64, returned as float32) and ``LABEL = 1 if SCORE > 0 else 0`` (int32).
+- ``fixed_latency``: ``SCORE`` of :func:`score` (no ``LABEL``), each execution lasting
+  :func:`fixed_latency_batch_s` of wall time (asleep): a model whose ceiling does not move.
 - ``expander``: :func:`expand` — ``Y[i, j] = sin(X[i] + j)`` for ``j < 2048`` (computed in
   float64, returned as float32): 8 bytes in, 8,192 bytes out per row, for memory-budget tests.
 """
@@ -58,3 +60,17 @@ def expand(x: npt.NDArray[np.int64]) -> npt.NDArray[np.float32]:
     """``Y`` ``[n, 2048]`` float32 for ``X`` ``[n, 1]`` (or ``[n]``) int64."""
     phase = x.astype(np.float64).reshape(-1, 1) + np.arange(EXPAND_DIM, dtype=np.float64)
     return np.asarray(np.sin(phase), dtype=np.float32)
+
+
+def fixed_latency_batch_s(rows: int, base_ms: float, per_row_us: float) -> float:
+    """The wall time of one ``fixed_latency`` execution of ``rows`` rows (its config's
+    ``execute_base_ms`` and ``execute_per_row_us``)."""
+    return base_ms / 1e3 + rows * per_row_us / 1e6
+
+
+def fixed_latency_ceiling(
+    batch: int, base_ms: float, per_row_us: float, instances: int = 1
+) -> float:
+    """The analytic ceiling of ``fixed_latency`` in rows/s: ``instances`` executions of ``batch``
+    rows at a time, back to back."""
+    return instances * batch / fixed_latency_batch_s(batch, base_ms, per_row_us)

@@ -1,0 +1,450 @@
+"""The mechanics of the saturation section (``bench/saturation.py``): the ``fixed_latency``
+model's timing from its config, Triton's own statistics between two instants (executions,
+rows, compute time: the server's busy fraction), the direct-client probe of the measured
+ceiling, and one run of each kind: a rowbatch consumer draining a backlog, a rowbatch consumer
+under a steady publisher, the reference consumer (``bench/reference.py``) on a backlog."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import psycopg
+import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as aioclient
+from psycopg import sql
+
+from bench.ceiling import inputs_for
+from bench.procs import ConsumerProcess, wait_for
+from bench.stack import Bench, Feed, backlog, publish, publisher, unique
+from harness.reference_models import fixed_latency_batch_s, fixed_latency_ceiling
+from harness.service import REPO_ROOT
+from producer.loadgen import LoadSpec, RateLimiter, generate_columns
+from producer.publish import PublishWindow
+from producer.wire import encode_chunk
+
+MODEL = "fixed_latency"
+PROBE_CONCURRENCY = 4
+"""Requests kept outstanding by the ceiling probe: enough to keep one instance's queue full."""
+PROBE_WINDOWS = 3
+WARMUP_S = 2.0
+"""Steady runs: rows published in the first seconds are left out of the latency figures."""
+
+
+def _int(value: Any) -> int:
+    """gRPC JSON renders 64-bit numbers as strings and omits zeros."""
+    return int(value or 0)
+
+
+# --- the model and Triton's statistics --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelTiming:
+    """``fixed_latency``'s config: each execution of n rows lasts base_ms + n x per_row_us."""
+
+    base_ms: float
+    per_row_us: float
+    batch: int
+    """The largest preferred batch size: what the consumer and the probe send."""
+    max_batch: int
+    instances: int
+
+    @property
+    def batch_ms(self) -> float:
+        return fixed_latency_batch_s(self.batch, self.base_ms, self.per_row_us) * 1e3
+
+    @property
+    def ceiling(self) -> float:
+        """The analytic ceiling in rows/s at ``batch``."""
+        return fixed_latency_ceiling(self.batch, self.base_ms, self.per_row_us, self.instances)
+
+
+def model_timing(url: str) -> ModelTiming:
+    client = grpcclient.InferenceServerClient(url)
+    try:
+        config = client.get_model_config(MODEL, as_json=True)["config"]
+    finally:
+        with contextlib.suppress(Exception):
+            client.close()
+    params = config["parameters"]
+    preferred = [
+        _int(x) for x in config.get("dynamic_batching", {}).get("preferred_batch_size", [])
+    ]
+    max_batch = _int(config.get("max_batch_size"))
+    instances = sum(_int(g.get("count", 1)) for g in config.get("instance_group", [])) or 1
+    return ModelTiming(
+        float(params["execute_base_ms"]["string_value"]),
+        float(params["execute_per_row_us"]["string_value"]),
+        max(preferred) if preferred else max_batch,
+        max_batch,
+        instances,
+    )
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    at: float
+    """``time.monotonic()`` when read."""
+    executions: int
+    rows: int
+    infer_ns: int
+    """``compute_infer`` summed over executions (``batch_stats``: one entry per execution; the
+    per-request ``inference_stats`` would count a merged execution once per request)."""
+
+
+def snapshot(url: str) -> Snapshot:
+    client = grpcclient.InferenceServerClient(url)
+    try:
+        [stats] = client.get_inference_statistics(MODEL, as_json=True)["model_stats"]
+    finally:
+        with contextlib.suppress(Exception):
+            client.close()
+    infer_ns = sum(_int(b.get("compute_infer", {}).get("ns")) for b in stats.get("batch_stats", []))
+    return Snapshot(
+        time.monotonic(),
+        _int(stats.get("execution_count")),
+        _int(stats.get("inference_count")),
+        infer_ns,
+    )
+
+
+@dataclass(frozen=True)
+class ServerWindow:
+    """What Triton did between two snapshots."""
+
+    seconds: float
+    executions: int
+    rows: int
+    infer_s: float
+    instances: int
+
+    @classmethod
+    def between(cls, before: Snapshot, after: Snapshot, instances: int) -> ServerWindow:
+        return cls(
+            after.at - before.at,
+            after.executions - before.executions,
+            after.rows - before.rows,
+            (after.infer_ns - before.infer_ns) / 1e9,
+            instances,
+        )
+
+    @property
+    def mean_batch(self) -> float:
+        return self.rows / self.executions if self.executions else 0.0
+
+    @property
+    def busy(self) -> float:
+        """compute_infer time / (wall time x instances): 1.0 = never idle."""
+        return self.infer_s / (self.seconds * self.instances) if self.seconds > 0 else 0.0
+
+    @property
+    def batch_ms(self) -> float:
+        """Mean compute_infer time per execution."""
+        return self.infer_s / self.executions * 1e3 if self.executions else 0.0
+
+
+# --- the measured ceiling ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A direct ``tritonclient.grpc.aio`` client with pre-built tensors of ``batch`` rows."""
+
+    round_trip_ms: float
+    """Median request time at concurrency 1 (the analytic batch time plus the overheads)."""
+    rows_per_s: float
+    """The measured ceiling: the best window at ``PROBE_CONCURRENCY``."""
+    busy: float
+    mean_batch: float
+
+
+async def _requests(client: Any, inputs: list[Any], concurrency: int, seconds: float) -> int:
+    done = 0
+    deadline = time.monotonic() + seconds
+
+    async def worker() -> None:
+        nonlocal done
+        while time.monotonic() < deadline:
+            await client.infer(MODEL, inputs)
+            done += 1
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return done
+
+
+async def _probe(url: str, timing: ModelTiming, step_s: float) -> Probe:
+    inputs = inputs_for(MODEL, timing.batch)
+    client = aioclient.InferenceServerClient(url)
+    try:
+        await _requests(client, inputs, 2, 0.3)  # warm-up
+        times: list[float] = []
+        deadline = time.monotonic() + step_s
+        while time.monotonic() < deadline or len(times) < 5:
+            started = time.perf_counter()
+            await client.infer(MODEL, inputs)
+            times.append(time.perf_counter() - started)
+        await _requests(client, inputs, PROBE_CONCURRENCY, 0.3)
+        before = await asyncio.to_thread(snapshot, url)
+        best = 0.0
+        for _ in range(PROBE_WINDOWS):
+            started = time.monotonic()
+            done = await _requests(client, inputs, PROBE_CONCURRENCY, step_s)
+            best = max(best, done * timing.batch / (time.monotonic() - started))
+        after = await asyncio.to_thread(snapshot, url)
+    finally:
+        await client.close()
+    server = ServerWindow.between(before, after, timing.instances)
+    return Probe(statistics.median(times) * 1e3, best, server.busy, server.mean_batch)
+
+
+def probe(url: str, timing: ModelTiming, step_s: float) -> Probe:
+    return asyncio.run(_probe(url, timing, step_s))
+
+
+# --- rowbatch on a backlog --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Observed:
+    """One consumer process over a measured window."""
+
+    rows: int
+    seconds: float
+    startup_s: float
+    """Backlog: process start to the first row written (not counted). Steady: 0."""
+    server: ServerWindow
+    cpu_s: float
+    """User + system CPU of the consumer process over the window (``/proc/<pid>/stat``)."""
+    peak_rss_mib: float
+    """``VmHWM`` of the consumer process at the end."""
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.rows / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def cpu_us_per_row(self) -> float:
+        return self.cpu_s / self.rows * 1e6 if self.rows else 0.0
+
+
+def watch_backlog(
+    proc: ConsumerProcess,
+    url: str,
+    timing: ModelTiming,
+    *,
+    total: int,
+    started: float,
+    timeout_s: float = 300.0,
+) -> Observed:
+    """Poll ``/metrics`` until ``total`` rows are written. The window runs from the first poll
+    that saw rows (less those rows) to the last row: start-up is left out, and Triton's
+    statistics and the process's CPU are read at both ends of it."""
+    first: tuple[float, float, Snapshot, float] | None = None
+    deadline = time.monotonic() + timeout_s
+    while True:
+        written = proc.rows_written()
+        now = time.monotonic()
+        if written > 0 and first is None:
+            first = (now, written, snapshot(url), proc.cpu().total_s)
+        if written >= total:
+            break
+        proc.check_alive(f"{total} rows written ({written:.0f} so far)")
+        if now > deadline:
+            raise TimeoutError(f"{written:.0f} of {total} rows written after {timeout_s:.0f} s")
+        time.sleep(0.1)
+    end, cpu_end = snapshot(url), proc.cpu().total_s
+    peak = proc.memory_kib()["VmHWM"] / 1024
+    assert first is not None
+    first_at, first_rows, first_snap, first_cpu = first
+    server = ServerWindow.between(first_snap, end, timing.instances)
+    if end.at - first_at < 0.2:  # everything was written before the first polls
+        return Observed(total, end.at - started, 0.0, server, cpu_end, peak)
+    return Observed(
+        int(total - first_rows),
+        now - first_at,
+        first_at - started,
+        server,
+        cpu_end - first_cpu,
+        peak,
+    )
+
+
+# --- rowbatch under a steady publisher --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Steady:
+    observed: Observed
+    """Rows, CPU and RSS from the first publish to the last row written; Triton's statistics
+    over the publishing time."""
+    target_rows_per_s: float
+    sent_rows_per_s: float
+    catch_up_s: float
+    """From the last publish to the last row written."""
+    latencies_ms: tuple[float, float, float]
+    """Publish-to-written p50, p95, p99 of the rows published after ``WARMUP_S``."""
+    latency_rows: int
+
+
+async def _paced(
+    bench: Bench, feed: Feed, rows_per_s: float, seconds: float, chunk_rows: int
+) -> tuple[dict[str, float], int]:
+    """Numeric chunks at ``rows_per_s`` for ``seconds``: chunk id -> wall time just before it
+    went to the publisher, and the rows sent."""
+    total = int(rows_per_s * seconds) // chunk_rows * chunk_rows
+    spec = LoadSpec(rows=total, chunk_rows=chunk_rows, kind="numeric", id_prefix=unique("sat"))
+    sent: dict[str, float] = {}
+    limiter = RateLimiter(rows_per_s)
+    async with publisher(bench.stack, feed) as pub:
+        window = PublishWindow(pub, max_in_flight=64)
+        for index in range(spec.chunks):
+            columns = generate_columns(spec, index)
+            await limiter.acquire(len(columns["id"]))
+            chunk = encode_chunk(spec.table, columns, spec.encoding, spec.chunk_id(index))
+            sent[chunk.headers.chunk_id] = time.time()
+            await window.submit(chunk)
+        await window.drain()
+    return sent, total
+
+
+def add_written_at(dsn: str, table: str) -> None:
+    """A ``written_at`` column stamped by PostgreSQL at INSERT (the sink accepts extra columns
+    with defaults), added once the consumer has created the table."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL(
+                "ALTER TABLE {} ADD COLUMN written_at timestamptz DEFAULT clock_timestamp()"
+            ).format(sql.Identifier(table))
+        )
+
+
+def _latencies(dsn: str, table: str, sent: dict[str, float]) -> np.ndarray[Any, Any]:
+    start = min(sent.values()) + WARMUP_S
+    query = sql.SQL("SELECT chunk_id, extract(epoch FROM written_at) FROM {}").format(
+        sql.Identifier(table)
+    )
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(query).fetchall()
+    return np.array(
+        [float(at) - sent[cid] for cid, at in rows if sent.get(cid, 0.0) >= start],
+        dtype=np.float64,
+    )
+
+
+def steady(
+    bench: Bench,
+    proc: ConsumerProcess,
+    feed: Feed,
+    table: str,
+    timing: ModelTiming,
+    *,
+    rows_per_s: float,
+    seconds: float,
+    chunk_rows: int,
+) -> Steady:
+    """Publish at ``rows_per_s`` for ``seconds`` to a ready consumer writing into PostgreSQL
+    ``table`` (with ``written_at``); wait for every row. One chunk goes first, unmeasured, and
+    is waited for, so the consumer is connected (a Kafka group joined) when the clock starts."""
+    url = bench.stack.triton.grpc_url
+    publish(bench.stack, feed, backlog("numeric", chunk_rows, chunk_rows, prefix=unique("warm")))
+    wait_for(
+        lambda: proc.rows_written() >= chunk_rows, 60, "the warm-up chunk written", [proc], 0.05
+    )
+    base = proc.rows_written()
+    snap0, cpu0 = snapshot(url), proc.cpu().total_s
+    started = time.monotonic()
+    sent, total = asyncio.run(_paced(bench, feed, rows_per_s, seconds, chunk_rows))
+    published_at = time.monotonic()
+    snap1 = snapshot(url)
+    deadline = published_at + 120
+    while proc.rows_written() < base + total:
+        proc.check_alive(f"{total} rows written")
+        if time.monotonic() > deadline:
+            written = proc.rows_written() - base
+            raise TimeoutError(f"{written:.0f} of {total} rows written after 120 s")
+        time.sleep(0.05)
+    done_at, cpu1 = time.monotonic(), proc.cpu().total_s
+    peak = proc.memory_kib()["VmHWM"] / 1024
+    lat = _latencies(bench.stack.postgres.dsn, table, sent) * 1e3
+    p50, p95, p99 = (float(np.percentile(lat, q)) for q in (50, 95, 99))
+    server = ServerWindow.between(snap0, snap1, timing.instances)
+    observed = Observed(total, done_at - started, 0.0, server, cpu1 - cpu0, peak)
+    return Steady(
+        observed,
+        rows_per_s,
+        total / (published_at - started),
+        done_at - published_at,
+        (p50, p95, p99),
+        len(lat),
+    )
+
+
+# --- the reference consumer -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReferenceRun:
+    rows: int
+    """Rows it wrote before it finished or timed out."""
+    seconds: float
+    rows_per_s: float
+    """Rows after its first message over the time from that message's write to the last."""
+
+
+def reference(
+    bench: Bench,
+    feed: Feed,
+    reader: int,
+    *,
+    rows: int,
+    max_batch: int,
+    timeout_s: float,
+    log_name: str,
+) -> ReferenceRun:
+    """``python -m bench.reference`` on ``feed``'s reader ``reader``, into a PostgreSQL table of
+    its own (dropped afterwards)."""
+    stack = bench.stack
+    table = unique("saturation_reference")
+    argv = [
+        sys.executable, "-m", "bench.reference", "--broker", feed.broker,
+        "--triton", stack.triton.grpc_url, "--model", MODEL, "--dsn", stack.postgres.dsn,
+        "--table", table, "--rows", str(rows), "--timeout-s", str(timeout_s),
+        "--max-batch", str(max_batch),
+    ]  # fmt: skip
+    if feed.broker == "kafka":
+        argv += ["--bootstrap", stack.kafka.bootstrap_servers, "--topic", feed.topic]
+        argv += ["--group", feed.readers[reader]]
+    else:
+        argv += ["--subscription", feed.readers[reader]]
+    env = {**os.environ, **stack.pubsub.env()}
+    log = bench.dir("saturation") / f"{log_name}.log"
+    try:
+        with log.open("wb") as err:
+            done = subprocess.run(
+                argv,
+                cwd=REPO_ROOT,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                timeout=timeout_s + 90,
+                check=True,
+            )
+    finally:
+        with psycopg.connect(stack.postgres.dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(table)))
+    result = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    seconds = float(result["seconds"])
+    counted = int(result["rows"]) - int(result["first_rows"])
+    return ReferenceRun(
+        int(result["rows"]), round(seconds, 2), counted / seconds if seconds > 0 else 0.0
+    )
