@@ -91,6 +91,7 @@ from consumer.sources.pubsub_shared import (
     default_publisher,
     default_subscriber,
     publish_dead_letter,
+    warn_no_dead_letter_topic,
 )
 from consumer.sources.pubsub_shared import SUBSCRIPTION_RE as _SUBSCRIPTION_RE
 from consumer.sources.pubsub_shared import TOPIC_RE as _TOPIC_RE
@@ -315,14 +316,7 @@ class PubSubSource:
                 raise self._not_held(delivery)
         topic = self.config.dead_letter_topic
         if topic is None or self._dlq_api is None:
-            _LOG.warning(
-                "no dead-letter topic configured: nacking message %s from %s (%s: %s); the "
-                "subscription's dead-letter policy moves it after its max delivery attempts",
-                delivery.message_id,
-                delivery.source,
-                reason.reason_class.value,
-                reason.message,
-            )
+            warn_no_dead_letter_topic(delivery, reason)
             await self.nack(delivery)
             return
         await publish_dead_letter(

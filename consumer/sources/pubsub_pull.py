@@ -85,6 +85,7 @@ from consumer.sources.pubsub_shared import (
     default_publisher,
     default_subscriber,
     publish_dead_letter,
+    warn_no_dead_letter_topic,
 )
 
 _LOG = logging.getLogger(__name__)
@@ -313,14 +314,7 @@ class PubSubPullSource:
             raise self._not_held(delivery)
         topic = self.config.dead_letter_topic
         if topic is None or self._dlq_api is None:
-            _LOG.warning(
-                "no dead-letter topic configured: nacking message %s from %s (%s: %s); the "
-                "subscription's dead-letter policy moves it after its max delivery attempts",
-                delivery.message_id,
-                delivery.source,
-                reason.reason_class.value,
-                reason.message,
-            )
+            warn_no_dead_letter_topic(delivery, reason)
             await self.nack(delivery)
             return
         await publish_dead_letter(

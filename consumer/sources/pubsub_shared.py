@@ -130,6 +130,18 @@ def _publish(
     dlq_api.publish(request=request, retry=retry, timeout=min(timeout, 10.0))
 
 
+def warn_no_dead_letter_topic(delivery: Delivery, reason: DeadLetterReason) -> None:
+    """Logs that ``delivery`` is nacked instead of dead-lettered (no topic configured)."""
+    _LOG.warning(
+        "no dead-letter topic configured: nacking message %s from %s (%s: %s); the "
+        "subscription's dead-letter policy moves it after its max delivery attempts",
+        delivery.message_id,
+        delivery.source,
+        reason.reason_class.value,
+        reason.message,
+    )
+
+
 async def publish_dead_letter(
     dlq_api: GapicPublisherClient,
     *,
