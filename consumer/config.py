@@ -180,6 +180,9 @@ class ModelSettings(_Section):
     """Per-request deadline."""
     backoff_initial_s: float = Field(default=0.1, gt=0)
     backoff_max_s: float = Field(default=10.0, gt=0)
+    startup_wait_s: float = Field(default=300.0, ge=0)
+    """How long start-up waits for an inference server that does not answer (retrying with
+    backoff) before giving up with an error; an unknown model fails at once."""
     tls: bool = False
     """gRPC over TLS to the model server."""
     tls_ca_file: Path | None = None

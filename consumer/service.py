@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from consumer.budget import ByteBudget
 from consumer.config import (
     ConsumerConfig,
     KafkaSettings,
+    ModelSettings,
     ParquetSinkSettings,
     PostgresSinkSettings,
     PubSubSettings,
@@ -47,6 +47,7 @@ from consumer.intake import Intake, IntakeLimits
 from consumer.metrics import Metrics
 from consumer.mismatch import SchemaMismatch
 from consumer.model import (
+    ModelServerUnavailable,
     ModelSpec,
     default_in_flight,
     output_bytes_per_row,
@@ -56,6 +57,7 @@ from consumer.pipeline import Pipeline, PipelineSettings, RunBatch
 from consumer.poison import isolate
 from consumer.sinks.base import ColumnSpec, Sink, SinkUnavailable, TableSpec
 from consumer.sources.base import Source
+from consumer.startup import StillUnavailable, wait_for
 from consumer.writer import SinkBackoff
 from producer.columns import ColumnType
 from producer.wire import DecodedChunk
@@ -237,31 +239,44 @@ async def open_sink(
 ) -> None:
     """``sink.open(table)``, waiting (with backoff, up to ``settings.startup_wait_s``) while the
     sink is unreachable: a database that restarts with the consumer is not a reason to exit."""
-    backoff = SinkBackoff(settings.backoff_initial_s, settings.backoff_max_s)
-    rng = random.Random()  # noqa: S311 (jitter, not secrets)
-    deadline = clock() + settings.startup_wait_s
-    attempt = 0
-    while True:
-        try:
-            await sink.open(table)
-        except SinkUnavailable as exc:
-            attempt += 1
-            wait = backoff.wait(attempt, rng)
-            if clock() + wait > deadline:
-                raise StartupError(
-                    f"sink ({settings.kind}) still unavailable after "
-                    f"{settings.startup_wait_s:.0f} s (sink.startup_wait_s): {exc}"
-                ) from exc
-            log.warning(
-                "sink (%s) unavailable at start-up (attempt %d), retrying in %.1f s: %s",
-                settings.kind,
-                attempt,
-                wait,
-                exc,
-            )
-            await sleep(wait)
-        else:
-            return
+    try:
+        await wait_for(
+            lambda: sink.open(table),
+            what=f"sink ({settings.kind})",
+            unavailable=SinkUnavailable,
+            wait_s=settings.startup_wait_s,
+            backoff=SinkBackoff(settings.backoff_initial_s, settings.backoff_max_s),
+            setting="sink.startup_wait_s",
+            sleep=sleep,
+            clock=clock,
+        )
+    except StillUnavailable as exc:
+        raise StartupError(str(exc)) from exc
+
+
+async def discover_model_waiting(
+    client: InferenceClient,
+    settings: ModelSettings,
+    *,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> ModelSpec:
+    """The model's spec, waiting (with backoff, up to ``model.startup_wait_s``) while the
+    inference server does not answer; an unknown model or a failed TLS handshake fails at
+    once."""
+    try:
+        return await wait_for(
+            client.discover,
+            what=f"inference server {settings.url}",
+            unavailable=ModelServerUnavailable,
+            wait_s=settings.startup_wait_s,
+            backoff=SinkBackoff(settings.backoff_initial_s, settings.backoff_max_s),
+            setting="model.startup_wait_s",
+            sleep=sleep,
+            clock=clock,
+        )
+    except StillUnavailable as exc:
+        raise StartupError(str(exc)) from exc
 
 
 def make_check(
@@ -343,7 +358,7 @@ async def run_consumer(
         config.model.url, config.model.name, config.model.version, tls=config.model.tls_options()
     )
     try:
-        spec = await client.discover()
+        spec = await discover_model_waiting(client, config.model)
         check_binding(spec, binding)
         target = target_batch_size(spec, config.model.batch_size)
         in_flight = config.model.max_in_flight or default_in_flight(spec, target)

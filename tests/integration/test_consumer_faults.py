@@ -241,3 +241,29 @@ async def test_values_the_sink_cannot_store_are_dead_lettered_and_bytes_are_stor
     assert len(rows) == 190
     assert all(bytes(raw) == blobs[i] for i, raw, _ in rows)
     assert not any(700 <= i < 710 for i, _, _ in rows)
+
+
+async def test_an_inference_server_down_at_start_up_is_waited_for(
+    topics: Topics,
+    postgres: PostgresEndpoint,
+    own_triton: tuple[RestartableTriton, TritonEndpoint],
+) -> None:
+    """A consumer started while its inference server is down (a rollout restarting both) waits
+    with backoff instead of exiting 2, and consumes once the server answers."""
+    service, triton = own_triton
+    await asyncio.to_thread(service.interrupt, signal.SIGKILL)
+    table = f"faults_startup_{int(time.time() * 1000)}"
+    chunks, expected = scorer_chunks(2_000, seed=13, max_rows=100)
+    cfg = pubsub_scorer_config(
+        topics, triton, {"kind": "postgres", "dsn": postgres.dsn, "table": table}
+    )
+    async with consumer_running(cfg) as run:
+        await asyncio.sleep(3.0)  # the server stays down for a while
+        assert not run.task.done(), "the consumer gave up while the server was down"
+        assert not run.running, "the consumer reported ready without a model"
+        await asyncio.to_thread(service.resume)
+        topics.publish(chunks)
+        await wait_until(
+            lambda: count_rows(postgres.dsn, table) == len(expected), timeout_s=90, alive=run.task
+        )
+    assert set(read_results("postgres", postgres.dsn, table)) == set(expected)
