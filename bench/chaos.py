@@ -102,21 +102,7 @@ def table(rows: list[FaultRow], short: bool) -> Table:
     return Table(
         f"Chaos campaign{' (--short)' if short else ''}: every row once, or dead-lettered "
         "with its reason",
-        (
-            "fault",
-            "broker",
-            "rows",
-            "written",
-            "dup",
-            "missing",
-            "DLQ exp/got",
-            "wrong DLQ",
-            "redeliv",
-            "recovery",
-            "exits",
-            "peak RSS",
-            "result",
-        ),
+        COLUMNS,
         tuple(
             (
                 r.fault,

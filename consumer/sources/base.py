@@ -3,11 +3,11 @@ once, by ``ack``, ``nack`` or ``dead_letter``."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from importlib import metadata
-from typing import Protocol
+from typing import Protocol, Self
 
 
 def package_version() -> str:
@@ -96,6 +96,20 @@ class Delivery:
     ordering_key: str = ""
     size: int = field(default=0)
     """Bytes the broker counts against flow control (payload plus attributes)."""
+
+
+class DeliveryIterator:
+    """What a source's ``deliveries()`` returns: each ``__anext__`` awaits ``next_delivery``
+    (which raises ``StopAsyncIteration`` once the source is closed)."""
+
+    def __init__(self, next_delivery: Callable[[], Awaitable[Delivery]]) -> None:
+        self._next = next_delivery
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> Delivery:
+        return await self._next()
 
 
 class Source(Protocol):

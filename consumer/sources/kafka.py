@@ -81,7 +81,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Literal, Self
+from typing import Any, Literal
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, ConsumerStoppedError, KafkaError
@@ -96,6 +96,7 @@ from consumer.sources.base import (
 from consumer.sources.base import (
     DeadLetterReason,
     Delivery,
+    DeliveryIterator,
     ReasonClass,
     SourceConfigError,
     SourceError,
@@ -374,17 +375,6 @@ class _Held:
     attempt: int = 1
 
 
-class _DeliveryIterator:
-    def __init__(self, source: KafkaSource) -> None:
-        self._source = source
-
-    def __aiter__(self) -> Self:
-        return self
-
-    async def __anext__(self) -> Delivery:
-        return await self._source._next_delivery()
-
-
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka is untyped
     def __init__(self, source: KafkaSource) -> None:
         self._source = source
@@ -539,11 +529,11 @@ class KafkaSource:
             )
         await self._ensure_consumer()
 
-    def deliveries(self) -> _DeliveryIterator:
+    def deliveries(self) -> DeliveryIterator:
         """Deliveries until ``close`` (then the iteration ends). Joins the group on the first
         ``__anext__`` if ``check`` did not. Raises ``KafkaConsumeError`` if consuming fails
         for good."""
-        return _DeliveryIterator(self)
+        return DeliveryIterator(self._next_delivery)
 
     async def ack(self, delivery: Delivery) -> None:
         held = self._take(delivery)

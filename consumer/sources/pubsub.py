@@ -64,13 +64,13 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Self
+from typing import Any
 
 from google.api_core import exceptions as gexc
 from google.cloud import pubsub_v1
 from google.pubsub_v1.services.publisher import PublisherClient as GapicPublisherClient
 
-from consumer.sources.base import DeadLetterReason, Delivery, package_version
+from consumer.sources.base import DeadLetterReason, Delivery, DeliveryIterator, package_version
 from consumer.sources.pubsub_shared import (
     ATTR_CODE,
     ATTR_CONSUMER_VERSION,
@@ -203,17 +203,6 @@ class _Held:
     """``time.monotonic()`` when the client handed it to us (its lease clock starts then)."""
 
 
-class _DeliveryIterator:
-    def __init__(self, source: PubSubSource) -> None:
-        self._source = source
-
-    def __aiter__(self) -> Self:
-        return self
-
-    async def __anext__(self) -> Delivery:
-        return await self._source._next_delivery()
-
-
 class PubSubSource:
     """``Source`` over one Pub/Sub subscription (streaming pull).
 
@@ -273,10 +262,10 @@ class PubSubSource:
 
     # -- Source protocol ---------------------------------------------------------------------
 
-    def deliveries(self) -> _DeliveryIterator:
+    def deliveries(self) -> DeliveryIterator:
         """Deliveries until ``close`` (then the iteration ends). The streaming pull starts on
         the first ``__anext__``. Raises ``PubSubStreamError`` if the stream dies."""
-        return _DeliveryIterator(self)
+        return DeliveryIterator(self._next_delivery)
 
     async def ack(self, delivery: Delivery) -> None:
         self._settle(delivery).ack()

@@ -52,14 +52,14 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Self
+from typing import Literal
 
 from google.api_core import exceptions as gexc
 from google.cloud import pubsub_v1
 from google.pubsub_v1.services.publisher import PublisherClient as GapicPublisherClient
 from google.pubsub_v1.services.subscriber import SubscriberAsyncClient
 
-from consumer.sources.base import DeadLetterReason, Delivery, package_version
+from consumer.sources.base import DeadLetterReason, Delivery, DeliveryIterator, package_version
 from consumer.sources.pubsub_leases import (
     TRANSIENT_ERRORS,
     Clock,
@@ -188,17 +188,6 @@ class _Held:
     received_at: float
 
 
-class _DeliveryIterator:
-    def __init__(self, source: PubSubPullSource) -> None:
-        self._source = source
-
-    def __aiter__(self) -> Self:
-        return self
-
-    async def __anext__(self) -> Delivery:
-        return await self._source._next_delivery()
-
-
 class PubSubPullSource:
     """``Source`` over one Pub/Sub subscription, on unary Pull (see the module docstring).
 
@@ -292,10 +281,10 @@ class PubSubPullSource:
 
     # -- Source protocol ---------------------------------------------------------------------
 
-    def deliveries(self) -> _DeliveryIterator:
+    def deliveries(self) -> DeliveryIterator:
         """Deliveries until ``close`` (then the iteration ends). Pulling starts on the first
         ``__anext__``. Raises ``PubSubPullError`` if Pull fails for good."""
-        return _DeliveryIterator(self)
+        return DeliveryIterator(self._next_delivery)
 
     async def ack(self, delivery: Delivery) -> None:
         """Settled here at once; the Acknowledge call follows within ``ack_delay_s``."""
