@@ -36,7 +36,7 @@ from bench.stack import (
 from bench.triton import server_stats
 from producer.loadgen import LoadSpec, RateLimiter, generate_columns
 from producer.publish import PublishWindow
-from producer.wire import encode_chunk
+from wire.chunks import encode_chunk
 
 CHUNK_ROWS = 100
 WARMUP_S = 2.0

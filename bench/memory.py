@@ -32,9 +32,9 @@ from bench.stack import (
     sink_config,
     unique,
 )
-from consumer.config import MiB
-from producer.headers import Encoding
-from producer.wire import encode_chunk
+from consumer.service.config import MiB
+from wire.chunks import encode_chunk
+from wire.headers import Encoding
 
 BUDGET = 64 * MiB
 ALLOWANCE_MB = 150.0

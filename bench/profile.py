@@ -5,15 +5,15 @@ Stages (matched on the frame's file path, innermost frame first; a frame of a li
 serves several stages, gRPC or numpy, only counts when nothing further out claims the sample):
 
 - decode: ``producer/`` (wire, codec_json, codec_arrow, columns, headers)
-- batch: ``consumer/batcher.py``, ``intake.py``, ``ledger.py``, ``budget.py``
-- tensor build: ``consumer/binding.py``
-- gRPC (inference): ``consumer/inference.py``, ``tritonclient``; ``grpc`` when nothing else
+- batch: ``consumer/engine/batcher.py``, ``intake.py``, ``ledger.py``, ``budget.py``
+- tensor build: ``consumer/model/binding.py``
+- gRPC (inference): ``consumer/model/inference.py``, ``tritonclient``; ``grpc`` when nothing else
 - sink: ``consumer/sinks/``, ``psycopg``, ``sqlite3``, ``pyarrow/parquet``
 - ack (source): ``consumer/sources/``, ``google/cloud/pubsub``, ``google/api_core``, ``aiokafka``
 - event loop: samples that end in ``asyncio``, ``selectors``, ``threading`` or
   ``concurrent.futures`` with no stage further out: polling, callbacks, thread hand-offs (py-spy
   in ``--nonblocking`` mode may count some waits in ``epoll`` here)
-- other: ``consumer/pipeline.py``, metrics, logging, everything else
+- other: ``consumer/engine/pipeline.py``, metrics, logging, everything else
 """
 
 from __future__ import annotations
@@ -34,12 +34,12 @@ STAGES = ("decode", "batch", "tensor build", "gRPC", "sink", "ack", "event loop"
 _OWN: tuple[tuple[str, str], ...] = (
     ("consumer/sources/", "ack"),
     ("consumer/sinks/", "sink"),
-    ("consumer/binding.py", "tensor build"),
-    ("consumer/inference.py", "gRPC"),
-    ("consumer/batcher.py", "batch"),
-    ("consumer/intake.py", "batch"),
-    ("consumer/ledger.py", "batch"),
-    ("consumer/budget.py", "batch"),
+    ("consumer/model/binding.py", "tensor build"),
+    ("consumer/model/inference.py", "gRPC"),
+    ("consumer/engine/batcher.py", "batch"),
+    ("consumer/engine/intake.py", "batch"),
+    ("consumer/engine/ledger.py", "batch"),
+    ("consumer/engine/budget.py", "batch"),
     ("producer/", "decode"),
 )
 _LIBS: tuple[tuple[str, str], ...] = (

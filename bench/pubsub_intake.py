@@ -30,7 +30,7 @@ from google.pubsub_v1.services.publisher import PublisherClient as GapicPublishe
 
 from harness.pubsub import DEFAULT_PROJECT, PubSubEndpoint, PubSubService
 from harness.service import REPO_ROOT, RunDir
-from producer.wire import encode_chunk
+from wire.chunks import encode_chunk
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "streaming": {"mode": "streaming"},
@@ -97,11 +97,11 @@ async def _drain(variant: str, subscription: str, expect: int) -> dict[str, Any]
     mode = options.pop("mode")
     source: Any
     if mode == "streaming":
-        from consumer.sources.pubsub import PubSubSource, PubSubSourceConfig  # noqa: PLC0415
+        from consumer.sources.pubsub.streaming import PubSubSource, PubSubSourceConfig  # noqa: PLC0415
 
         source = PubSubSource(PubSubSourceConfig(subscription=subscription, dead_letter_topic=None))
     else:
-        from consumer.sources.pubsub_pull import (  # noqa: PLC0415
+        from consumer.sources.pubsub.pull import (  # noqa: PLC0415
             PubSubPullSource,
             PubSubPullSourceConfig,
         )

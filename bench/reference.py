@@ -34,8 +34,8 @@ import tritonclient.grpc as grpcclient
 from aiokafka import AIOKafkaConsumer
 from google.cloud import pubsub_v1
 
-from producer.headers import kafka_headers_to_attributes
-from producer.wire import decode_chunk
+from wire.chunks import decode_chunk
+from wire.headers import kafka_headers_to_attributes
 
 _CREATE = """CREATE TABLE IF NOT EXISTS {table} (
     chunk_id text NOT NULL, row_index bigint NOT NULL, id bigint, score real,

@@ -30,7 +30,7 @@ from harness.reference_models import fixed_latency_batch_s, fixed_latency_ceilin
 from harness.service import REPO_ROOT
 from producer.loadgen import LoadSpec, RateLimiter, generate_columns
 from producer.publish import PublishWindow
-from producer.wire import encode_chunk
+from wire.chunks import encode_chunk
 
 MODEL = "fixed_latency"
 PROBE_CONCURRENCY = 4

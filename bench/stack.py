@@ -22,7 +22,6 @@ from psycopg import sql
 from harness.kafka import create_topic
 from harness.service import RunDir
 from harness.stack import StackEndpoints, local_stack
-from producer.headers import Encoding
 from producer.loadgen import LoadKind, LoadSpec, plan_messages
 from producer.publish import (
     KafkaPublisher,
@@ -32,6 +31,7 @@ from producer.publish import (
     PublishWindow,
     PubSubPublisher,
 )
+from wire.headers import Encoding
 
 Broker = Literal["pubsub", "kafka"]
 SinkKind = Literal["sqlite", "postgres", "parquet"]

@@ -1,5 +1,5 @@
 import sys
 
-from consumer.cli import main
+from consumer.service.cli import main
 
 sys.exit(main())

@@ -17,14 +17,14 @@ import numpy as np
 from google.pubsub_v1 import types as pstypes
 from prometheus_client import CollectorRegistry
 
-from consumer.config import ConsumerConfig
-from consumer.service import Running, make_source, run_consumer
+from consumer.service.config import ConsumerConfig
+from consumer.service.runner import Running, make_source, run_consumer
 from consumer.sources.base import DeadLetterReason, Delivery, Source
 from harness.kafka import create_topic
 from harness.stack import StackEndpoints
 from producer.loadgen import LoadSpec, MalformedKind, PlannedMessage, plan_messages
 from producer.publish import KafkaPublisher
-from producer.wire import PUBSUB_MAX_MESSAGE_BYTES
+from wire.chunks import PUBSUB_MAX_MESSAGE_BYTES
 
 Broker = Literal["pubsub", "kafka"]
 KAFKA_PARTITIONS = 6

@@ -37,9 +37,6 @@ from typing import IO, Any, Final, TextIO
 
 import pyarrow as pa
 
-from producer.columns import ColumnType
-from producer.errors import RowTooLarge, WireError
-from producer.headers import MAX_TABLE_LEN, Encoding, check_table, derive_chunk_id
 from producer.loadgen import (
     DECODE_KINDS,
     LoadSpec,
@@ -70,7 +67,10 @@ from producer.readers import (
     rechunk,
     wire_columns,
 )
-from producer.wire import EncodedChunk
+from wire.chunks import EncodedChunk
+from wire.columns import ColumnType
+from wire.errors import RowTooLarge, WireError
+from wire.headers import MAX_TABLE_LEN, Encoding, check_table, derive_chunk_id
 
 PROG: Final = "rowbatch-producer"
 _ENCODINGS: Final = {"json": Encoding.JSON, "arrow": Encoding.ARROW}

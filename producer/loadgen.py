@@ -46,11 +46,11 @@ from typing import Any, Final, Literal
 import numpy as np
 import pyarrow as pa
 
-from producer.columns import INT64, STRING, ColumnType
-from producer.errors import WireError
-from producer.headers import H_ROW_COUNT, Encoding, derive_chunk_id
 from producer.publish import Message, Publisher, RawMessage, message_size
-from producer.wire import EncodedChunk, decode_chunk, encode_chunk, split_rows
+from wire.chunks import EncodedChunk, decode_chunk, encode_chunk, split_rows
+from wire.columns import INT64, STRING, ColumnType
+from wire.errors import WireError
+from wire.headers import H_ROW_COUNT, Encoding, derive_chunk_id
 
 LoadKind = Literal["text", "numeric"]
 

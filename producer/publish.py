@@ -11,7 +11,7 @@ Both publishers
 - re-send a chunk with the same payload and chunk id on retry, so the consumer, which keys its
   results by chunk id, writes each row once even when a retry duplicates a message;
 - report :attr:`~Publisher.max_chunk_bytes`, the largest :attr:`EncodedChunk.size` that fits one
-  message, which :func:`publish_rows` hands to :func:`~producer.wire.split_rows`.
+  message, which :func:`publish_rows` hands to :func:`~wire.chunks.split_rows`.
 
 Usage::
 
@@ -57,15 +57,15 @@ from tenacity import (
     wait_random,
 )
 
-from producer.codec_arrow import Compression
-from producer.columns import ColumnData, ColumnType, TableSchema
-from producer.headers import H_CHUNK_ID, H_ORDERING_KEY, H_ROW_COUNT, Encoding, attributes_size
-from producer.wire import (
+from wire.chunks import (
     KAFKA_DEFAULT_MAX_MESSAGE_BYTES,
     PUBSUB_MAX_MESSAGE_BYTES,
     EncodedChunk,
     split_rows,
 )
+from wire.codec_arrow import Compression
+from wire.columns import ColumnData, ColumnType, TableSchema
+from wire.headers import H_CHUNK_ID, H_ORDERING_KEY, H_ROW_COUNT, Encoding, attributes_size
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +136,7 @@ class MessageTooLarge(PublishFailed):
 
 
 class Message(Protocol):
-    """What a publisher sends: :class:`~producer.wire.EncodedChunk`, or a :class:`RawMessage`
+    """What a publisher sends: :class:`~wire.chunks.EncodedChunk`, or a :class:`RawMessage`
     (any payload and attributes, e.g. the load generator's deliberately malformed ones)."""
 
     @property
@@ -547,7 +547,7 @@ class PubSubPublisher(_StartClose):
             raise MessageTooLarge(
                 f"chunk {chunk_id!r} is {size} bytes (payload + attributes), over the "
                 f"{self.max_chunk_bytes}-byte limit for Pub/Sub topic {self._topic!r}; split "
-                "it (producer.publish.publish_rows / producer.wire.split_rows)",
+                "it (producer.publish.publish_rows / wire.chunks.split_rows)",
                 topic=self._topic,
                 address=self.address,
                 chunk_id=chunk_id,
@@ -789,7 +789,7 @@ class KafkaPublisher(_StartClose):
                 f"chunk {chunk_id!r} is {size} bytes (payload + headers), over the "
                 f"{self.max_chunk_bytes}-byte limit for Kafka topic {self._topic!r} "
                 f"(max_message_bytes {self._max_message_bytes} less record framing); split it "
-                "(producer.publish.publish_rows / producer.wire.split_rows)",
+                "(producer.publish.publish_rows / wire.chunks.split_rows)",
                 topic=self._topic,
                 address=self._bootstrap,
                 chunk_id=chunk_id,
@@ -878,7 +878,7 @@ def split_for(
     compression: Compression | None = None,
     produced_at: datetime | None = None,
 ) -> list[EncodedChunk]:
-    """:func:`~producer.wire.split_rows` with the publisher's message limit (CPU-bound: call it
+    """:func:`~wire.chunks.split_rows` with the publisher's message limit (CPU-bound: call it
     in a worker thread from async code)."""
     return split_rows(
         table,

@@ -5,7 +5,7 @@ column and the row.
 
 - :func:`open_source` opens a file (``-`` = stdin) as a :class:`TableSource`;
 - :func:`rechunk` cuts its record batches into tables of ``rows`` rows;
-- :func:`wire_columns` converts one such table to the columns :func:`producer.wire.split_rows`
+- :func:`wire_columns` converts one such table to the columns :func:`wire.chunks.split_rows`
   takes, applying the declared schema (``--schema``) or inferring the types;
 - :func:`parse_schema` reads ``id:int64,text:string,features:vector[float32,16]``.
 
@@ -35,8 +35,8 @@ import pyarrow.csv as pcsv
 import pyarrow.json as pjson
 import pyarrow.parquet as pq
 
-from producer.columns import ColumnType, Kind, arrow_type_of, column_type_of_arrow
-from producer.errors import UnsupportedColumnType, WireError
+from wire.columns import ColumnType, Kind, arrow_type_of, column_type_of_arrow
+from wire.errors import UnsupportedColumnType, WireError
 
 STDIN: Final = "-"
 _COMPRESSION_SUFFIXES: Final = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd", ".lz4": "lz4"}

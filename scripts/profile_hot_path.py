@@ -54,21 +54,22 @@ from numpy.typing import NDArray
 from tritonclient.grpc import InferRequestedOutput
 from tritonclient.grpc._utils import _get_inference_request
 
-from consumer import batcher, intake, ledger, pipeline, service
-from consumer import binding as binding_module
-from consumer.binding import Binding
-from consumer.budget import ByteBudget
-from consumer.inference import RetryingInferencer
-from consumer.intake import Intake
-from consumer.metrics import Metrics
-from consumer.model import ModelSpec
-from consumer.pipeline import Pipeline, PipelineSettings
+from consumer.engine import batcher, intake, ledger, pipeline
+from consumer.engine.budget import ByteBudget
+from consumer.engine.intake import Intake
+from consumer.engine.pipeline import Pipeline, PipelineSettings
+from consumer.model import binding as binding_module
+from consumer.model.binding import Binding
+from consumer.model.discovery import ModelSpec
+from consumer.model.inference import RetryingInferencer
+from consumer.observe.metrics import Metrics
+from consumer.service import runner as service
 from consumer.sinks import parquet, postgres, sqlite
 from consumer.sinks.base import ColumnSpec, ResultRows, Sink, TableSpec, table_columns
 from consumer.sources.base import DeadLetterReason, Delivery
 from harness.model_specs import EMBEDDER, SCORER
-from producer.columns import ColumnType
-from producer.wire import encode_chunk
+from wire.chunks import encode_chunk
+from wire.columns import ColumnType
 
 STAGES = ("decode", "check", "intake", "batch", "tensor", "grpc", "result", "sink", "ack")
 
@@ -450,7 +451,7 @@ def run_messages(
 ) -> tuple[float, Stages, pstats.Stats | None]:
     """(total CPU s, stages, profile) for the pipeline over ``deliveries`` with a null sink and
     a model that answers at once."""
-    from producer import wire  # noqa: PLC0415 - patched below
+    from wire import chunks as wire  # noqa: PLC0415 - patched below
 
     spec = TEXT_MODEL if kind == "text" else NUMERIC_MODEL
     binding = BINDINGS[kind]
@@ -586,7 +587,7 @@ def broker_costs(messages: Sequence[Delivery], repeat: int) -> dict[str, float]:
     from google.cloud.pubsub_v1.subscriber.message import Message  # noqa: PLC0415
     from google.pubsub_v1 import types as pubsub_types  # noqa: PLC0415
 
-    from producer.headers import kafka_headers_to_attributes  # noqa: PLC0415
+    from wire.headers import kafka_headers_to_attributes  # noqa: PLC0415
 
     builder = DefaultRecordBatchBuilder(2, 0, 0, -1, -1, -1, 1 << 30)
     for i, d in enumerate(messages):

@@ -5,9 +5,26 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 from importlib import metadata
-from typing import Protocol, Self
+from typing import Protocol, Self, runtime_checkable
+
+from wire.dead_letter import DEFAULT_CODES, ReasonClass
+
+__all__ = [
+    "DEFAULT_CODES",
+    "DeadLetterFailed",
+    "DeadLetterReason",
+    "Delivery",
+    "DeliveryIterator",
+    "ReasonClass",
+    "SharedBudget",
+    "SharesBudget",
+    "Source",
+    "SourceConfigError",
+    "SourceError",
+    "SourceUnreachable",
+    "package_version",
+]
 
 
 def package_version() -> str:
@@ -33,33 +50,6 @@ class SourceUnreachable(SourceError):
 class DeadLetterFailed(SourceError):
     """The dead-letter publish was not confirmed; the delivery is still unsettled and the
     caller should nack it."""
-
-
-class ReasonClass(StrEnum):
-    """Why a message went to the dead-letter topic (the ``rowbatch-dlq-reason`` attribute)."""
-
-    UNDECODABLE = "undecodable"
-    """The payload or its attributes break the wire contract (see producer/errors.py)."""
-    SCHEMA_MISMATCH = "schema-mismatch"
-    """Decodable, but its columns do not fit the model binding (missing column, wrong type)."""
-    REJECTED_BY_MODEL = "rejected-by-model"
-    """The inference server answered INVALID_ARGUMENT for this message's rows (isolated by
-    bisecting the batch)."""
-    TOO_MANY_ATTEMPTS = "too-many-attempts"
-    """Delivered more times than ``max_delivery_attempts`` without being written."""
-    REJECTED_BY_SINK = "rejected-by-sink"
-    """The result table refused this message's rows for good (a value the database cannot
-    store); isolated by bisecting the write, the database's message attached."""
-
-
-#: The fine reason code when a ``DeadLetterReason`` is given none (``rowbatch-dlq-code``).
-DEFAULT_CODES: dict[ReasonClass, str] = {
-    ReasonClass.UNDECODABLE: "wire_error",
-    ReasonClass.SCHEMA_MISMATCH: "column_type_mismatch",
-    ReasonClass.REJECTED_BY_MODEL: "invalid_argument",
-    ReasonClass.TOO_MANY_ATTEMPTS: "too_many_attempts",
-    ReasonClass.REJECTED_BY_SINK: "sink_rejected_value",
-}
 
 
 @dataclass(frozen=True)
@@ -140,3 +130,31 @@ class Source(Protocol):
 
     async def close(self) -> None:
         """Stop fetching and release the broker connection; unsettled deliveries are nacked."""
+
+
+class SharedBudget(Protocol):
+    """The pipeline's byte budget as a source that reads ahead sees it
+    (:class:`consumer.engine.budget.ByteBudget` is one)."""
+
+    limit: int
+
+    @property
+    def room(self) -> int:
+        """Bytes neither in use nor held as read-ahead."""
+        ...
+
+    def set_ahead(self, n: int) -> None:
+        """Hold ``n`` bytes of read-ahead in the budget (replacing the previous figure)."""
+        ...
+
+    def watch(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` whenever room is freed."""
+        ...
+
+
+@runtime_checkable
+class SharesBudget(Protocol):
+    """Optional part of :class:`Source`: a source that reads ahead (Kafka) holds what it has
+    fetched but not yet yielded in the pipeline's budget, so memory stays inside one limit."""
+
+    def share_budget(self, budget: SharedBudget) -> None: ...

@@ -13,10 +13,10 @@ from typing import Any
 from google.cloud import pubsub_v1
 from google.pubsub_v1 import types as pstypes
 
-from consumer.config import ConsumerConfig
-from consumer.service import Running, run_consumer
+from consumer.service.config import ConsumerConfig
+from consumer.service.runner import Running, run_consumer
 from harness.pubsub import PubSubEndpoint
-from producer.wire import EncodedChunk
+from wire.chunks import EncodedChunk
 
 WAIT_S = 120.0
 

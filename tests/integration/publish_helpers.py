@@ -17,7 +17,7 @@ import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 
 from producer.cli import main
-from producer.wire import decode_chunk
+from wire.chunks import decode_chunk
 
 ROWS = 100_000
 DIM = 4

@@ -25,9 +25,9 @@ import psycopg
 import pytest
 from prometheus_client import CollectorRegistry
 
-from consumer.config import ConsumerConfig, KafkaSettings, PostgresSinkSettings
-from consumer.service import Running, make_source, run_consumer
-from consumer.sources.kafka import KafkaSource
+from consumer.service.config import ConsumerConfig, KafkaSettings, PostgresSinkSettings
+from consumer.service.runner import Running, make_source, run_consumer
+from consumer.sources.kafka.source import KafkaSource
 from harness.chaos import ChaosControl
 from harness.kafka import KafkaEndpoint
 from harness.postgres import PostgresEndpoint
@@ -35,7 +35,6 @@ from harness.proc import free_port, log_tail
 from harness.reference_models import score
 from harness.service import REPO_ROOT
 from harness.triton import TritonEndpoint
-from producer.wire import EncodedChunk, encode_chunk
 from tests.integration.consumer_helpers import InProcess, consumer_running, wait_until
 from tests.integration.kafka_helpers import (
     KafkaTopics,
@@ -51,6 +50,7 @@ from tests.integration.test_consumer_pubsub import (
     text_chunk,
     triton_batch_rows,
 )
+from wire.chunks import EncodedChunk, encode_chunk
 
 SCORER_BINDING = {
     "inputs": {"features": "FEATURES", "count": "COUNT"},

@@ -1,6 +1,6 @@
-"""consumer.model / binding / inference / poison against the real Triton (``harness.triton``):
-discovery, answers equal to ``harness.reference_models``, poison isolated by bisecting, and
-retries through an outage of the ``chaos`` model."""
+"""consumer.model (discovery, binding, inference) and engine.poison against the real Triton
+(``harness.triton``): discovery, answers equal to ``harness.reference_models``, poison
+isolated by bisecting, and retries through an outage of the ``chaos`` model."""
 
 from __future__ import annotations
 
@@ -13,16 +13,9 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from consumer.binding import Binding, build_inputs, check_binding, check_columns
-from consumer.inference import (
-    FatalInferenceError,
-    InferenceClient,
-    PoisonInferenceError,
-    RetryableInferenceError,
-    RetryingInferencer,
-    RetryPolicy,
-)
-from consumer.model import (
+from consumer.engine.poison import isolate
+from consumer.model.binding import Binding, build_inputs, check_binding, check_columns
+from consumer.model.discovery import (
     ModelNotFound,
     ModelServerUnavailable,
     ModelSpec,
@@ -31,12 +24,19 @@ from consumer.model import (
     output_bytes_per_row,
     target_batch_size,
 )
-from consumer.poison import isolate
+from consumer.model.inference import (
+    FatalInferenceError,
+    InferenceClient,
+    PoisonInferenceError,
+    RetryableInferenceError,
+    RetryingInferencer,
+    RetryPolicy,
+)
 from harness.chaos import ChaosControl
 from harness.proc import LOOPBACK, free_port
 from harness.reference_models import EMBEDDING_DIM, FEATURE_DIM, embed_batch, score
 from harness.triton import TritonEndpoint
-from producer.columns import INT64, STRING, ColumnType
+from wire.columns import INT64, STRING, ColumnType
 
 EMBED_BINDING = Binding({"text": "TEXT"}, {"EMBEDDING": "embedding"}, ("id",))
 SCORE_BINDING = Binding(

@@ -7,7 +7,8 @@ decoded values and its outputs (~0.8 KB) while holding it costs ~5 KB (the deliv
 headers and attributes, the record, the ledger and batcher entries, one numpy array per column);
 and the Kafka source read ahead without counting. With 30,000 messages and a 16 MiB budget the
 consumer then took in ~20,000 messages (~100 MB) at once. Now each held message is charged
-what it costs (``consumer.budget.message_cost``) and the read-ahead is held in the same budget.
+what it costs (``consumer.engine.budget.message_cost``) and the read-ahead is held in the
+same budget.
 ``pytest -s`` prints the figures."""
 
 from __future__ import annotations
@@ -22,13 +23,13 @@ from pathlib import Path
 
 import numpy as np
 
-from consumer.config import MiB, load_config
+from consumer.service.config import MiB, load_config
 from harness.consumer_process import ConsumerProcess, to_toml
 from harness.kafka import KafkaEndpoint
 from harness.proc import free_port
 from harness.triton import TritonEndpoint
-from producer.wire import encode_chunk
 from tests.integration.kafka_helpers import KafkaTopics, chunk_record, produce
+from wire.chunks import encode_chunk
 
 MESSAGES = 30_000
 BUDGET = 16 * MiB

@@ -20,9 +20,6 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, codec
 
 from harness.kafka import KafkaEndpoint, create_topic
 from harness.proc import free_port
-from producer.columns import ColumnType
-from producer.errors import WireError
-from producer.wire import decode_chunk
 from tests.integration.publish_helpers import (
     ROWS,
     SCHEMA,
@@ -33,6 +30,9 @@ from tests.integration.publish_helpers import (
     run_cli,
     write_file,
 )
+from wire.chunks import decode_chunk
+from wire.columns import ColumnType
+from wire.errors import WireError
 
 _WAIT_S = 60.0
 ARROW_TYPE = "application/vnd.apache.arrow.stream"

@@ -26,7 +26,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from consumer.config import PostgresSinkSettings
+from consumer.service.config import PostgresSinkSettings
 from harness.consumer_process import ConsumerProcess, to_toml
 from harness.postgres import PostgresEndpoint
 from harness.proc import free_port

@@ -27,15 +27,7 @@ from google.pubsub_v1 import types as pstypes
 from google.pubsub_v1.services.publisher import PublisherClient as GapicPublisherClient
 
 from consumer.sources.base import DeadLetterReason, Delivery, ReasonClass, Source
-from consumer.sources.pubsub import (
-    ATTR_CODE,
-    ATTR_CONSUMER_VERSION,
-    ATTR_DELIVERY_ATTEMPT,
-    ATTR_MESSAGE,
-    ATTR_MESSAGE_ID,
-    ATTR_REASON,
-    ATTR_SOURCE,
-    ATTR_TIME,
+from consumer.sources.pubsub.streaming import (
     DLQ_MESSAGE_MAX_BYTES,
     PubSubConfigError,
     PubSubSource,
@@ -45,6 +37,16 @@ from consumer.sources.pubsub import (
 )
 from harness.proc import free_port
 from harness.pubsub import PubSubEndpoint
+from wire.dead_letter import (
+    ATTR_CODE,
+    ATTR_CONSUMER_VERSION,
+    ATTR_DELIVERY_ATTEMPT,
+    ATTR_MESSAGE,
+    ATTR_MESSAGE_ID,
+    ATTR_REASON,
+    ATTR_SOURCE,
+    ATTR_TIME,
+)
 
 _WAIT_S = 30.0
 _VERSION = "test-9.9.9"

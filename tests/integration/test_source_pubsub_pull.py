@@ -23,21 +23,23 @@ from google.cloud import pubsub_v1
 from google.pubsub_v1 import types as pstypes
 from google.pubsub_v1.services.publisher import PublisherClient as GapicPublisherClient
 
-from consumer.config import ConsumerConfig
+from consumer.service.config import ConsumerConfig
 from consumer.sources.base import DeadLetterReason, Delivery, ReasonClass, Source
-from consumer.sources.pubsub_pull import PubSubPullError, PubSubPullSource, PubSubPullSourceConfig
-from consumer.sources.pubsub_shared import (
-    ATTR_CODE,
-    ATTR_DELIVERY_ATTEMPT,
-    ATTR_MESSAGE_ID,
-    ATTR_REASON,
+from consumer.sources.pubsub.pull import PubSubPullError, PubSubPullSource, PubSubPullSourceConfig
+from consumer.sources.pubsub.shared import (
     PubSubConfigError,
 )
 from harness.pubsub import PubSubEndpoint
 from harness.reference_models import score
 from harness.triton import TritonEndpoint
-from producer.wire import EncodedChunk, encode_chunk
 from tests.integration.consumer_helpers import Topics, consumer_running, wait_until
+from wire.chunks import EncodedChunk, encode_chunk
+from wire.dead_letter import (
+    ATTR_CODE,
+    ATTR_DELIVERY_ATTEMPT,
+    ATTR_MESSAGE_ID,
+    ATTR_REASON,
+)
 
 _WAIT_S = 30.0
 Clients = tuple[pubsub_v1.PublisherClient, pubsub_v1.SubscriberClient]

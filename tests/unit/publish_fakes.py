@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from producer.publish import Message, PublishFailed, TopicNotFound, chunk_id_of
-from producer.wire import decode_chunk
+from wire.chunks import decode_chunk
 
 
 @dataclass

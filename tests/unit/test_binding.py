@@ -10,7 +10,7 @@ import pytest
 from numpy.typing import NDArray
 from tritonclient.utils import deserialize_bytes_tensor
 
-from consumer.binding import (
+from consumer.model.binding import (
     RESERVED_COLUMNS,
     Binding,
     BindingError,
@@ -20,9 +20,9 @@ from consumer.binding import (
     check_chunk,
     check_columns,
 )
-from consumer.model import ModelSpec, TensorSpec
+from consumer.model.discovery import ModelSpec, TensorSpec
 from harness.model_specs import EMBEDDER, SCORER
-from producer.columns import (
+from wire.columns import (
     BOOL,
     BYTES,
     FLOAT32,

@@ -18,10 +18,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from producer.cli import build_parser, main, make_publisher
-from producer.headers import H_CHUNK_ID, H_ROW_COUNT, H_TABLE
 from producer.publish import KafkaPublisher, PubSubPublisher, TopicNotFound
-from producer.wire import decode_chunk
 from tests.unit.publish_fakes import FakePublisher, reassemble
+from wire.chunks import decode_chunk
+from wire.headers import H_CHUNK_ID, H_ROW_COUNT, H_TABLE
 
 BROKER = ["--broker", "kafka", "--bootstrap", "fake:9092", "--topic", "rows"]
 

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from consumer.config import ConfigError, PubSubSettings, SqliteSinkSettings, load_config
+from consumer.service.config import ConfigError, PubSubSettings, SqliteSinkSettings, load_config
 from harness.service import REPO_ROOT
 
 EXAMPLE = REPO_ROOT / "deploy" / "consumer.example.toml"

@@ -15,14 +15,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from consumer import binding as binding_module
-from consumer import service
-from consumer.binding import Binding, memoized_check
-from consumer.mismatch import SchemaMismatch
-from consumer.model import ModelSpec, TensorSpec
-from producer.columns import BYTES, FLOAT64, INT64, STRING, Column, ColumnType, make_column
-from producer.headers import ChunkHeaders, Encoding
-from producer.wire import DecodedChunk
+from consumer.model import binding as binding_module
+from consumer.model.binding import Binding, memoized_check
+from consumer.model.discovery import ModelSpec, TensorSpec
+from consumer.model.mismatch import SchemaMismatch
+from consumer.service import runner as service
+from wire.chunks import DecodedChunk
+from wire.columns import BYTES, FLOAT64, INT64, STRING, Column, ColumnType, make_column
+from wire.headers import ChunkHeaders, Encoding
 
 SPEC = ModelSpec(
     "m",

@@ -14,9 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from producer import headers
-from producer.errors import WireError
-from producer.headers import ChunkHeaders, Encoding
+from wire import headers
+from wire.errors import WireError
+from wire.headers import ChunkHeaders, Encoding
 
 PROPERTY = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -14,11 +14,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from producer import codec_json
-from producer.codec_json import decode_json
-from producer.wire import Encoding, encode_chunk
 from tests.unit.test_wire_json_fast import PROPERTY, documents, outcome
 from tests.unit.wire_helpers import ChunkCase, chunk_cases
+from wire import codec_json
+from wire.chunks import Encoding, encode_chunk
+from wire.codec_json import decode_json
 
 F32_MAX = float(np.finfo(np.float32).max)
 EDGE_FLOATS = [

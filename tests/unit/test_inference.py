@@ -13,7 +13,7 @@ import pytest
 from numpy.typing import NDArray
 from tritonclient.utils import InferenceServerException
 
-from consumer.inference import (
+from consumer.model.inference import (
     MAX_GRPC_MESSAGE_BYTES,
     ChannelOptions,
     FatalInferenceError,

@@ -17,13 +17,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from consumer.budget import ByteBudget
-from consumer.config import KafkaSettings
-from consumer.lag import ThroughputMeter, desired_replicas, partition_lag
-from consumer.service import make_source
-from consumer.sources import kafka as kafka_source
+from consumer.engine.budget import ByteBudget
+from consumer.observe.lag import ThroughputMeter, desired_replicas, partition_lag
+from consumer.service.config import KafkaSettings
+from consumer.service.runner import make_source
 from consumer.sources.base import DeadLetterReason, Delivery, ReasonClass
-from consumer.sources.kafka import KafkaConfigError, KafkaSource, KafkaSourceConfig
+from consumer.sources.kafka import source as kafka_source
+from consumer.sources.kafka.source import KafkaConfigError, KafkaSource, KafkaSourceConfig
 
 TOPIC = "rows"
 TP0 = TopicPartition(TOPIC, 0)
@@ -435,7 +435,7 @@ async def test_own_dead_letters_are_reported_once_with_their_code_the_pipelines_
 
 
 def test_make_source_counts_the_sources_own_dead_letters_in_the_metrics() -> None:
-    from consumer.metrics import Metrics
+    from consumer.observe.metrics import Metrics
 
     metrics = Metrics()
     source = make_source(
@@ -626,7 +626,7 @@ def test_bad_settings_are_refused(extra: dict[str, Any]) -> None:
 
 
 def test_dead_letter_header_names_match_the_pubsub_source() -> None:
-    from consumer.sources import pubsub
+    from consumer.sources.pubsub import streaming as pubsub
 
     for name in (
         "ATTR_REASON",

@@ -4,8 +4,8 @@ import asyncio
 
 import pytest
 
-from consumer.budget import ByteBudget
-from consumer.ledger import Ledger
+from consumer.engine.budget import ByteBudget
+from consumer.engine.ledger import Ledger
 from consumer.sources.base import DeadLetterReason, Delivery, ReasonClass
 
 

@@ -12,9 +12,6 @@ import numpy as np
 import pytest
 
 from producer.cli import main
-from producer.columns import INT64, STRING, ColumnType
-from producer.errors import WireError
-from producer.headers import H_CHUNK_ID, H_PRODUCED_AT, H_ROW_COUNT, Encoding
 from producer.loadgen import (
     DECODE_KINDS,
     LoadKind,
@@ -25,8 +22,11 @@ from producer.loadgen import (
     plan_malformed,
     plan_messages,
 )
-from producer.wire import decode_chunk
 from tests.unit.publish_fakes import FakePublisher, reassemble
+from wire.chunks import decode_chunk
+from wire.columns import INT64, STRING, ColumnType
+from wire.errors import WireError
+from wire.headers import H_CHUNK_ID, H_PRODUCED_AT, H_ROW_COUNT, Encoding
 
 BROKER = ["--broker", "kafka", "--bootstrap", "fake:9092", "--topic", "load"]
 

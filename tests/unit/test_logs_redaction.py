@@ -1,4 +1,5 @@
-"""Secrets never reach the log: ``consumer.logs.redact`` and the filter ``configure`` installs."""
+"""Secrets never reach the log: ``consumer.service.logs.redact`` and the filter
+``configure`` installs."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from consumer import logs
-from consumer.logs import MASK, RedactingFilter, redact
+from consumer.service import logs
+from consumer.service.logs import MASK, RedactingFilter, redact
 
 SECRET = "Sup3r-s3cret"
 

@@ -12,8 +12,8 @@ Measured (Python 3.11, numpy 1.26, pyarrow 25, 20,000 messages, RSS of a fresh p
 Arrow 7.4 KB, text 1-row JSON 4.4 KB, Arrow 5.8 KB; a record read ahead (not yet taken)
 2.1-2.7 KB. Before, the budget charged 0.4-1.1 KB per held message and nothing
 for the read-ahead. Now it charges the byte sizes plus the measured overheads of
-``consumer/budget.py`` and ``consumer/sources/kafka.py``: 4.9, 7.9, 4.4 and 5.7 KB held and
-2.2-2.7 KB read ahead, within 1.1x of the measurement (the tests allow 1.5x)."""
+``consumer/engine/budget.py`` and ``consumer/sources/kafka/source.py``: 4.9, 7.9, 4.4 and
+5.7 KB held and 2.2-2.7 KB read ahead, within 1.1x of the measurement (the tests allow 1.5x)."""
 
 from __future__ import annotations
 
@@ -36,16 +36,16 @@ from aiokafka.structs import ConsumerRecord
 from numpy.typing import NDArray
 from prometheus_client import CollectorRegistry
 
-from consumer import budget as budget_module
-from consumer.batcher import Batch
-from consumer.budget import ByteBudget, message_cost
-from consumer.intake import Intake
-from consumer.metrics import Metrics
-from consumer.pipeline import Pipeline, PipelineSettings
+from consumer.engine import budget as budget_module
+from consumer.engine.batcher import Batch
+from consumer.engine.budget import ByteBudget, message_cost
+from consumer.engine.intake import Intake
+from consumer.engine.pipeline import Pipeline, PipelineSettings
+from consumer.observe.metrics import Metrics
 from consumer.sinks.base import ResultRows
 from consumer.sources.base import DeadLetterReason, Delivery
-from consumer.sources.kafka import KafkaSource, KafkaSourceConfig
-from producer.wire import encode_chunk
+from consumer.sources.kafka.source import KafkaSource, KafkaSourceConfig
+from wire.chunks import encode_chunk
 
 REPO = Path(__file__).resolve().parents[2]
 TOPIC = "rows"

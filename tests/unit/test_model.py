@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from consumer.model import (
+from consumer.model.discovery import (
     DEFAULT_BYTES_ESTIMATE,
     ModelConfigError,
     ModelConfigUnavailable,

@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from consumer.batcher import Batch, Segment
-from consumer.budget import ByteBudget
-from consumer.intake import Intake
-from consumer.metrics import Metrics
-from consumer.pipeline import Pipeline, PipelineFailed, PipelineSettings, RunBatch
+from consumer.engine.batcher import Batch, Segment
+from consumer.engine.budget import ByteBudget
+from consumer.engine.intake import Intake
+from consumer.engine.pipeline import Pipeline, PipelineFailed, PipelineSettings, RunBatch
+from consumer.observe.metrics import Metrics
 from consumer.sinks.base import ResultRows, TableSpec
 from consumer.sources.base import DeadLetterReason, Delivery
-from producer.wire import DecodedChunk, encode_chunk
+from wire.chunks import DecodedChunk, encode_chunk
 
 
 class Rejected(Exception):

@@ -21,7 +21,6 @@ from aiokafka.errors import (
 from google.api_core import exceptions as gexc
 from google.cloud.pubsub_v1.publisher.exceptions import PublishToPausedOrderingKeyException
 
-from producer.headers import H_CHUNK_ID, H_ORDERING_KEY
 from producer.publish import (
     BrokerUnavailable,
     KafkaPublisher,
@@ -36,7 +35,6 @@ from producer.publish import (
     publish_rows,
     pubsub_topic_path,
 )
-from producer.wire import EncodedChunk, encode_chunk
 from tests.unit.publish_fakes import (
     FakeKafkaProducer,
     FakePublisher,
@@ -44,6 +42,8 @@ from tests.unit.publish_fakes import (
     kafka_factory,
     reassemble,
 )
+from wire.chunks import EncodedChunk, encode_chunk
+from wire.headers import H_CHUNK_ID, H_ORDERING_KEY
 
 TOPIC = "projects/proj/topics/rows"
 

@@ -14,7 +14,6 @@ import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 import pytest
 
-from producer.columns import FLOAT64, INT64, STRING, ColumnType
 from producer.progress import Progress, Summary, format_bytes, format_duration
 from producer.readers import (
     InputError,
@@ -25,6 +24,7 @@ from producer.readers import (
     rechunk,
     wire_columns,
 )
+from wire.columns import FLOAT64, INT64, STRING, ColumnType
 
 Chunk = tuple[dict[str, pa.Array], dict[str, ColumnType]]
 

@@ -11,12 +11,12 @@ import pyarrow as pa
 import pytest
 from psycopg import errors
 
-from consumer.service import _column_spec
+from consumer.service.runner import _column_spec
 from consumer.sinks.base import ColumnSpec, RowsRejected, SinkError, SinkUnavailable, first_line
 from consumer.sinks.parquet import classify_parquet_error
 from consumer.sinks.postgres import classify_pg_error
 from consumer.sinks.sqlite import classify_sqlite_error
-from producer.columns import ColumnType
+from wire.columns import ColumnType
 
 
 def _kind(fault: SinkError) -> type[SinkError]:

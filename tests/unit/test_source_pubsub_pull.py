@@ -15,17 +15,17 @@ import pytest
 from google.api_core import exceptions as gexc
 from google.pubsub_v1 import types as pstypes
 
-from consumer.config import PubSubSettings
-from consumer.service import make_source
+from consumer.service.config import PubSubSettings
+from consumer.service.runner import make_source
 from consumer.sources.base import DeadLetterReason, Delivery, ReasonClass, Source
-from consumer.sources.pubsub import PubSubSource
-from consumer.sources.pubsub_leases import IdBatcher, LeaseBook
-from consumer.sources.pubsub_pull import (
+from consumer.sources.pubsub.leases import IdBatcher, LeaseBook
+from consumer.sources.pubsub.pull import (
     PubSubPullError,
     PubSubPullSource,
     PubSubPullSourceConfig,
 )
-from consumer.sources.pubsub_shared import PubSubConfigError
+from consumer.sources.pubsub.shared import PubSubConfigError
+from consumer.sources.pubsub.streaming import PubSubSource
 
 SUB = "projects/p/subscriptions/sub"
 

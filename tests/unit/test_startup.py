@@ -8,8 +8,8 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from consumer.startup import StillUnavailable, wait_for
-from consumer.writer import SinkBackoff
+from consumer.engine.writer import SinkBackoff
+from consumer.service.startup import StillUnavailable, wait_for
 
 
 class Down(Exception):

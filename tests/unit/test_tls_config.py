@@ -16,9 +16,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from consumer.config import ConfigError, ModelSettings, load_config
-from consumer.inference import InferenceClient
-from consumer.tls import (
+from consumer.model.inference import InferenceClient
+from consumer.model.tls import (
     TARGET_NAME_OVERRIDE,
     TlsConfigError,
     TlsOptions,
@@ -26,6 +25,7 @@ from consumer.tls import (
     describe_handshake_failure,
     handshake_failure,
 )
+from consumer.service.config import ConfigError, ModelSettings, load_config
 from harness.consumer_process import to_toml
 
 

@@ -14,8 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from producer import errors
-from producer.wire import (
+from tests.unit.wire_helpers import masked
+from wire import errors
+from wire.chunks import (
     FLOAT32,
     INT64,
     STRING,
@@ -44,7 +45,6 @@ from producer.wire import (
     encode_chunk,
     kafka_headers_to_attributes,
 )
-from tests.unit.wire_helpers import masked
 
 JSON = Encoding.JSON.value
 ARROW = Encoding.ARROW.value

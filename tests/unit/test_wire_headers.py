@@ -8,14 +8,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from producer.headers import (
+from wire.chunks import InvalidHeader
+from wire.headers import (
     ChunkHeaders,
     Encoding,
     derive_chunk_id,
     format_timestamp,
     parse_timestamp,
 )
-from producer.wire import InvalidHeader
 
 chunk_ids = st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=1, max_size=256)
 tables = st.from_regex(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,20}", fullmatch=True)

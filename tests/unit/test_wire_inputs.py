@@ -9,7 +9,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from producer.wire import (
+from tests.unit.wire_helpers import masked
+from wire.chunks import (
     BOOL,
     BYTES,
     FLOAT32,
@@ -20,7 +21,6 @@ from producer.wire import (
     decode_chunk,
     encode_chunk,
 )
-from tests.unit.wire_helpers import masked
 
 
 @pytest.mark.parametrize(

@@ -11,11 +11,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from producer import codec_json
-from producer.codec_json import decode_json
-from producer.errors import WireError
-from producer.wire import Encoding, encode_chunk
 from tests.unit.wire_helpers import ChunkCase, chunk_cases
+from wire import codec_json
+from wire.chunks import Encoding, encode_chunk
+from wire.codec_json import decode_json
+from wire.errors import WireError
 
 PROPERTY = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

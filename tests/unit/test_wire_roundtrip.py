@@ -12,7 +12,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from producer.wire import (
+from tests.unit.wire_helpers import (
+    ChunkCase,
+    assert_column_equal,
+    assert_decoded_matches,
+    chunk_cases,
+    masked,
+)
+from wire.chunks import (
     BOOL,
     FLOAT32,
     FLOAT64,
@@ -23,13 +30,6 @@ from producer.wire import (
     decode_chunk,
     encode_chunk,
     kafka_headers_to_attributes,
-)
-from tests.unit.wire_helpers import (
-    ChunkCase,
-    assert_column_equal,
-    assert_decoded_matches,
-    chunk_cases,
-    masked,
 )
 
 ENCODINGS = [Encoding.JSON, Encoding.ARROW]

@@ -60,7 +60,7 @@ from google.pubsub_v1.services.publisher import PublisherClient as GapicPublishe
 from google.pubsub_v1.services.subscriber import SubscriberAsyncClient
 
 from consumer.sources.base import DeadLetterReason, Delivery, DeliveryIterator, package_version
-from consumer.sources.pubsub_leases import (
+from consumer.sources.pubsub.leases import (
     TRANSIENT_ERRORS,
     Clock,
     IdBatcher,
@@ -68,14 +68,14 @@ from consumer.sources.pubsub_leases import (
     Sleep,
     sleep_or_event,
 )
-from consumer.sources.pubsub_pull_rpc import (
+from consumer.sources.pubsub.pull_rpc import (
     AsyncClientRpc,
     PullRpc,
     ReceivedMessage,
     ThreadedClientRpc,
     default_async_subscriber,
 )
-from consumer.sources.pubsub_shared import (
+from consumer.sources.pubsub.shared import (
     SUBSCRIPTION_RE,
     TOPIC_RE,
     PubSubConfigError,

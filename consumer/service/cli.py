@@ -16,13 +16,13 @@ import signal
 import sys
 from pathlib import Path
 
-from consumer import logs
-from consumer.binding import Binding, BindingError, check_binding
-from consumer.config import ConfigError, ConsumerConfig, load_config
-from consumer.inference import InferenceClient
-from consumer.model import ModelConfigError, ModelDiscoveryError, target_batch_size
-from consumer.pipeline import PipelineFailed
-from consumer.service import StartupError, run_consumer
+from consumer.engine.pipeline import PipelineFailed
+from consumer.model.binding import Binding, BindingError, check_binding
+from consumer.model.discovery import ModelConfigError, ModelDiscoveryError, target_batch_size
+from consumer.model.inference import InferenceClient
+from consumer.service import logs
+from consumer.service.config import ConfigError, ConsumerConfig, load_config
+from consumer.service.runner import StartupError, run_consumer
 from consumer.sinks.base import SinkError
 from consumer.sources.base import SourceConfigError, SourceUnreachable
 

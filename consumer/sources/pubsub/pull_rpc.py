@@ -14,7 +14,7 @@ from google.pubsub_v1.services.subscriber import SubscriberAsyncClient
 from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcAsyncIOTransport
 from google.pubsub_v1.types import PullResponse
 
-from consumer.sources.pubsub_shared import UNLIMITED_MESSAGES
+from consumer.sources.pubsub.shared import UNLIMITED_MESSAGES
 
 PULL_TIMEOUT_S = 10.0
 """Client deadline of one Pull (a long poll on an empty subscription)."""

@@ -71,15 +71,7 @@ from google.cloud import pubsub_v1
 from google.pubsub_v1.services.publisher import PublisherClient as GapicPublisherClient
 
 from consumer.sources.base import DeadLetterReason, Delivery, DeliveryIterator, package_version
-from consumer.sources.pubsub_shared import (
-    ATTR_CODE,
-    ATTR_CONSUMER_VERSION,
-    ATTR_DELIVERY_ATTEMPT,
-    ATTR_MESSAGE,
-    ATTR_MESSAGE_ID,
-    ATTR_REASON,
-    ATTR_SOURCE,
-    ATTR_TIME,
+from consumer.sources.pubsub.shared import (
     DLQ_MESSAGE_MAX_BYTES,
     UNLIMITED_MESSAGES,
     DeadLetterFailed,
@@ -93,8 +85,18 @@ from consumer.sources.pubsub_shared import (
     publish_dead_letter,
     warn_no_dead_letter_topic,
 )
-from consumer.sources.pubsub_shared import SUBSCRIPTION_RE as _SUBSCRIPTION_RE
-from consumer.sources.pubsub_shared import TOPIC_RE as _TOPIC_RE
+from consumer.sources.pubsub.shared import SUBSCRIPTION_RE as _SUBSCRIPTION_RE
+from consumer.sources.pubsub.shared import TOPIC_RE as _TOPIC_RE
+from wire.dead_letter import (
+    ATTR_CODE,
+    ATTR_CONSUMER_VERSION,
+    ATTR_DELIVERY_ATTEMPT,
+    ATTR_MESSAGE,
+    ATTR_MESSAGE_ID,
+    ATTR_REASON,
+    ATTR_SOURCE,
+    ATTR_TIME,
+)
 
 _LOG = logging.getLogger(__name__)
 

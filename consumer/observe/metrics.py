@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from consumer.sources.base import ReasonClass
+from wire.dead_letter import ReasonClass
 
 #: ``rowbatch_messages_dead_lettered_total{reason}``: the dead-letter reason classes.
 DEAD_LETTER_REASONS = tuple(reason.value for reason in ReasonClass)

@@ -34,8 +34,13 @@ from tenacity.stop import stop_after_attempt, stop_base, stop_never
 from tenacity.wait import wait_base
 from tritonclient.utils import InferenceServerException
 
-from consumer.model import ModelDiscoveryError, ModelServerUnavailable, ModelSpec, discover_model
-from consumer.tls import TlsOptions, channel_credentials, describe_handshake_failure
+from consumer.model.discovery import (
+    ModelDiscoveryError,
+    ModelServerUnavailable,
+    ModelSpec,
+    discover_model,
+)
+from consumer.model.tls import TlsOptions, channel_credentials, describe_handshake_failure
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +170,7 @@ class InferenceClient:
     subclasses for server and connection failures.
 
     ``tls``: TLS (or mutual TLS) to the server; its files are read here, so an unreadable one
-    raises :class:`consumer.tls.TlsConfigError` at once. ``client`` replaces the
+    raises :class:`consumer.model.tls.TlsConfigError` at once. ``client`` replaces the
     ``tritonclient.grpc.aio.InferenceServerClient`` (tests)."""
 
     def __init__(
@@ -203,7 +208,7 @@ class InferenceClient:
         await self._client.close()
 
     async def discover(self, client_timeout: float | None = 30.0) -> ModelSpec:
-        """This model's spec from the server (see :func:`consumer.model.discover_model`).
+        """This model's spec from the server (see :func:`consumer.model.discovery.discover_model`).
         A failed TLS handshake (which gRPC reports as UNAVAILABLE) is named as such."""
         try:
             spec = await discover_model(

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from consumer.metrics import Metrics
+from consumer.observe.metrics import Metrics
 from consumer.sinks.base import ResultRows, RowsRejected, SinkUnavailable
 
 log = logging.getLogger(__name__)

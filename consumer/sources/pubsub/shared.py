@@ -30,6 +30,16 @@ from consumer.sources.base import (
     SourceError,
     SourceUnreachable,
 )
+from wire.dead_letter import (
+    ATTR_CODE,
+    ATTR_CONSUMER_VERSION,
+    ATTR_DELIVERY_ATTEMPT,
+    ATTR_MESSAGE,
+    ATTR_MESSAGE_ID,
+    ATTR_REASON,
+    ATTR_SOURCE,
+    ATTR_TIME,
+)
 
 _LOG = logging.getLogger(__name__)
 
@@ -37,16 +47,6 @@ SUBSCRIPTION_RE = re.compile(r"^projects/[^/]+/subscriptions/[^/]{3,}$")
 TOPIC_RE = re.compile(r"^projects/[^/]+/topics/[^/]{3,}$")
 DLQ_MESSAGE_MAX_BYTES = 1024
 """Pub/Sub's limit for one attribute value; the reason message is cut to fit."""
-
-ATTR_REASON = "rowbatch-dlq-reason"
-ATTR_CODE = "rowbatch-dlq-code"
-"""The fine reason code (docs/wire-format.md section 6), next to the coarse reason class."""
-ATTR_MESSAGE = "rowbatch-dlq-message"
-ATTR_SOURCE = "rowbatch-dlq-source"
-ATTR_MESSAGE_ID = "rowbatch-dlq-message-id"
-ATTR_DELIVERY_ATTEMPT = "rowbatch-dlq-delivery-attempt"
-ATTR_CONSUMER_VERSION = "rowbatch-dlq-consumer-version"
-ATTR_TIME = "rowbatch-dlq-time"
 
 
 class PubSubSourceError(SourceError):

@@ -14,7 +14,8 @@ plus inference with retries). Four kinds of tasks share one event loop:
   and dead-letter the whole message (so each row ends up in exactly one place).
 
 A slow sink slows intake through the byte budget (answered rows stay reserved until written),
-never by holding inference slots. Sink faults are handled by :class:`consumer.writer.SinkWriter`.
+never by holding inference slots. Sink faults are handled by
+:class:`consumer.engine.writer.SinkWriter`.
 """
 
 from __future__ import annotations
@@ -32,14 +33,14 @@ from typing import Any, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from consumer.batcher import Batch, Batcher, Clock, Segment
-from consumer.budget import ByteBudget, message_cost
-from consumer.intake import Intake, MessageRows, PoisonMessage
-from consumer.ledger import Entry, Ledger
-from consumer.metrics import Metrics
+from consumer.engine.batcher import Batch, Batcher, Clock, Segment
+from consumer.engine.budget import ByteBudget, message_cost
+from consumer.engine.intake import Intake, MessageRows, PoisonMessage
+from consumer.engine.ledger import Entry, Ledger
+from consumer.engine.writer import SinkBackoff, SinkWriter
+from consumer.observe.metrics import Metrics
 from consumer.sinks.base import ResultRows, Sink
-from consumer.sources.base import DeadLetterReason, Delivery, ReasonClass, Source
-from consumer.writer import SinkBackoff, SinkWriter
+from consumer.sources.base import DeadLetterReason, Delivery, ReasonClass, SharesBudget, Source
 
 log = logging.getLogger(__name__)
 
@@ -255,9 +256,8 @@ class Pipeline:
 
     async def _intake_loop(self) -> None:
         # A source that reads ahead (Kafka) counts what it holds against the same budget.
-        share = getattr(self._source, "share_budget", None)
-        if share is not None:
-            share(self._budget)
+        if isinstance(self._source, SharesBudget):
+            self._source.share_budget(self._budget)
         taken = 0
         async for delivery in self._source.deliveries():
             self._metrics.messages_in.inc()

@@ -11,7 +11,7 @@ Three checks at three moments:
   input column, or values the model's datatype cannot hold, raise :class:`SchemaMismatch`.
   :func:`check_chunk` runs the same value checks on one message, without building tensors, so
   a caller can reject a message before it joins a batch. Text becomes a BYTES tensor once,
-  per batch (:mod:`consumer.text_tensor`).
+  per batch (:mod:`consumer.model.text_tensor`).
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from numpy.typing import NDArray
 
-from consumer.mismatch import SchemaMismatch as SchemaMismatch  # noqa: PLC0414 (re-export)
-from consumer.model import ModelSpec, TensorSpec
-from consumer.text_tensor import bytes_input, check_text, serialize_text
-from producer.columns import Column, ColumnType, Kind
-from producer.wire import DecodedChunk
+from consumer.model.discovery import ModelSpec, TensorSpec
+from consumer.model.mismatch import SchemaMismatch as SchemaMismatch  # noqa: PLC0414 (re-export)
+from consumer.model.text_tensor import bytes_input, check_text, serialize_text
+from wire.chunks import DecodedChunk
+from wire.columns import Column, ColumnType, Kind
 
 #: Result-table columns the consumer writes itself; no output or passthrough may take them.
 RESERVED_COLUMNS: Final = frozenset(
@@ -398,7 +398,7 @@ def build_inputs(
     nulls: Mapping[str, NDArray[np.bool_] | None] | None = None,
 ) -> list[Any]:
     """One ``tritonclient.grpc.InferInput`` per model input, in the model's order, from one
-    batch's columns (canonical numpy form, see :mod:`producer.columns`; every array has one
+    batch's columns (canonical numpy form, see :mod:`wire.columns`; every array has one
     entry per row). ``nulls`` maps a column to its null mask (``True`` = null), as
     ``Column.nulls``. Raises :class:`SchemaMismatch` for a null in an input column, a value
     the input's datatype cannot hold, or an array that cannot feed the input."""

@@ -13,10 +13,10 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from consumer.mismatch import SchemaMismatch
+from consumer.model.mismatch import SchemaMismatch
 from consumer.sources.base import DeadLetterReason, Delivery, ReasonClass
-from producer.errors import WireError
-from producer.wire import DecodedChunk, decode_chunk
+from wire.chunks import DecodedChunk, decode_chunk
+from wire.errors import WireError
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from consumer.tls import (
+from consumer.model.tls import (
     TlsConfigError,
     TlsOptions,
     check_ca_file,
@@ -35,7 +35,7 @@ from consumer.tls import (
     check_key_file,
     check_pair,
 )
-from producer.columns import ColumnType
+from wire.columns import ColumnType
 
 MiB = 1024 * 1024
 
@@ -67,7 +67,7 @@ class PubSubSettings(_Section):
     dead-letter policy, which is what makes Pub/Sub count attempts)."""
     mode: Literal["pull", "streaming"] = "pull"
     """``pull``: unary Pull calls with batched acks and leases kept by rowbatch
-    (``consumer/sources/pubsub_pull.py``; ~10x less CPU per message, see README "Pub/Sub pull
+    (``consumer/sources/pubsub/pull.py``; ~10x less CPU per message, see README "Pub/Sub pull
     mode"); ``streaming``: google-cloud-pubsub's streaming pull (``sources/pubsub.py``)."""
     pull_concurrency: int = Field(default=2, ge=1, le=16)
     """Pull mode: Pull calls in flight at once."""
@@ -81,7 +81,7 @@ class PubSubSettings(_Section):
 class KafkaSettings(_Section):
     """An Apache Kafka topic read as a consumer-group member (offsets committed by the
     consumer, per partition, only below records that are written or dead-lettered). See
-    ``consumer/sources/kafka.py`` for how commits, rebalances, pauses and retries work."""
+    ``consumer/sources/kafka/source.py`` for how commits, rebalances, pauses and retries work."""
 
     kind: Literal["kafka"] = "kafka"
     bootstrap_servers: str = Field(min_length=1)

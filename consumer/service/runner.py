@@ -16,16 +16,36 @@ from prometheus_client import CollectorRegistry
 from pydantic import SecretStr
 
 from consumer import __version__
-from consumer.batcher import Batch, Segment
-from consumer.binding import (
+from consumer.engine.batcher import Batch, Segment
+from consumer.engine.budget import ByteBudget
+from consumer.engine.intake import Intake, IntakeLimits
+from consumer.engine.pipeline import Pipeline, PipelineSettings, RunBatch
+from consumer.engine.poison import isolate
+from consumer.engine.writer import SinkBackoff
+from consumer.model.binding import (
     Binding,
     build_inputs,
     check_binding,
     check_chunk,
     memoized_check,
 )
-from consumer.budget import ByteBudget
-from consumer.config import (
+from consumer.model.discovery import (
+    ModelServerUnavailable,
+    ModelSpec,
+    default_in_flight,
+    output_bytes_per_row,
+    target_batch_size,
+)
+from consumer.model.inference import (
+    InferenceClient,
+    PoisonInferenceError,
+    RetryingInferencer,
+    RetryPolicy,
+    error_kind,
+)
+from consumer.model.mismatch import SchemaMismatch
+from consumer.observe.metrics import Metrics
+from consumer.service.config import (
     ConsumerConfig,
     KafkaSettings,
     ModelSettings,
@@ -35,32 +55,12 @@ from consumer.config import (
     SinkSettings,
     SourceSettings,
 )
-from consumer.health import HealthServer
-from consumer.inference import (
-    InferenceClient,
-    PoisonInferenceError,
-    RetryingInferencer,
-    RetryPolicy,
-    error_kind,
-)
-from consumer.intake import Intake, IntakeLimits
-from consumer.metrics import Metrics
-from consumer.mismatch import SchemaMismatch
-from consumer.model import (
-    ModelServerUnavailable,
-    ModelSpec,
-    default_in_flight,
-    output_bytes_per_row,
-    target_batch_size,
-)
-from consumer.pipeline import Pipeline, PipelineSettings, RunBatch
-from consumer.poison import isolate
+from consumer.service.health import HealthServer
+from consumer.service.startup import StillUnavailable, wait_for
 from consumer.sinks.base import ColumnSpec, Sink, SinkUnavailable, TableSpec
 from consumer.sources.base import Source
-from consumer.startup import StillUnavailable, wait_for
-from consumer.writer import SinkBackoff
-from producer.columns import ColumnType
-from producer.wire import DecodedChunk
+from wire.chunks import DecodedChunk
+from wire.columns import ColumnType
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ def make_source(settings: SourceSettings, metrics: Metrics | None = None) -> Sou
             counter.labels(reason.reason_class.value).inc()
 
     if isinstance(settings, PubSubSettings) and settings.mode == "pull":
-        from consumer.sources.pubsub_pull import (  # noqa: PLC0415
+        from consumer.sources.pubsub.pull import (  # noqa: PLC0415
             PubSubPullSource,
             PubSubPullSourceConfig,
         )
@@ -127,7 +127,7 @@ def make_source(settings: SourceSettings, metrics: Metrics | None = None) -> Sou
             on_dead_letter=on_dead_letter,
         )
     if isinstance(settings, PubSubSettings):
-        from consumer.sources.pubsub import PubSubSource, PubSubSourceConfig  # noqa: PLC0415
+        from consumer.sources.pubsub.streaming import PubSubSource, PubSubSourceConfig  # noqa: PLC0415
 
         return PubSubSource(
             PubSubSourceConfig(
@@ -143,7 +143,7 @@ def make_source(settings: SourceSettings, metrics: Metrics | None = None) -> Sou
             on_dead_letter=on_dead_letter,
         )
     assert isinstance(settings, KafkaSettings)
-    from consumer.sources.kafka import (  # noqa: PLC0415
+    from consumer.sources.kafka.source import (  # noqa: PLC0415
         KafkaConfigError,
         KafkaSource,
         KafkaSourceConfig,

@@ -66,7 +66,7 @@ How it works (aiokafka 0.14; ``aiokafka/consumer/{consumer,group_coordinator,fet
   dead-lettered by the source itself as ``undecodable`` and never yielded.
 * **Lag.** Every ``lag_interval_s`` the source reads the log end offsets and the group's
   committed offsets of *all* partitions of the topic and exports them (see
-  ``consumer/lag.py``) in the registry it was given.
+  ``consumer/observe/lag.py``) in the registry it was given.
 """
 
 from __future__ import annotations
@@ -88,8 +88,7 @@ from aiokafka.errors import CommitFailedError, ConsumerStoppedError, KafkaError
 from aiokafka.helpers import create_ssl_context
 from prometheus_client import CollectorRegistry
 
-from consumer.budget import ByteBudget
-from consumer.lag import LagGauges, ThroughputMeter, desired_replicas, partition_lag
+from consumer.observe.lag import LagGauges, ThroughputMeter, desired_replicas, partition_lag
 from consumer.sources.base import (
     DeadLetterFailed as BaseDeadLetterFailed,
 )
@@ -98,33 +97,33 @@ from consumer.sources.base import (
     Delivery,
     DeliveryIterator,
     ReasonClass,
+    SharedBudget,
     SourceConfigError,
     SourceError,
     SourceUnreachable,
     package_version,
 )
-from consumer.sources.kafka_causes import ConnectCauses, connect_causes
-from consumer.sources.offsets import OffsetTracker
-from producer.errors import WireError
-from producer.headers import H_ROW_COUNT, kafka_headers_to_attributes
+from consumer.sources.kafka.causes import ConnectCauses, connect_causes
+from consumer.sources.kafka.offsets import OffsetTracker
+from wire.dead_letter import (
+    ATTR_CODE,
+    ATTR_CONSUMER_VERSION,
+    ATTR_DELIVERY_ATTEMPT,
+    ATTR_GROUP,
+    ATTR_MESSAGE,
+    ATTR_MESSAGE_ID,
+    ATTR_OFFSET,
+    ATTR_PARTITION,
+    ATTR_REASON,
+    ATTR_SOURCE,
+    ATTR_TIME,
+    ATTR_TOPIC,
+)
+from wire.errors import WireError
+from wire.headers import H_ROW_COUNT, kafka_headers_to_attributes
 
 _LOG = logging.getLogger(__name__)
 
-# The same names as the Pub/Sub source's dead-letter attributes (consumer/sources/pubsub.py).
-ATTR_REASON = "rowbatch-dlq-reason"
-ATTR_CODE = "rowbatch-dlq-code"
-"""The fine reason code (docs/wire-format.md section 6), next to the coarse reason class."""
-ATTR_MESSAGE = "rowbatch-dlq-message"
-ATTR_SOURCE = "rowbatch-dlq-source"
-ATTR_MESSAGE_ID = "rowbatch-dlq-message-id"
-ATTR_DELIVERY_ATTEMPT = "rowbatch-dlq-delivery-attempt"
-ATTR_CONSUMER_VERSION = "rowbatch-dlq-consumer-version"
-ATTR_TIME = "rowbatch-dlq-time"
-# Kafka only: where the record was, field by field.
-ATTR_TOPIC = "rowbatch-dlq-topic"
-ATTR_PARTITION = "rowbatch-dlq-partition"
-ATTR_OFFSET = "rowbatch-dlq-offset"
-ATTR_GROUP = "rowbatch-dlq-group"
 DLQ_MESSAGE_MAX_BYTES = 1024
 """The reason message is cut to this many UTF-8 bytes."""
 
@@ -464,7 +463,7 @@ class KafkaSource:
         self._retries: list[tuple[float, int, _Held]] = []
         """Nacked records waiting to be yielded again: (due, seq, held), a heap."""
         self._retry_bytes = 0
-        self._budget: ByteBudget | None = None
+        self._budget: SharedBudget | None = None
         """The pipeline's budget, once shared: the read-ahead is held in it."""
         self._retry_seq = itertools.count()
         self._unsettled: dict[Delivery, _Held] = {}
@@ -607,7 +606,7 @@ class KafkaSource:
         self._update_fetch_pause()
         self._changed.set()
 
-    def share_budget(self, budget: ByteBudget) -> None:
+    def share_budget(self, budget: SharedBudget) -> None:
         """Hold the read-ahead in the pipeline's ``budget`` and read ahead only while it has
         room (called by the pipeline when it starts)."""
         self._budget = budget

@@ -1,0 +1,116 @@
+"""The package layering of docs/architecture.md holds: no package imports one above it, the
+broker, model and sink adapters do not import each other, and the wire contract imports
+nothing of rowbatch. Plus the old import paths of the wire contract keep working."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: Lowest first. A module may import its own layer's package or a lower layer, never a higher
+#: one; packages on the same layer (the three adapters) may not import each other.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("wire",),
+    ("consumer.observe",),
+    ("consumer.sources", "consumer.model", "consumer.sinks"),
+    ("consumer.engine",),
+    ("consumer.service",),
+    ("producer",),
+)
+
+
+def _package_of(module: str) -> str | None:
+    best: str | None = None
+    for layer in LAYERS:
+        for package in layer:
+            if (module == package or module.startswith(package + ".")) and (
+                best is None or len(package) > len(best)
+            ):
+                best = package
+    return best
+
+
+def _rank(package: str) -> int:
+    return next(i for i, layer in enumerate(LAYERS) if package in layer)
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def _sources() -> list[Path]:
+    return sorted(p for top in ("wire", "consumer", "producer") for p in (ROOT / top).rglob("*.py"))
+
+
+def test_no_package_imports_one_above_it() -> None:
+    wrong: list[str] = []
+    for path in _sources():
+        module = _module_name(path)
+        own = _package_of(module)
+        if own is None:  # consumer/__init__.py, consumer/__main__.py: the top, free to import
+            continue
+        for imported in _imports(path):
+            other = _package_of(imported)
+            if other is None or other == own:
+                continue
+            if _rank(other) > _rank(own) or (_rank(other) == _rank(own) and other != own):
+                wrong.append(f"{module} imports {imported} ({other} is not below {own})")
+    assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_the_wire_contract_imports_nothing_of_rowbatch() -> None:
+    for path in (ROOT / "wire").rglob("*.py"):
+        for imported in _imports(path):
+            assert imported.split(".")[0] not in {"consumer", "producer", "harness", "bench"}, (
+                f"{path.name} imports {imported}"
+            )
+
+
+def test_the_layering_sees_every_consumer_package() -> None:
+    packages = {
+        _module_name(p.parent) for p in (ROOT / "consumer").rglob("__init__.py") if p.parent.name
+    }
+    unplaced = {p for p in packages if p != "consumer" and _package_of(p) is None}
+    assert not unplaced
+
+
+def test_producer_wire_is_the_shared_contract() -> None:
+    import producer.wire
+    import wire
+
+    assert producer.wire.encode_chunk is wire.encode_chunk
+    assert producer.wire.decode_chunk is wire.decode_chunk
+    chunk = producer.wire.encode_chunk("t", {"id": [1, 2]}, "json")
+    assert wire.decode_chunk(chunk.payload, chunk.attributes).row_count == 2
+
+
+@pytest.mark.parametrize("name", ["errors", "headers", "columns", "codec_json", "codec_arrow"])
+def test_old_contract_paths_warn_and_give_the_same_module(name: str) -> None:
+    sys.modules.pop(f"producer.{name}", None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        old = importlib.import_module(f"producer.{name}")
+    assert old is importlib.import_module(f"wire.{name}")
+    assert any(
+        issubclass(w.category, DeprecationWarning) and f"wire.{name}" in str(w.message)
+        for w in caught
+    )

@@ -1,0 +1,187 @@
+"""The Arrow encoding (``application/vnd.apache.arrow.stream``): one Arrow IPC *stream* (schema
+message, zero or more record batches, optional end-of-stream marker). See
+``docs/wire-format.md`` for the type mapping."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final, Literal
+
+import pyarrow as pa
+
+from wire.columns import (
+    ArrowConverter,
+    Column,
+    ColumnType,
+    arrow_converter,
+    arrow_to_column,
+    column_to_arrow,
+)
+from wire.errors import CorruptArrow
+
+Compression = Literal["lz4", "zstd"]
+_COMPRESSIONS: Final = ("lz4", "zstd")
+
+_ARROW_ERRORS: Final = (pa.ArrowException, OSError, ValueError, TypeError, IndexError)
+
+
+def encode_arrow(columns: Sequence[Column], compression: Compression | None = None) -> bytes:
+    if compression is not None and compression not in _COMPRESSIONS:
+        raise ValueError(f"compression must be one of {_COMPRESSIONS} or None, not {compression!r}")
+    arrays = [column_to_arrow(col) for col in columns]
+    batch = pa.RecordBatch.from_arrays(arrays, names=[col.name for col in columns])
+    sink = pa.BufferOutputStream()
+    options = pa.ipc.IpcWriteOptions(compression=compression)
+    with pa.ipc.new_stream(sink, batch.schema, options=options) as writer:
+        writer.write_batch(batch)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+@dataclass(frozen=True, eq=False)
+class _KnownSchema:
+    """A stream schema that decoded before: its pyarrow schema, field names and column types."""
+
+    schema: pa.Schema
+    names: tuple[str, ...]
+    types: tuple[ColumnType, ...]
+    converters: tuple[ArrowConverter, ...]
+
+
+#: Schema messages (their exact bytes) of streams decoded before, for :func:`_decode_known`.
+_KNOWN_SCHEMAS: Final[dict[bytes, _KnownSchema]] = {}
+MAX_KNOWN_SCHEMAS: Final = 256
+_CONTINUATION: Final = b"\xff\xff\xff\xff"
+_END_OF_STREAM: Final = _CONTINUATION + b"\x00\x00\x00\x00"
+
+
+def _prefix(payload: bytes | bytearray | memoryview, buffer: pa.Buffer, size: int) -> bytes:
+    """The first ``size`` bytes of the payload (``buffer`` is its pyarrow buffer)."""
+    return payload[:size] if type(payload) is bytes else buffer.slice(0, size).to_pybytes()
+
+
+def _schema_message_end(payload: bytes | bytearray | memoryview, buffer: pa.Buffer) -> int:
+    """Where the first (schema) message of a stream with continuation markers ends, if it
+    seems to: 8 bytes of prefix plus the metadata length; 0 when the prefix is not there."""
+    if len(buffer) < 8:
+        return 0
+    head = _prefix(payload, buffer, 8)
+    if head[:4] != _CONTINUATION:
+        return 0
+    length = int.from_bytes(head[4:8], "little", signed=True)
+    return 8 + length if 0 < length <= len(buffer) - 8 else 0
+
+
+def _decode_known(
+    payload: bytes | bytearray | memoryview, buffer: pa.Buffer
+) -> tuple[list[str], list[Column]] | None:
+    """The stream's names and columns when it is a schema seen before (the same bytes) followed
+    by exactly one record batch and, optionally, the end-of-stream marker; None for anything
+    else (the stream reader then decodes it and words any error). Skips the stream reader's
+    set-up and the schema's parse: the batch is read against the known schema and validated
+    in full, as the stream reader's batches are."""
+    end = _schema_message_end(payload, buffer)
+    if not end:
+        return None
+    known = _KNOWN_SCHEMAS.get(_prefix(payload, buffer, end))
+    if known is None:
+        return None
+    source = pa.BufferReader(buffer)
+    try:
+        source.seek(end)
+        message = pa.ipc.read_message(source)
+        if message.type != "record batch":
+            return None
+        rest = len(buffer) - source.tell()
+        if rest and (rest != len(_END_OF_STREAM) or source.read() != _END_OF_STREAM):
+            return None
+        batch = pa.ipc.read_record_batch(message, known.schema)
+        batch.validate(full=True)
+    except _ARROW_ERRORS:
+        return None
+    columns = [
+        convert(name, batch.column(i))
+        for i, (name, convert) in enumerate(zip(known.names, known.converters, strict=True))
+    ]
+    return list(known.names), columns
+
+
+def _remember(
+    payload: bytes | bytearray | memoryview,
+    buffer: pa.Buffer,
+    schema: pa.Schema,
+    names: list[str],
+    cols: list[Column],
+) -> None:
+    """Keeps the schema of a stream that decoded (one record batch, no dictionaries) for
+    :func:`_decode_known`, keyed by its schema message's bytes."""
+    if any(pa.types.is_dictionary(field.type) for field in schema):
+        return
+    end = _schema_message_end(payload, buffer)
+    if not end:
+        return
+    source = pa.BufferReader(buffer)
+    try:
+        message = pa.ipc.read_message(source)
+    except _ARROW_ERRORS:  # pragma: no cover - the stream reader read it
+        return
+    if message.type != "schema" or source.tell() != end:
+        return
+    if len(_KNOWN_SCHEMAS) >= MAX_KNOWN_SCHEMAS:
+        _KNOWN_SCHEMAS.clear()
+    types = tuple(c.type for c in cols)
+    converters = tuple(
+        arrow_converter(ctype, field.type) for ctype, field in zip(types, schema, strict=True)
+    )
+    _KNOWN_SCHEMAS[_prefix(payload, buffer, end)] = _KnownSchema(
+        schema, tuple(names), types, converters
+    )
+
+
+def decode_arrow(payload: bytes | bytearray | memoryview) -> tuple[list[str], list[Column]]:
+    """Returns the schema's field names (duplicates kept, for the caller to report) and the
+    columns. Numeric columns are views into ``payload`` where Arrow allows it."""
+    buffer = pa.py_buffer(payload)
+    known = _decode_known(payload, buffer)
+    if known is not None:
+        return known
+    source = pa.BufferReader(buffer)
+    try:
+        reader = pa.ipc.open_stream(source)
+        batches = list(reader)
+        schema = reader.schema
+        for batch in batches:
+            batch.validate(full=True)
+    except _ARROW_ERRORS as exc:
+        raise CorruptArrow(
+            f"payload is not a valid Arrow IPC stream ({len(buffer)} bytes): "
+            f"{type(exc).__name__}: {exc}",
+            expected="Arrow IPC stream",
+            found=str(exc)[:200],
+        ) from exc
+    trailing = len(buffer) - source.tell()
+    if trailing:
+        raise CorruptArrow(
+            f"{trailing} unexpected byte(s) after the end of the Arrow IPC stream "
+            f"({len(buffer)} bytes in all)",
+            expected="nothing after the end-of-stream marker",
+            found=f"{trailing} trailing bytes",
+        )
+    try:
+        names = list(schema.names)
+    except UnicodeDecodeError as exc:
+        raise CorruptArrow(
+            f"a column name in the Arrow schema is not valid UTF-8: {exc}",
+            expected="UTF-8 column names",
+            found=str(exc)[:200],
+        ) from exc
+    if len(set(names)) != len(names):
+        return names, []
+    try:
+        table = pa.Table.from_batches(batches, schema=schema)
+    except _ARROW_ERRORS as exc:  # pragma: no cover - batches of one stream share its schema
+        raise CorruptArrow(f"record batches do not fit the stream's schema: {exc}") from exc
+    cols = [arrow_to_column(name, table.column(i)) for i, name in enumerate(names)]
+    if len(batches) == 1:
+        _remember(payload, buffer, schema, names, cols)
+    return names, cols
