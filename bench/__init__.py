@@ -1,4 +1,4 @@
-"""``python -m bench``: rowbatch's benchmarks on the real local stack (issue 6).
+"""``python -m bench``: rowbatch's benchmarks on the real local stack.
 
 Sections (``--only``): ``ceiling`` (Triton's own saturated throughput), ``e2e`` (a backlog
 drained by one consumer process into each sink, on both brokers), ``naive`` (a consumer written

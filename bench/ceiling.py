@@ -97,7 +97,7 @@ def inputs_for(model: str, batch: int) -> list[InferInput]:
     return [features, count]
 
 
-async def _run_level(
+async def run_requests(
     client: Any, model: str, inputs: list[InferInput], concurrency: int, seconds: float
 ) -> int:
     """Requests completed in ``seconds`` with ``concurrency`` always outstanding."""
@@ -120,12 +120,12 @@ async def _level(
     """The best of ``WINDOWS`` windows of ``step_s`` (this shared 2-core machine has stalls that
     halve one window's throughput now and then), with Triton's own figures over all of them."""
     batch = int(inputs[0].shape()[0])
-    await _run_level(client, model, inputs, concurrency, 0.3)  # reach steady state
+    await run_requests(client, model, inputs, concurrency, 0.3)  # reach steady state
     before = server_stats(url, model)
     best = 0.0
     for _ in range(WINDOWS):
         started = time.monotonic()
-        requests = await _run_level(client, model, inputs, concurrency, step_s)
+        requests = await run_requests(client, model, inputs, concurrency, step_s)
         best = max(best, requests * batch / (time.monotonic() - started))
     server = server_stats(url, model).minus(before)
     return Step(concurrency, best, server.rows_per_batch, server.batch_ms)
@@ -137,7 +137,7 @@ async def _sweep(url: str, model: str, batch: int, step_s: float) -> list[Step]:
     steps: list[Step] = []
     best = 0.0
     try:
-        await _run_level(client, model, inputs, 2, 1.0)  # warm-up
+        await run_requests(client, model, inputs, 2, 1.0)  # warm-up
         concurrency = 1
         while concurrency <= MAX_CONCURRENCY:
             step = await _level(url, client, model, inputs, concurrency=concurrency, step_s=step_s)

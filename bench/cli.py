@@ -5,6 +5,7 @@ section and write everything to JSON.
     python -m bench --only ceiling,e2e --rows 300000
     python -m bench --quick --only ceiling,overhead --out /tmp/bench.json
     python -m bench chaos [--short] [--broker pubsub|kafka|both]   the fault campaign
+    python -m bench multi_endpoint [--rows N]     one consumer, one model server vs two
 """
 
 from __future__ import annotations
@@ -92,6 +93,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench import chaos  # noqa: PLC0415 - only when asked for
 
         return chaos.main(given[1:])
+    if given[:1] == ["multi_endpoint"]:  # its own stack: two tritonservers (README)
+        from bench import multi_endpoint  # noqa: PLC0415 - only when asked for
+
+        return multi_endpoint.main(given[1:])
     args = parse_args(argv)
     command = shlex.join([Path(sys.executable).name, "-m", "bench", *(argv or sys.argv[1:])])
     started = time.monotonic()

@@ -60,7 +60,7 @@ class LatencyRun:
 
     @property
     def p99_bound_ms(self) -> float:
-        """Issue 6's target for the 50 % run: max_wait + 3 x the server's batch time."""
+        """The p99 target for the 50 % run: max_wait + 3 x the server's batch time."""
         return MAX_WAIT_MS + 3 * self.server_batch_ms
 
 

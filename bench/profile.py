@@ -4,16 +4,18 @@ process, each sample attributed to the stage of its innermost frame that belongs
 Stages (matched on the frame's file path, innermost frame first; a frame of a library that
 serves several stages, gRPC or numpy, only counts when nothing further out claims the sample):
 
-- decode: ``producer/`` (wire, codec_json, codec_arrow, columns, headers)
+- decode: ``wire/`` (the contract: chunks, headers, columns, codec_json, codec_arrow)
 - batch: ``consumer/engine/batcher.py``, ``intake.py``, ``ledger.py``, ``budget.py``
-- tensor build: ``consumer/model/binding.py``
-- gRPC (inference): ``consumer/model/inference.py``, ``tritonclient``; ``grpc`` when nothing else
+- tensor build (and the per-message binding check): ``consumer/model/binding.py``,
+  ``chunk_check.py``, ``tensors.py``
+- gRPC (inference): ``consumer/model/inference/``, ``tritonclient``; ``grpc`` when nothing else
 - sink: ``consumer/sinks/``, ``psycopg``, ``sqlite3``, ``pyarrow/parquet``
 - ack (source): ``consumer/sources/``, ``google/cloud/pubsub``, ``google/api_core``, ``aiokafka``
 - event loop: samples that end in ``asyncio``, ``selectors``, ``threading`` or
   ``concurrent.futures`` with no stage further out: polling, callbacks, thread hand-offs (py-spy
   in ``--nonblocking`` mode may count some waits in ``epoll`` here)
-- other: ``consumer/engine/pipeline.py``, metrics, logging, everything else
+- other: the rest of ``consumer/engine/`` (the pipeline and its stages), metrics, logging,
+  everything else
 """
 
 from __future__ import annotations
@@ -35,12 +37,14 @@ _OWN: tuple[tuple[str, str], ...] = (
     ("consumer/sources/", "ack"),
     ("consumer/sinks/", "sink"),
     ("consumer/model/binding.py", "tensor build"),
-    ("consumer/model/inference.py", "gRPC"),
+    ("consumer/model/chunk_check.py", "tensor build"),
+    ("consumer/model/tensors.py", "tensor build"),
+    ("consumer/model/inference/", "gRPC"),
     ("consumer/engine/batcher.py", "batch"),
     ("consumer/engine/intake.py", "batch"),
     ("consumer/engine/ledger.py", "batch"),
     ("consumer/engine/budget.py", "batch"),
-    ("producer/", "decode"),
+    ("wire/", "decode"),
 )
 _LIBS: tuple[tuple[str, str], ...] = (
     ("/tritonclient/", "gRPC"),

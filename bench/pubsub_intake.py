@@ -97,11 +97,11 @@ async def _drain(variant: str, subscription: str, expect: int) -> dict[str, Any]
     mode = options.pop("mode")
     source: Any
     if mode == "streaming":
-        from consumer.sources.pubsub.streaming import PubSubSource, PubSubSourceConfig  # noqa: PLC0415
+        from consumer.sources.pubsub import PubSubSource, PubSubSourceConfig  # noqa: PLC0415
 
         source = PubSubSource(PubSubSourceConfig(subscription=subscription, dead_letter_topic=None))
     else:
-        from consumer.sources.pubsub.pull import (  # noqa: PLC0415
+        from consumer.sources.pubsub import (  # noqa: PLC0415
             PubSubPullSource,
             PubSubPullSourceConfig,
         )

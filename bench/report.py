@@ -44,7 +44,7 @@ class Section(Protocol):
 
 @dataclass(frozen=True)
 class Target:
-    """One of issue 6's targets, checked against this run's figures."""
+    """One of the benchmark targets (``bench/targets.py``), checked against this run's figures."""
 
     name: str
     want: str
@@ -100,7 +100,7 @@ class Report:
 
     def targets_table(self) -> Table:
         return Table(
-            "Targets (issue 6)",
+            "Targets",
             ("target", "want", "this run", "met"),
             tuple((t.name, t.want, t.got, "yes" if t.met else "NO") for t in self.targets),
         )

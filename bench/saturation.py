@@ -22,19 +22,21 @@ from dataclasses import dataclass, replace
 from bench.procs import consumers, wait_ready
 from bench.report import Table, rate, ratio, times
 from bench.saturation_run import (
-    MODEL,
-    PROBE_CONCURRENCY,
-    PROBE_WINDOWS,
     WARMUP_S,
-    ModelTiming,
     Observed,
-    Probe,
     add_written_at,
-    model_timing,
-    probe,
     reference,
     steady,
     watch_backlog,
+)
+from bench.saturation_server import (
+    MODEL,
+    PROBE_CONCURRENCY,
+    PROBE_WINDOWS,
+    ModelTiming,
+    Probe,
+    model_timing,
+    probe,
 )
 from bench.stack import (
     BROKERS,

@@ -1,4 +1,5 @@
-"""Issue 6's targets, checked against whatever sections ran."""
+"""The benchmark targets (end to end against the ceiling, speed-up over the naive consumer, CPU
+per row, latency, memory, saturation), checked against whatever sections ran."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""rowbatch consumer: the subscriber service. A message travels ``sources`` (broker
-adapters) -> ``engine`` (intake, batching, budget, ledger, pipeline, writer) -> ``model``
-(discovery, binding, the inference client) -> ``sinks`` (result tables); ``service`` wires
-them (config, CLI, health server, logs) and ``observe`` holds the metrics and the autoscaling
-signal used by both. See docs/architecture.md."""
+"""rowbatch consumer, the subscriber service: a message travels ``sources`` (broker adapters)
+-> ``engine`` (intake, batcher, byte budget, inference and writer stages, ledger) -> ``model``
+(discovery, binding, the retrying inference client) -> ``sinks`` (result tables), with
+``service`` (config, CLI, wiring, health server, logs) on top and ``observe`` (metrics, the
+autoscaling signal) below them all; docs/architecture.md describes the flow."""
 
 __version__ = "0.1.0"

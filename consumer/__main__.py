@@ -1,3 +1,5 @@
+"""``python -m consumer``: the same as the ``rowbatch-consumer`` command."""
+
 import sys
 
 from consumer.service.cli import main

@@ -1,6 +1,7 @@
 """``python -m harness``: the local stack on 127.0.0.1.
 
-python -m harness up      start Kafka, Pub/Sub, Triton, PostgreSQL; print where; wait for Ctrl-C
+python -m harness up      start Kafka, Pub/Sub, Triton, PostgreSQL, Prometheus; print where;
+                          wait for Ctrl-C
 python -m harness demo    start the stack, run the demo job end to end, stop everything
 """
 
@@ -26,6 +27,11 @@ def _print_stack(stack: StackEndpoints, env_file: Path) -> None:
     print(stack.describe())
     env_file.write_text("".join(f"export {k}={v}\n" for k, v in stack.env().items()))
     print(f"Environment for other shells: source {env_file}")
+    if stack.prometheus is not None:
+        print(
+            "Prometheus scrapes a consumer on the default metrics port (server.port) and "
+            f"those listed in {env_file.parent / 'prometheus' / 'targets'}/*.json"
+        )
 
 
 def _wait_for_signal() -> None:
@@ -62,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     run = RunDir(args.run_dir)
     run.root.mkdir(parents=True, exist_ok=True)
     try:
-        with local_stack(run) as stack:
+        with local_stack(run, prometheus=True) as stack:
             _print_stack(stack, run.root / "stack.env")
             if args.command == "demo":
                 run_demo(

@@ -14,13 +14,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from google.pubsub_v1 import types as pstypes
 from prometheus_client import CollectorRegistry
+from pydantic import TypeAdapter
 
-from consumer.service.config import ConsumerConfig
-from consumer.service.runner import Running, make_source, run_consumer
+from consumer.service.adapters import make_source
+from consumer.service.admin import ensure_source
+from consumer.service.config import ConsumerConfig, SourceSettings
+from consumer.service.runner import Running, run_consumer
 from consumer.sources.base import DeadLetterReason, Delivery, Source
-from harness.kafka import create_topic
 from harness.stack import StackEndpoints
 from producer.loadgen import LoadSpec, MalformedKind, PlannedMessage, plan_messages
 from producer.publish import KafkaPublisher
@@ -114,19 +115,29 @@ def _plan(settings: DemoSettings, unique: str, max_chunk_bytes: int) -> list[Pla
     return list(plan_messages(spec, max_chunk_bytes=max_chunk_bytes))
 
 
+def _ensure(source: dict[str, Any]) -> None:
+    """Create the topics and subscriptions the demo's ``[source]`` needs, the way operators
+    do: ``rowbatch-consumer admin ensure`` (its function), nothing by hand."""
+    settings = TypeAdapter(SourceSettings).validate_python(source)
+    plan = asyncio.run(ensure_source(settings))
+    print(f"  admin ensure: created {len(plan.to_create)} broker resource(s)")
+
+
 def _publish_pubsub(stack: StackEndpoints, settings: DemoSettings, unique: str) -> _Published:
     """Create topic, dead-letter topic and subscription, and publish the sample table."""
     project = stack.pubsub.project
     topic = f"projects/{project}/topics/demo-{unique}"
     dlq = f"projects/{project}/topics/demo-{unique}-dlq"
-    subscription = f"projects/{project}/subscriptions/demo-{unique}"
-    publisher, subscriber = stack.pubsub.publisher(), stack.pubsub.subscriber()
+    source = {
+        "kind": "pubsub",
+        "topic": topic,
+        "subscription": f"projects/{project}/subscriptions/demo-{unique}",
+        "dead_letter_topic": dlq,
+        "ack_deadline_s": 30,
+    }
+    _ensure(source)
+    publisher = stack.pubsub.publisher()
     try:
-        publisher.create_topic(name=topic)
-        publisher.create_topic(name=dlq)
-        subscriber.create_subscription(
-            request=pstypes.Subscription(name=subscription, topic=topic, ack_deadline_seconds=30)
-        )
         started = time.monotonic()
         planned = _plan(settings, unique, PUBSUB_MAX_MESSAGE_BYTES)
         futures = [
@@ -138,30 +149,35 @@ def _publish_pubsub(stack: StackEndpoints, settings: DemoSettings, unique: str) 
         seconds = time.monotonic() - started
     finally:
         publisher.transport.close()
-        subscriber.close()
-    source = {"kind": "pubsub", "subscription": subscription, "dead_letter_topic": dlq}
     return _published(source, dlq, planned, seconds)
 
 
-async def _publish_kafka(stack: StackEndpoints, settings: DemoSettings, unique: str) -> _Published:
+def _publish_kafka(stack: StackEndpoints, settings: DemoSettings, unique: str) -> _Published:
     """Create the topic (6 partitions) and its dead-letter topic, and publish the table."""
     topic, dlq = f"demo-{unique}", f"demo-{unique}.dlq"
-    await create_topic(stack.kafka, topic, KAFKA_PARTITIONS)
-    await create_topic(stack.kafka, dlq, 1)
     bootstrap = stack.kafka.bootstrap_servers
-    started = time.monotonic()
-    async with KafkaPublisher(bootstrap, topic) as publisher:
-        planned = _plan(settings, unique, publisher.max_chunk_bytes)
-        await asyncio.gather(*(publisher.publish(p.message) for p in planned))
-    seconds = time.monotonic() - started
     source = {
         "kind": "kafka",
         "bootstrap_servers": bootstrap,
         "topic": topic,
         "group_id": f"demo-{unique}",
         "dead_letter_topic": dlq,
+        "partitions": KAFKA_PARTITIONS,
+        "replication_factor": 1,  # the local stack has one broker
     }
-    return _published(source, dlq, planned, seconds)
+    _ensure(source)
+    return asyncio.run(_publish_kafka_rows(settings, unique, source=source, dlq=dlq))
+
+
+async def _publish_kafka_rows(
+    settings: DemoSettings, unique: str, *, source: dict[str, Any], dlq: str
+) -> _Published:
+    bootstrap, topic = source["bootstrap_servers"], source["topic"]
+    started = time.monotonic()
+    async with KafkaPublisher(bootstrap, topic) as publisher:
+        planned = _plan(settings, unique, publisher.max_chunk_bytes)
+        await asyncio.gather(*(publisher.publish(p.message) for p in planned))
+    return _published(source, dlq, planned, time.monotonic() - started)
 
 
 def _published(
@@ -188,7 +204,7 @@ def run_demo(stack: StackEndpoints, settings: DemoSettings | None = None) -> Dem
     )
     unique = uuid.uuid4().hex[:8]
     published = (
-        asyncio.run(_publish_kafka(stack, settings, unique))
+        _publish_kafka(stack, settings, unique)
         if settings.broker == "kafka"
         else _publish_pubsub(stack, settings, unique)
     )

@@ -11,6 +11,7 @@ from typing import Any
 
 from harness.kafka import KafkaEndpoint, KafkaService
 from harness.postgres import PostgresEndpoint, PostgresService
+from harness.prometheus import PrometheusEndpoint, local_stack_prometheus
 from harness.pubsub import PubSubEndpoint, PubSubService
 from harness.service import ManagedService, RunDir
 from harness.triton import TritonEndpoint, TritonService
@@ -24,6 +25,8 @@ class StackEndpoints:
     postgres: PostgresEndpoint
     startup_s: dict[str, float]
     """Seconds each service took from launch to its first successful client call."""
+    prometheus: PrometheusEndpoint | None = None
+    """Prometheus scraping consumers and Triton (``local_stack(run, prometheus=True)``)."""
 
     def env(self) -> dict[str, str]:
         """Environment variables that point rowbatch and the brokers' own clients here."""
@@ -43,6 +46,8 @@ class StackEndpoints:
             ("Triton metrics", self.triton.metrics_url, "triton"),
             ("PostgreSQL", self.postgres.dsn, "postgres"),
         ]
+        if self.prometheus is not None:
+            rows.append(("Prometheus", self.prometheus.url, "prometheus"))
         width = max(len(name) for name, _, _ in rows)
         lines = [
             f"  {name:<{width}}  {where:<48} ready in {self.startup_s[svc]:.1f} s"
@@ -61,8 +66,9 @@ def _timed(service: ManagedService[Any]) -> Callable[[], tuple[Any, float]]:
 
 
 @contextlib.contextmanager
-def local_stack(run: RunDir) -> Iterator[StackEndpoints]:
-    """Start all four services in parallel; stop every one that started, even on failure."""
+def local_stack(run: RunDir, prometheus: bool = False) -> Iterator[StackEndpoints]:
+    """Start all four services in parallel (then Prometheus, scraping Triton and consumers, if
+    asked); stop every one that started, even on failure."""
     services: dict[str, ManagedService[Any]] = {
         "kafka": KafkaService(run),
         "pubsub": PubSubService(run),
@@ -73,12 +79,16 @@ def local_stack(run: RunDir) -> Iterator[StackEndpoints]:
         with ThreadPoolExecutor(max_workers=len(services)) as pool:
             futures = {name: pool.submit(_timed(svc)) for name, svc in services.items()}
             results = {name: future.result() for name, future in futures.items()}
+        if prometheus:
+            services["prometheus"] = local_stack_prometheus(run, results["triton"][0].metrics_url)
+            results["prometheus"] = _timed(services["prometheus"])()
         yield StackEndpoints(
             kafka=results["kafka"][0],
             pubsub=results["pubsub"][0],
             triton=results["triton"][0],
             postgres=results["postgres"][0],
             startup_s={name: seconds for name, (_, seconds) in results.items()},
+            prometheus=results["prometheus"][0] if prometheus else None,
         )
     finally:
         for service in services.values():

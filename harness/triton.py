@@ -15,6 +15,7 @@ import importlib.util
 import logging
 import os
 import shutil
+import signal
 import sys
 import sysconfig
 import time
@@ -50,6 +51,19 @@ class TritonEndpoint:
     model_repository: Path
     chaos_control: Path  # write harness.chaos.ChaosControl here to steer the "chaos" model
     tls: TritonTls | None = None  # set when gRPC serves TLS only
+
+
+@dataclass(frozen=True)
+class TritonPorts:
+    """The three ports one tritonserver listens on (127.0.0.1)."""
+
+    grpc: int
+    http: int
+    metrics: int
+
+    @classmethod
+    def free(cls) -> TritonPorts:
+        return cls(free_port(), free_port(), free_port())
 
 
 @dataclass(frozen=True)
@@ -148,7 +162,9 @@ class TritonService(ManagedService[TritonEndpoint]):
 
     Optional: ``tls`` serves gRPC over TLS (or mutual TLS) only; ``models`` loads just these
     models of the repository (explicit model control); ``name`` names its data dir and log, so
-    a second server in the same run does not share the first one's files."""
+    a second server in the same run does not share the first one's files; ``ports`` fixes its
+    ports (default: free ones, kept for the next :meth:`start`, so a server stopped or
+    :meth:`kill`-ed comes back on the same address)."""
 
     name = "triton"
 
@@ -161,9 +177,11 @@ class TritonService(ManagedService[TritonEndpoint]):
         tls: TritonTls | None = None,
         models: Sequence[str] | None = None,
         name: str | None = None,
+        ports: TritonPorts | None = None,
     ) -> None:
         if name is not None:
             self.name = name
+        self.ports = ports
         self.run = run
         self.tls = tls
         self.models = list(models) if models is not None else None
@@ -198,7 +216,8 @@ class TritonService(ManagedService[TritonEndpoint]):
             )
         backends = _backend_dir(install, self.run.data(self.name))
         ChaosControl().write(self.chaos_control)  # every run starts without faults
-        grpc_port, http_port, metrics_port = free_port(), free_port(), free_port()
+        self.ports = self.ports or TritonPorts.free()
+        grpc_port, http_port, metrics_port = self.ports.grpc, self.ports.http, self.ports.metrics
         argv = [
             str(install.server),
             f"--model-repository={self.model_repository}",
@@ -240,6 +259,17 @@ class TritonService(ManagedService[TritonEndpoint]):
         if self._process is not None:
             self._process.stop()
             self._process = None
+
+    def kill(self) -> None:
+        """SIGKILL the server and its backend stubs (its process group), as a crash would;
+        :meth:`start` brings it back on the same ports."""
+        process, self._process = self._process, None
+        if process is None:
+            return
+        if process.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+        process.stop()  # reaps it and closes the log
 
 
 class _ReadyCheck:

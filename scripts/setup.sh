@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Idempotent set-up for a fresh machine of this project's kind (Debian 12, Python 3.11):
-# system packages (PostgreSQL, Java, Maven) when missing, then the project's venv.
+# system packages (PostgreSQL, Java, Maven, Prometheus) when missing, then the project's venv.
 # Kafka's jars are fetched from Maven Central by the launcher on first start, into
 # ${ROWBATCH_CACHE:-~/.cache/rowbatch}, and reused after that.
 set -euo pipefail
@@ -17,6 +17,7 @@ missing_pkgs=()
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing_pkgs+=(postgresql)
 command -v java >/dev/null 2>&1 || missing_pkgs+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null 2>&1 || missing_pkgs+=(maven)
+command -v promtool >/dev/null 2>&1 || missing_pkgs+=(prometheus)
 if ((${#missing_pkgs[@]})); then
   if [ "$(id -u)" -ne 0 ]; then
     die "missing system packages: ${missing_pkgs[*]}. Install them: sudo apt-get install -y ${missing_pkgs[*]}"
@@ -31,6 +32,9 @@ if [ ! -x /usr/lib/google-cloud-sdk/platform/pubsub-emulator/bin/cloud-pubsub-em
     || die "neither the Pub/Sub emulator (Debian package google-cloud-cli-pubsub-emulator) nor Go (for the pstest fallback) is installed"
   say "Pub/Sub emulator absent: the tests will build and use Google's Go fake 'pstest'"
 fi
+
+command -v kubectl >/dev/null 2>&1 \
+  || say "kubectl absent: tests/unit/test_deploy_k8s.py (kubectl kustomize deploy/k8s) will be skipped"
 
 stamp=.venv/.rowbatch-installed
 want=$(cat pyproject.toml | sha256sum | cut -c1-16)

@@ -10,14 +10,14 @@ from typing import Final, Literal
 
 import pyarrow as pa
 
-from wire.columns import (
+from wire.columns.arrow import (
     ArrowConverter,
-    Column,
-    ColumnType,
     arrow_converter,
     arrow_to_column,
     column_to_arrow,
 )
+from wire.columns.canonical import Column
+from wire.columns.column_type import ColumnType
 from wire.errors import CorruptArrow
 
 Compression = Literal["lz4", "zstd"]
@@ -81,7 +81,8 @@ def _decode_known(
     set-up and the schema's parse: the batch is read against the known schema and validated
     in full, as the stream reader's batches are."""
     end = _schema_message_end(payload, buffer)
-    if not end:
+    # No schema message, or the schema alone (the stream reader decodes that as no rows).
+    if not end or end >= len(buffer):
         return None
     known = _KNOWN_SCHEMAS.get(_prefix(payload, buffer, end))
     if known is None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,6 +99,8 @@ class Batcher:
     target: int
     max_wait_s: float
     clock: Clock = time.monotonic
+    on_shrink: Callable[[], None] | None = None
+    """Called whenever queued rows leave the queue (batched, discarded or withdrawn)."""
     _queue: deque[_Pending] = field(default_factory=deque, init=False)
     _rows: int = field(default=0, init=False)
 
@@ -163,7 +165,29 @@ class Batcher:
                 kept.append(p)
         self._queue = kept
         self._rows -= dropped
+        self._shrunk()
         return dropped
+
+    def withdraw(self, messages: Collection[int]) -> list[int]:
+        """Drop the messages of ``messages`` none of whose rows has been batched yet; returns
+        those dropped (a message already partly batched stays: its other rows follow)."""
+        wanted = set(messages)
+        dropped: list[int] = []
+        kept: deque[_Pending] = deque()
+        for p in self._queue:
+            if p.message in wanted and p.taken == 0:
+                dropped.append(p.message)
+                self._rows -= p.rows
+            else:
+                kept.append(p)
+        if dropped:
+            self._queue = kept
+            self._shrunk()
+        return dropped
+
+    def _shrunk(self) -> None:
+        if self.on_shrink is not None:
+            self.on_shrink()
 
     def _take(self, want: int) -> Batch:
         parts: list[tuple[_Pending, int, int]] = []
@@ -181,6 +205,7 @@ class Batcher:
             head.taken = start + n
             parts.append((head, start, start + n))
             want -= n
+        self._shrunk()
         return _concat(parts, oldest)
 
 

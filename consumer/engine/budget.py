@@ -111,6 +111,10 @@ class ByteBudget:
         self._used += n
 
     async def release(self, n: int) -> None:
+        self.release_now(n)
+
+    def release_now(self, n: int) -> None:
+        """``release``, synchronously (for callers that must not yield to the event loop)."""
         self._used = max(0, self._used - n)
         self._wake()
         for watcher in self._watchers:

@@ -124,6 +124,36 @@ class Metrics:
         self.target_batch_size = Gauge(
             "rowbatch_target_batch_size", "Batch size aimed at", registry=r
         )
+        self.endpoint_requests = Counter(
+            "rowbatch_endpoint_requests",
+            "Inference requests sent, per model-server endpoint",
+            ["endpoint"],
+            registry=r,
+        )
+        self.endpoint_errors = Counter(
+            "rowbatch_endpoint_errors",
+            "Failed inference requests, per model-server endpoint and kind",
+            ["endpoint", "kind"],
+            registry=r,
+        )
+        self.endpoint_inflight = Gauge(
+            "rowbatch_endpoint_inflight_batches",
+            "Inference requests in flight, per model-server endpoint",
+            ["endpoint"],
+            registry=r,
+        )
+        self.endpoint_healthy = Gauge(
+            "rowbatch_endpoint_healthy",
+            "1 while the model-server endpoint takes requests",
+            ["endpoint"],
+            registry=r,
+        )
+        self.endpoint_rows = Counter(
+            "rowbatch_endpoint_rows",
+            "Rows answered, per model-server endpoint",
+            ["endpoint"],
+            registry=r,
+        )
         # Every labelled series exists from the start (at 0), so alerts and dashboards see 0
         # rather than nothing.
         for reason in DEAD_LETTER_REASONS:
@@ -134,3 +164,38 @@ class Metrics:
             self.sink_errors.labels(kind)
         for why in PAUSE_REASONS:
             self.paused.labels(why).set(0)
+
+    def endpoint(self, address: str) -> EndpointMetrics:
+        """The per-endpoint series of ``address`` (created at 0)."""
+        return EndpointMetrics(self, address)
+
+
+class EndpointMetrics:
+    """One model-server endpoint's series, looked up once (a request costs a few increments,
+    not label lookups)."""
+
+    def __init__(self, metrics: Metrics, address: str) -> None:
+        self._requests = metrics.endpoint_requests.labels(address)
+        self._errors = {
+            k: metrics.endpoint_errors.labels(address, k) for k in INFERENCE_ERROR_KINDS
+        }
+        self._inflight = metrics.endpoint_inflight.labels(address)
+        self._healthy = metrics.endpoint_healthy.labels(address)
+        self._rows = metrics.endpoint_rows.labels(address)
+        self._inflight.set(0)
+        self._healthy.set(0)
+
+    def sent(self) -> None:
+        self._requests.inc()
+
+    def answered(self, rows: int) -> None:
+        self._rows.inc(rows)
+
+    def failed(self, kind: str) -> None:
+        self._errors.get(kind, self._errors["other"]).inc()
+
+    def in_flight(self, requests: int) -> None:
+        self._inflight.set(requests)
+
+    def healthy(self, up: bool) -> None:
+        self._healthy.set(1 if up else 0)

@@ -2,6 +2,9 @@
 
     rowbatch-consumer run --config consumer.toml      consume until SIGTERM/SIGINT
     rowbatch-consumer check --config consumer.toml    validate the config, print the model spec
+    rowbatch-consumer admin ensure --config consumer.toml [--dry-run]
+        create the topics/subscriptions the config needs, check existing ones (exit codes:
+        ``consumer/service/admin.py``; 3 when something exists but differs)
 
 Every config field can come from the environment: ``ROWBATCH_<SECTION>__<FIELD>``.
 Exit codes: 0 clean stop; 2 bad configuration or a failed start-up check; 1 anything else.
@@ -19,10 +22,18 @@ from pathlib import Path
 from consumer.engine.pipeline import PipelineFailed
 from consumer.model.binding import Binding, BindingError, check_binding
 from consumer.model.discovery import ModelConfigError, ModelDiscoveryError, target_batch_size
-from consumer.model.inference import InferenceClient
-from consumer.service import logs
+from consumer.service import admin, logs
 from consumer.service.config import ConfigError, ConsumerConfig, load_config
-from consumer.service.runner import StartupError, run_consumer
+from consumer.service.model_wiring import check_endpoints
+from consumer.service.runner import run_consumer
+from consumer.service.shutdown import (
+    CLOSE_MARGIN_S,
+    Watchdog,
+    exit_past_stuck_threads,
+    run_bounded,
+    watch_stop,
+)
+from consumer.service.startup import StartupError
 from consumer.sinks.base import SinkError
 from consumer.sources.base import SourceConfigError, SourceUnreachable
 
@@ -45,19 +56,23 @@ async def _run(config: ConsumerConfig) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await run_consumer(config, stop)
+    watchdog = Watchdog(config.shutdown_grace_s + CLOSE_MARGIN_S)
+    arming = asyncio.create_task(watch_stop(stop, watchdog), name="shutdown-watchdog")
+    try:
+        await run_consumer(config, stop)
+    finally:
+        arming.cancel()
 
 
 async def _check(config: ConsumerConfig) -> None:
-    async with InferenceClient(
-        config.model.url, config.model.name, config.model.version, tls=config.model.tls_options()
-    ) as c:
-        spec = await c.discover()
+    specs = await check_endpoints(config.model)  # every endpoint, the same model config
+    spec = next(iter(specs.values()))
     binding = Binding(
         config.binding.inputs, config.binding.outputs, tuple(config.binding.passthrough)
     )
     check_binding(spec, binding)
-    print(f"model {spec.name} version {spec.version or '(server default)'} on {config.model.url}")
+    where = ", ".join(specs)
+    print(f"model {spec.name} version {spec.version or '(server default)'} on {where}")
     for tensor in spec.inputs:
         print(f"  input  {tensor}")
     for tensor in spec.outputs:
@@ -67,9 +82,20 @@ async def _check(config: ConsumerConfig) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rowbatch-consumer", description=__doc__.split("\n")[0])
-    parser.add_argument("command", choices=["run", "check"])
+    parser.add_argument("command", choices=["run", "check", "admin"])
+    parser.add_argument("action", nargs="?", choices=["ensure"], help="with admin: ensure")
     parser.add_argument("--config", type=Path, help="TOML file (env vars override it)")
+    parser.add_argument("--dry-run", action="store_true", help="admin ensure: change nothing")
+    parser.add_argument(
+        "--timeout", type=float, default=30.0, help="admin ensure: seconds to wait for the broker"
+    )
     args = parser.parse_args(argv)
+    if (args.command == "admin") != (args.action is not None) or (
+        args.dry_run and args.command != "admin"
+    ):
+        parser.error("admin takes the action ensure (and --dry-run); run and check take neither")
+    if args.command == "admin":
+        return admin.ensure_broker(args.config, dry_run=args.dry_run, timeout_s=args.timeout)
     try:
         config = load_config(args.config)
     except ConfigError as exc:
@@ -77,11 +103,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logs.configure(config.log_format, config.log_level)
     try:
-        asyncio.run(_run(config) if args.command == "run" else _check(config))
+        run_bounded(_run(config) if args.command == "run" else _check(config))
     except _STARTUP_ERRORS as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return exit_past_stuck_threads(2)
     except PipelineFailed as exc:
         print(f"error: {exc} (unsettled messages were nacked)", file=sys.stderr)
-        return 1
-    return 0
+        return exit_past_stuck_threads(1)
+    return exit_past_stuck_threads(0)

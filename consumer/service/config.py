@@ -7,13 +7,13 @@ Nested fields use ``__`` in the environment: ``ROWBATCH_MODEL__URL=127.0.0.1:800
 
 from __future__ import annotations
 
+import contextlib
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     SecretStr,
     ValidationError,
@@ -27,6 +27,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from consumer.model.endpoints import Endpoints, EndpointSpecError, parse_endpoints
 from consumer.model.tls import (
     TlsConfigError,
     TlsOptions,
@@ -35,135 +36,42 @@ from consumer.model.tls import (
     check_key_file,
     check_pair,
 )
+from consumer.service.source_config import (
+    KafkaSettings,
+    MiB,
+    PubSubSettings,
+    Section,
+    SourceSettings,
+)
 from wire.columns import ColumnType
 
-MiB = 1024 * 1024
+__all__ = [
+    "BindingSettings",
+    "ConfigError",
+    "ConsumerConfig",
+    "KafkaSettings",
+    "MiB",
+    "ModelSettings",
+    "ParquetSinkSettings",
+    "PostgresSinkSettings",
+    "PubSubSettings",
+    "ServerSettings",
+    "SinkSettings",
+    "SourceSettings",
+    "SqliteSinkSettings",
+    "load_config",
+]
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class PubSubSettings(_Section):
-    kind: Literal["pubsub"] = "pubsub"
-    subscription: str = Field(pattern=r"^projects/[^/]+/subscriptions/[^/]{3,}$")
-    """Full path: ``projects/P/subscriptions/S``."""
-    dead_letter_topic: str | None = Field(default=None, pattern=r"^projects/[^/]+/topics/[^/]{3,}$")
-    """Full path of the topic poison messages go to (``projects/P/topics/T``). May be left out
-    only when the subscription has its own dead-letter policy (poison is then nacked until
-    Pub/Sub moves it)."""
-    max_messages: int = Field(default=1000, ge=1)
-    """Flow control: most messages held (leased, not yet acked) at once."""
-    max_bytes: int = Field(default=64 * MiB, ge=1024)
-    """Flow control: most payload bytes held at once."""
-    max_lease_duration_s: float = Field(default=3600.0, gt=0)
-    """How long a held message's ack deadline keeps being extended; must exceed the worst
-    batch time plus backoff."""
-    max_lease_extension_s: float = Field(default=60.0, ge=10, le=600)
-    """Longest single ack-deadline extension: bounds how long a crashed consumer's messages
-    wait before Pub/Sub redelivers them."""
-    max_delivery_attempts: int | None = Field(default=None, ge=1)
-    """Dead-letter a message delivered more often than this (needs a subscription with a
-    dead-letter policy, which is what makes Pub/Sub count attempts)."""
-    mode: Literal["pull", "streaming"] = "pull"
-    """``pull``: unary Pull calls with batched acks and leases kept by rowbatch
-    (``consumer/sources/pubsub/pull.py``; ~10x less CPU per message, see README "Pub/Sub pull
-    mode"); ``streaming``: google-cloud-pubsub's streaming pull (``sources/pubsub.py``)."""
-    pull_concurrency: int = Field(default=2, ge=1, le=16)
-    """Pull mode: Pull calls in flight at once."""
-    pull_max_messages: int = Field(default=1000, ge=1, le=1000)
-    """Pull mode: most messages one Pull asks for (also bounded by ``max_messages``)."""
-    ack_delay_ms: float = Field(default=10.0, ge=0, le=1000)
-    """Pull mode: longest an ack/nack waits to share an Acknowledge/ModifyAckDeadline call
-    (up to 1,000 ids each)."""
-
-
-class KafkaSettings(_Section):
-    """An Apache Kafka topic read as a consumer-group member (offsets committed by the
-    consumer, per partition, only below records that are written or dead-lettered). See
-    ``consumer/sources/kafka/source.py`` for how commits, rebalances, pauses and retries work."""
-
-    kind: Literal["kafka"] = "kafka"
-    bootstrap_servers: str = Field(min_length=1)
-    """``host:port[,host:port...]``."""
-    topic: str = Field(min_length=1)
-    group_id: str = Field(min_length=1)
-    dead_letter_topic: str | None = Field(default=None, min_length=1)
-    """Default: ``<topic>.dlq``. Must exist."""
-    max_delivery_attempts: int | None = Field(default=5, ge=1)
-    """Dead-letter a record (``too-many-attempts``) after this many local deliveries; nacked
-    records are re-delivered by this consumer with a growing delay (``redelivery_backoff_s``
-    doubling up to ``redelivery_backoff_max_s``). None: retry forever."""
-    redelivery_backoff_s: float = Field(default=1.0, gt=0)
-    redelivery_backoff_max_s: float = Field(default=30.0, gt=0)
-    commit_interval_s: float = Field(default=1.0, gt=0)
-    """How often completed offsets are committed (also on rebalance and shutdown)."""
-    revoke_grace_s: float = Field(default=5.0, ge=0)
-    """On a rebalance, how long to wait for in-flight records of revoked partitions."""
-    session_timeout_ms: int = Field(default=10_000, ge=1000)
-    heartbeat_interval_ms: int = Field(default=3_000, ge=100)
-    max_poll_interval_ms: int = Field(default=300_000, ge=1000)
-    rebalance_timeout_ms: int = Field(default=30_000, ge=1000)
-    """Must exceed ``revoke_grace_s`` plus the commit timeout (10 s)."""
-    auto_offset_reset: Literal["earliest", "latest"] = "earliest"
-    """Where a group without committed offsets starts."""
-    max_buffered_records: int = Field(default=2000, ge=1)
-    """Records fetched ahead of the pipeline; fetching pauses beyond this."""
-    max_buffered_bytes: int = Field(default=64 * MiB, ge=1024)
-    """What records fetched ahead of the pipeline may cost (their bytes plus ~1 KB of objects
-    each, measured); fetching pauses beyond this. The read-ahead is also held in
-    ``budget_bytes`` and takes at most a quarter of it."""
-    max_partition_fetch_bytes: int = Field(default=MiB, ge=1024)
-    """At least the topic's ``max.message.bytes``."""
-    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
-    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
-    """Required with ``SASL_PLAINTEXT``/``SASL_SSL``."""
-    sasl_plain_username: str | None = None
-    sasl_plain_password: SecretStr | None = None
-    ssl_cafile: Path | None = None
-    """CA bundle for the brokers' certificates (default: the system's)."""
-    ssl_certfile: Path | None = None
-    """Client certificate for mutual TLS (with ``ssl_keyfile``)."""
-    ssl_keyfile: Path | None = None
-    ssl_key_password: SecretStr | None = None
-    client_id: str = "rowbatch-consumer"
-    lag_interval_s: float = Field(default=5.0, gt=0)
-    """How often per-partition lag is measured and exported."""
-    target_latency_s: float = Field(default=30.0, gt=0)
-    """For ``rowbatch_desired_replicas``: how long the backlog may take to clear."""
-    rows_per_s_per_replica: float | None = Field(default=None, gt=0)
-    """For ``rowbatch_desired_replicas``: what one replica sustains; None: measured while
-    the replica is saturated."""
-
-    @model_validator(mode="after")
-    def _consistent(self) -> KafkaSettings:
-        sasl = self.security_protocol.startswith("SASL_")
-        if sasl and (
-            self.sasl_mechanism is None
-            or not self.sasl_plain_username
-            or self.sasl_plain_password is None
-        ):
-            raise ValueError(
-                f"security_protocol {self.security_protocol} needs sasl_mechanism, "
-                f"sasl_plain_username and sasl_plain_password"
-            )
-        if not sasl and self.sasl_mechanism is not None:
-            raise ValueError("sasl_mechanism needs security_protocol SASL_PLAINTEXT or SASL_SSL")
-        tls = self.security_protocol in ("SSL", "SASL_SSL")
-        if not tls and (self.ssl_cafile or self.ssl_certfile or self.ssl_keyfile):
-            raise ValueError("ssl_* files need security_protocol SSL or SASL_SSL")
-        if self.heartbeat_interval_ms >= self.session_timeout_ms:
-            raise ValueError("heartbeat_interval_ms must be below session_timeout_ms")
-        if (self.revoke_grace_s + 10) * 1000 >= self.rebalance_timeout_ms:
-            raise ValueError("rebalance_timeout_ms must exceed (revoke_grace_s + 10 s)")
-        if self.dead_letter_topic == self.topic:
-            raise ValueError("dead_letter_topic must differ from topic")
-        return self
-
-
-class ModelSettings(_Section):
+class ModelSettings(Section):
     url: str = "127.0.0.1:8001"
-    """Triton (KServe v2) gRPC address, ``host:port``."""
+    """Triton (KServe v2) gRPC address, ``host:port``; several servers as a list (in the
+    environment: separated by commas, or a JSON list), ``dns:///name:port`` for every address
+    of a name (a Kubernetes headless Service), or grpc's ``ipv4:a:p,b:p`` list. Each batch
+    goes to the healthy server with the fewest requests outstanding."""
+    resolve_interval_s: float = Field(default=10.0, gt=0)
+    """How often ``dns:///`` names are resolved again (servers that appear join once they
+    serve the same model; those that disappear are retired)."""
     name: str
     version: str = ""
     """Empty: the server's choice (its version policy)."""
@@ -173,9 +81,10 @@ class ModelSettings(_Section):
     max_wait_ms: float = Field(default=100.0, ge=0)
     """Latency bound: a partial batch is sent once its oldest row has waited this long."""
     max_in_flight: int | None = Field(default=None, ge=1)
-    """Batches in flight at once. Default: per model instance, enough for two executions of
-    the model's ``max_batch_size`` (one running, one queued), at least 2: 4 for a model with
-    preferred size 128 and max_batch_size 256. The memory budget still bounds it."""
+    """Batches in flight at once per server (the consumer keeps the sum over the servers
+    found at start). Default: per model instance, enough for two executions of the model's
+    ``max_batch_size`` (one running, one queued), at least 2: 4 for a model with preferred
+    size 128 and max_batch_size 256. The memory budget still bounds it."""
     timeout_s: float = Field(default=60.0, gt=0)
     """Per-request deadline."""
     backoff_initial_s: float = Field(default=0.1, gt=0)
@@ -196,6 +105,35 @@ class ModelSettings(_Section):
     tls_server_name: str | None = Field(default=None, min_length=1)
     """The name checked against the server's certificate instead of the URL's host (gRPC's
     ``ssl_target_name_override``), e.g. when connecting by IP address."""
+
+    @field_validator("url", mode="before")
+    @classmethod
+    def _url_list(cls, value: object) -> object:
+        """A list (or a JSON list in the environment) becomes the comma-separated form."""
+        if isinstance(value, str) and value.startswith("[") and value.endswith("]"):
+            with contextlib.suppress(ValueError):
+                value = json.loads(value)
+        if isinstance(value, list | tuple):
+            if not all(isinstance(v, str) for v in value):
+                raise ValueError("a list of model servers holds strings (host:port)")
+            try:
+                return ",".join(str(t) for t in parse_endpoints(value).targets)
+            except EndpointSpecError as exc:
+                raise ValueError(str(exc)) from None
+        return value
+
+    @field_validator("url")
+    @classmethod
+    def _url_parses(cls, value: str) -> str:
+        try:
+            parse_endpoints(value)
+        except EndpointSpecError as exc:
+            raise ValueError(str(exc)) from None
+        return value
+
+    def endpoints(self) -> Endpoints:
+        """``url`` parsed into the model-server targets."""
+        return parse_endpoints(self.url)
 
     @field_validator("tls_ca_file")
     @classmethod
@@ -257,12 +195,12 @@ def _tls_check(check: Callable[[Path], None], path: Path) -> None:
         raise ValueError(str(exc)) from None
 
 
-class BindingSettings(_Section):
+class BindingSettings(Section):
     inputs: dict[str, str]
     """Table column -> model input."""
     outputs: dict[str, str]
     """Model output -> result column."""
-    passthrough: dict[str, str] = {}
+    passthrough: dict[str, str] = Field(default_factory=dict)
     """Input columns copied into the result table (keys for joining back), with their wire
     type (``int64``, ``string``, ``float32``, ``vector[float32,384]``...): messages whose
     column has another type are dead-lettered as schema mismatches."""
@@ -278,7 +216,7 @@ class BindingSettings(_Section):
         return value
 
 
-class _SinkSection(_Section):
+class _SinkSection(Section):
     backoff_initial_s: float = Field(default=0.2, gt=0)
     """First wait after a transient sink failure (connection lost, database restarting,
     serialization failure, object-store throttling); doubles up to ``backoff_max_s``. Writes
@@ -320,13 +258,12 @@ class ParquetSinkSettings(_SinkSection):
     table: str = "results"
 
 
-SourceSettings = Annotated[PubSubSettings | KafkaSettings, Field(discriminator="kind")]
 SinkSettings = Annotated[
     SqliteSinkSettings | PostgresSinkSettings | ParquetSinkSettings, Field(discriminator="kind")
 ]
 
 
-class ServerSettings(_Section):
+class ServerSettings(Section):
     host: str = "127.0.0.1"
     """Where /metrics, /healthz and /readyz listen (0.0.0.0 in a container)."""
     port: int = Field(default=9464, ge=0, le=65535)

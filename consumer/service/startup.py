@@ -19,6 +19,10 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+class StartupError(RuntimeError):
+    """The consumer cannot start; the message says what to fix."""
+
+
 class StillUnavailable(RuntimeError):
     """The dependency stayed unavailable for the whole start-up wait."""
 

@@ -20,7 +20,7 @@ output columns                one per model output, as configured (vectors as ar
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, ParamSpec, Protocol, TypeVar
@@ -146,6 +146,27 @@ class TableMismatch(SinkError):
         self.column = column
 
 
+def demote_rejection(fault: SinkError) -> SinkError:
+    """``fault``, made a plain :class:`SinkError` if it is :class:`RowsRejected`: where no
+    rows are being written (opening, connecting, the Parquet key index) a refused value is a
+    setup problem, not the data's."""
+    return SinkError(str(fault)) if isinstance(fault, RowsRejected) else fault
+
+
+def check_column_types(
+    where: str, have: Mapping[str, str], wanted: Iterable[tuple[str, str]]
+) -> None:
+    """Raises :class:`TableMismatch` naming the first ``(column, type)`` of ``wanted`` that an
+    existing table (its columns' types in ``have``) lacks or holds with another type."""
+    for name, kind in wanted:
+        if name not in have:
+            raise TableMismatch(f"{where} lacks column {name!r} ({kind})", column=name)
+        if have[name] != kind:
+            raise TableMismatch(
+                f"{where}: column {name!r} is {have[name]}, expected {kind}", column=name
+            )
+
+
 def first_line(exc: BaseException) -> str:
     """The first non-empty line of the exception's message (its class name if it has none):
     the database's or store's own words for a sink error, without the context lines."""
@@ -212,12 +233,17 @@ def utc(moment: datetime) -> datetime:
     return moment.astimezone(UTC)
 
 
+async def finish_on_cancel(work: asyncio.Future[_T]) -> _T:
+    """Awaits ``work`` (a thread's); when cancelled, still waits for it to end before
+    re-raising, so a sink never has two threads on one connection or file at once."""
+    try:
+        return await asyncio.shield(work)
+    except asyncio.CancelledError:
+        await asyncio.wait([work])
+        raise
+
+
 async def in_thread(func: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
     """``asyncio.to_thread`` that, when cancelled, still waits for the thread's work to end
-    before re-raising, so a sink never has two threads on one connection or file at once."""
-    task = asyncio.ensure_future(asyncio.to_thread(func, *args, **kwargs))
-    try:
-        return await asyncio.shield(task)
-    except asyncio.CancelledError:
-        await asyncio.wait([task])
-        raise
+    (:func:`finish_on_cancel`)."""
+    return await finish_on_cancel(asyncio.ensure_future(asyncio.to_thread(func, *args, **kwargs)))

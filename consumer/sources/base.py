@@ -3,7 +3,7 @@ once, by ``ack``, ``nack`` or ``dead_letter``."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Protocol, Self, runtime_checkable
@@ -12,6 +12,7 @@ from wire.dead_letter import DEFAULT_CODES, ReasonClass
 
 __all__ = [
     "DEFAULT_CODES",
+    "BoundsReadAhead",
     "DeadLetterFailed",
     "DeadLetterReason",
     "Delivery",
@@ -23,6 +24,9 @@ __all__ = [
     "SourceConfigError",
     "SourceError",
     "SourceUnreachable",
+    "Withdraw",
+    "WithdrawsDeliveries",
+    "WorkBound",
     "package_version",
 ]
 
@@ -158,3 +162,45 @@ class SharesBudget(Protocol):
     fetched but not yet yielded in the pipeline's budget, so memory stays inside one limit."""
 
     def share_budget(self, budget: SharedBudget) -> None: ...
+
+
+@dataclass(frozen=True)
+class WorkBound:
+    """How much work the pipeline keeps queued ahead of the model server: ``rows`` (a small
+    multiple of ``batch_rows`` x ``in_flight``). A source that reads ahead holds no more than
+    this either, so what is in hand when it loses its messages (a Kafka rebalance) is a batch
+    or two, not the backlog."""
+
+    batch_rows: int
+    """The model's target batch size."""
+    in_flight: int
+    """Inference requests the pipeline keeps at the server at once."""
+    rows: int
+
+
+@runtime_checkable
+class BoundsReadAhead(Protocol):
+    """Optional part of :class:`Source`: a source that reads ahead (Kafka) bounds what it has
+    fetched and not yet yielded by rows of work (``bound.rows``) as well as by records and
+    bytes (called by the pipeline when it starts)."""
+
+    def bound_read_ahead(self, bound: WorkBound) -> None: ...
+
+
+Withdraw = Callable[[Sequence[Delivery]], Collection[Delivery]]
+"""The pipeline's side of :class:`WithdrawsDeliveries`: given deliveries the source takes
+back, drop those none of whose rows has been sent to the model yet (out of the batcher and the
+ledger, their budget released, neither acked nor nacked) and return them; the others finish as
+usual."""
+
+
+@runtime_checkable
+class WithdrawsDeliveries(Protocol):
+    """Optional part of :class:`Source`: a source whose deliveries can lose their owner before
+    they are settled (a Kafka partition revoked in a rebalance) takes back, at once, those the
+    pipeline has not yet sent to the model: it calls ``withdraw`` with them and forgets the
+    ones returned (their next owner reads them again), so no row is inferred twice."""
+
+    def on_withdraw(self, withdraw: Withdraw) -> None:
+        """Register the pipeline's ``withdraw`` (called by the pipeline when it starts)."""
+        ...

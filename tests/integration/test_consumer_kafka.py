@@ -25,9 +25,10 @@ import psycopg
 import pytest
 from prometheus_client import CollectorRegistry
 
+from consumer.service.adapters import make_source
 from consumer.service.config import ConsumerConfig, KafkaSettings, PostgresSinkSettings
-from consumer.service.runner import Running, make_source, run_consumer
-from consumer.sources.kafka.source import KafkaSource
+from consumer.service.runner import Running, run_consumer
+from consumer.sources.kafka import KafkaSource
 from harness.chaos import ChaosControl
 from harness.kafka import KafkaEndpoint
 from harness.postgres import PostgresEndpoint

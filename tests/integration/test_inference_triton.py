@@ -14,7 +14,8 @@ import pytest
 from numpy.typing import NDArray
 
 from consumer.engine.poison import isolate
-from consumer.model.binding import Binding, build_inputs, check_binding, check_columns
+from consumer.model.binding import Binding, check_binding
+from consumer.model.chunk_check import check_columns
 from consumer.model.discovery import (
     ModelNotFound,
     ModelServerUnavailable,
@@ -32,6 +33,7 @@ from consumer.model.inference import (
     RetryingInferencer,
     RetryPolicy,
 )
+from consumer.model.tensors import build_inputs
 from harness.chaos import ChaosControl
 from harness.proc import LOOPBACK, free_port
 from harness.reference_models import EMBEDDING_DIM, FEATURE_DIM, embed_batch, score

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 
-from consumer.sources.kafka.source import KafkaSource
+from consumer.sources.kafka import KafkaSource
 from harness.kafka import KafkaEndpoint
 from tests.integration.kafka_helpers import KafkaTopics, group_offsets, produce
 from tests.integration.test_source_kafka import records, source_config, take

@@ -19,7 +19,7 @@ import pytest
 from google.pubsub_v1 import types as pstypes
 
 from consumer.sources.base import Delivery
-from consumer.sources.pubsub.streaming import PubSubSource, PubSubSourceConfig
+from consumer.sources.pubsub import PubSubSource, PubSubSourceConfig
 from harness.pubsub import PubSubEndpoint
 
 MESSAGES = 20

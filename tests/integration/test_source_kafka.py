@@ -14,7 +14,7 @@ import pytest
 from aiokafka import TopicPartition
 
 from consumer.sources.base import DeadLetterReason, Delivery, ReasonClass
-from consumer.sources.kafka.source import (
+from consumer.sources.kafka import (
     KafkaConfigError,
     KafkaSource,
     KafkaSourceConfig,

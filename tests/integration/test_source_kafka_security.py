@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from consumer.sources.base import DeadLetterReason, ReasonClass
-from consumer.sources.kafka.source import KafkaSource, KafkaUnreachable
+from consumer.sources.kafka import KafkaSource, KafkaUnreachable
 from harness.kafka import KafkaEndpoint, KafkaService
 from harness.proc import free_port
 from harness.service import RunDir

@@ -25,9 +25,11 @@ from google.pubsub_v1.services.publisher import PublisherClient as GapicPublishe
 
 from consumer.service.config import ConsumerConfig
 from consumer.sources.base import DeadLetterReason, Delivery, ReasonClass, Source
-from consumer.sources.pubsub.pull import PubSubPullError, PubSubPullSource, PubSubPullSourceConfig
-from consumer.sources.pubsub.shared import (
+from consumer.sources.pubsub import (
     PubSubConfigError,
+    PubSubPullError,
+    PubSubPullSource,
+    PubSubPullSourceConfig,
 )
 from harness.pubsub import PubSubEndpoint
 from harness.reference_models import score

@@ -121,3 +121,22 @@ def test_every_row_comes_out_once_in_order(sizes: list[int], target: int) -> Non
             assert list(ids[off : off + len(seg)]) == [
                 seg.message * 1000 + i for i in range(seg.start, seg.stop)
             ]
+
+
+def test_withdraw_drops_messages_not_yet_batched_and_keeps_partly_batched_ones() -> None:
+    shrunk: list[int] = []
+    b = Batcher(target=4, max_wait_s=0.1, clock=FakeClock())
+    b.on_shrink = lambda: shrunk.append(b.pending_rows)
+    b.add(1, cols(1, 3))
+    b.add(2, cols(2, 3))
+    b.add(3, cols(3, 2))
+    batch = b.ready()  # message 1 whole, the first row of message 2
+    assert batch is not None
+    assert shrunk == [4]
+    assert b.withdraw([2, 3, 9]) == [3]  # 2 is partly in a batch: its other rows follow
+    assert shrunk == [4, 2]
+    assert b.pending_rows == 2
+    assert b.withdraw([3]) == []
+    assert shrunk == [4, 2]  # nothing left the queue
+    rest = b.drain()
+    assert [(s.message, s.start, s.stop) for r in rest for s in r.segments] == [(2, 1, 3)]

@@ -10,17 +10,11 @@ import pytest
 from numpy.typing import NDArray
 from tritonclient.utils import deserialize_bytes_tensor
 
-from consumer.model.binding import (
-    RESERVED_COLUMNS,
-    Binding,
-    BindingError,
-    SchemaMismatch,
-    build_inputs,
-    check_binding,
-    check_chunk,
-    check_columns,
-)
+from consumer.model.binding import RESERVED_COLUMNS, Binding, BindingError, check_binding
+from consumer.model.chunk_check import check_chunk, check_columns
 from consumer.model.discovery import ModelSpec, TensorSpec
+from consumer.model.mismatch import SchemaMismatch
+from consumer.model.tensors import build_inputs
 from harness.model_specs import EMBEDDER, SCORER
 from wire.columns import (
     BOOL,

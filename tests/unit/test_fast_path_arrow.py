@@ -157,6 +157,16 @@ def test_known_schema_with_corrupt_buffers_fails_as_the_stream_reader_does() -> 
     assert warm(bytes(payload), stream([batch])) == cold(bytes(payload))
 
 
+def test_a_stream_cut_right_after_a_known_schema_decodes_as_the_stream_reader_does() -> None:
+    # Found by the property below: the known-schema path raised EOFError on a stream holding
+    # only the schema message, which the stream reader decodes as a stream of no rows.
+    batch = pa.record_batch([pa.array(["ab", None], pa.string())], names=["s"])
+    primer = stream([batch])
+    cut = primer[: codec_arrow._schema_message_end(primer, pa.py_buffer(primer))]
+    assert warm(cut, primer) == cold(cut)
+    assert warm(cut, primer)[0] == ["s"]
+
+
 @PROPERTY
 @given(
     case=chunk_cases(),

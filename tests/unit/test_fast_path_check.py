@@ -15,11 +15,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from consumer.model import binding as binding_module
-from consumer.model.binding import Binding, memoized_check
+from consumer.model import chunk_check as binding_module
+from consumer.model.binding import Binding
+from consumer.model.chunk_check import memoized_check
 from consumer.model.discovery import ModelSpec, TensorSpec
 from consumer.model.mismatch import SchemaMismatch
-from consumer.service import runner as service
+from consumer.service import model_wiring as service
 from wire.chunks import DecodedChunk
 from wire.columns import BYTES, FLOAT64, INT64, STRING, Column, ColumnType, make_column
 from wire.headers import ChunkHeaders, Encoding

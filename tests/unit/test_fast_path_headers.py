@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from wire import headers
 from wire.errors import WireError
-from wire.headers import ChunkHeaders, Encoding
+from wire.headers import ChunkHeaders, Encoding, chunk_headers
 
 PROPERTY = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -108,7 +108,7 @@ def outcome(attributes: Mapping[str, Any]) -> Any:
 
 @contextmanager
 def full_parse_only() -> Iterator[None]:
-    with mock.patch.object(headers, "_headers_as_written", return_value=None):
+    with mock.patch.object(chunk_headers, "_headers_as_written", return_value=None):
         yield
 
 
@@ -134,7 +134,7 @@ def test_fast_path_is_taken_for_what_producers_write() -> None:
             attrs = ChunkHeaders(
                 chunk_id="c-1", table="t", row_count=3, content_type=encoding, ordering_key=key
             ).to_attributes()
-            fast = headers._headers_as_written(attrs)
+            fast = chunk_headers._headers_as_written(attrs)
             assert fast is not None
             with full_parse_only():
                 assert fast == ChunkHeaders.from_attributes(attrs)
@@ -203,5 +203,5 @@ def test_any_attributes_parse_alike(changes: list[tuple[str, Any]]) -> None:
 def test_produced_timestamps_parse_alike(moment: dt.datetime, count: int) -> None:
     attrs = with_value(headers.H_PRODUCED_AT, headers.format_timestamp(moment))
     attrs[headers.H_ROW_COUNT] = str(count)
-    assert headers._headers_as_written(attrs) is not None
+    assert chunk_headers._headers_as_written(attrs) is not None
     assert_alike(attrs)

@@ -16,9 +16,10 @@ from hypothesis import strategies as st
 
 from tests.unit.test_wire_json_fast import PROPERTY, documents, outcome
 from tests.unit.wire_helpers import ChunkCase, chunk_cases
-from wire import codec_json
 from wire.chunks import Encoding, encode_chunk
+from wire.codec_json import decode as json_decode
 from wire.codec_json import decode_json
+from wire.codec_json import values as json_values
 
 F32_MAX = float(np.finfo(np.float32).max)
 EDGE_FLOATS = [
@@ -46,8 +47,8 @@ EDGE_FLOATS = [
 @contextmanager
 def full_checks() -> Iterator[None]:
     with (
-        mock.patch.object(codec_json, "_entry_type_fast", return_value=None),
-        mock.patch.object(codec_json, "_float32_fast", return_value=None),
+        mock.patch.object(json_decode, "_entry_type_fast", return_value=None),
+        mock.patch.object(json_values, "_float32_fast", return_value=None),
     ):
         yield
 

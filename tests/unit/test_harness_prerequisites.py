@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import kafka, postgres, pubsub
+from harness import postgres, pubsub
 from harness.errors import PrerequisiteMissing
+from harness.kafka import jars as kafka
 from harness.proc import ServiceProcess, free_port
 from harness.service import RunDir
 

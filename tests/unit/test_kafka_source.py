@@ -19,11 +19,11 @@ from pydantic import ValidationError
 
 from consumer.engine.budget import ByteBudget
 from consumer.observe.lag import ThroughputMeter, desired_replicas, partition_lag
+from consumer.service.adapters import make_source
 from consumer.service.config import KafkaSettings
-from consumer.service.runner import make_source
+from consumer.sources import kafka as kafka_source
 from consumer.sources.base import DeadLetterReason, Delivery, ReasonClass
-from consumer.sources.kafka import source as kafka_source
-from consumer.sources.kafka.source import KafkaConfigError, KafkaSource, KafkaSourceConfig
+from consumer.sources.kafka import KafkaConfigError, KafkaSource, KafkaSourceConfig
 
 TOPIC = "rows"
 TP0 = TopicPartition(TOPIC, 0)
@@ -575,6 +575,7 @@ def test_sasl_and_tls_are_passed_through() -> None:
         ({"heartbeat_interval_ms": 10_000}, "below session_timeout_ms"),
         ({"max_delivery_attempts": 0}, "max_delivery_attempts"),
         ({"commit_interval_s": 0}, "commit_interval_s must be > 0"),
+        ({"max_buffered_rows": 0}, "max_buffered_rows must be >= 1"),
     ],
 )
 def test_bad_config_is_named(extra: dict[str, Any], message: str) -> None:
@@ -595,6 +596,7 @@ def test_settings_wire_into_a_kafka_source() -> None:
             "sasl_plain_password": "p",
             "max_delivery_attempts": 3,
             "commit_interval_s": 2.5,
+            "max_buffered_rows": 4096,
         }
     )
     assert "'p'" not in repr(settings)
@@ -604,6 +606,8 @@ def test_settings_wire_into_a_kafka_source() -> None:
     assert source.config.sasl_mechanism == "SCRAM-SHA-256"
     assert source.config.max_delivery_attempts == 3
     assert source.config.commit_interval_s == 2.5
+    assert source.config.max_buffered_rows == 4096
+    assert KafkaSettings(bootstrap_servers="b", topic="t", group_id="g").max_buffered_rows is None
     assert source.config.dlq_topic == "rows.dlq"
 
 
@@ -626,7 +630,7 @@ def test_bad_settings_are_refused(extra: dict[str, Any]) -> None:
 
 
 def test_dead_letter_header_names_match_the_pubsub_source() -> None:
-    from consumer.sources.pubsub import streaming as pubsub
+    from consumer.sources.pubsub import dead_letters as pubsub
 
     for name in (
         "ATTR_REASON",

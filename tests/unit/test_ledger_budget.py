@@ -106,3 +106,18 @@ async def test_a_cancelled_wait_holds_nothing() -> None:
     await asyncio.gather(waiter, return_exceptions=True)
     await budget.release(90)
     assert budget.used == 0
+
+
+async def test_release_now_wakes_waiters_and_watchers_without_yielding() -> None:
+    budget = ByteBudget(100)
+    await budget.acquire(80)
+    watched: list[int] = []
+    budget.watch(lambda: watched.append(budget.used))
+    waiter = asyncio.create_task(budget.acquire(50))
+    await asyncio.sleep(0)
+    assert not waiter.done()
+    budget.release_now(60)
+    assert budget.used == 20
+    assert watched == [20]
+    await asyncio.wait_for(waiter, 1)
+    assert budget.used == 70

@@ -44,7 +44,7 @@ from consumer.engine.pipeline import Pipeline, PipelineSettings
 from consumer.observe.metrics import Metrics
 from consumer.sinks.base import ResultRows
 from consumer.sources.base import DeadLetterReason, Delivery
-from consumer.sources.kafka.source import KafkaSource, KafkaSourceConfig
+from consumer.sources.kafka import KafkaSource, KafkaSourceConfig
 from wire.chunks import encode_chunk
 
 REPO = Path(__file__).resolve().parents[2]

@@ -445,3 +445,13 @@ async def test_window_raises_the_first_failure() -> None:
         await window.drain()
     await window.cancel()
     assert len(publisher.sent) == 2
+
+
+def test_producer_publish_is_the_stable_path_of_the_publishers_package() -> None:
+    import producer.publish
+    import producer.publishers
+
+    assert producer.publish.__all__
+    assert set(producer.publish.__all__) <= set(producer.publishers.__all__)
+    for name in producer.publish.__all__:
+        assert getattr(producer.publish, name) is getattr(producer.publishers, name), name

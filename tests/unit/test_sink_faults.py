@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 from psycopg import errors
 
-from consumer.service.runner import _column_spec
+from consumer.service.adapters import _column_spec
 from consumer.sinks.base import ColumnSpec, RowsRejected, SinkError, SinkUnavailable, first_line
 from consumer.sinks.parquet import classify_parquet_error
 from consumer.sinks.postgres import classify_pg_error

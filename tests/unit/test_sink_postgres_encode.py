@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from consumer.sinks import postgres
 from consumer.sinks.base import ColumnSpec, ResultRows, SinkError, TableSpec, table_columns
+from consumer.sinks.postgres import copy_binary
 from tests.sink_data import check_snapshot, make_rows, spec
 
 _EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
@@ -62,9 +62,9 @@ def read_copy(data: bytes) -> dict[str, list[Any]]:
 
 
 def columns() -> tuple[Any, ...]:
-    pg: Any = postgres
+    pg: Any = copy_binary
     table = table_columns(spec())
-    return tuple(pg._Column(c.name, pg._pg_type(c), pg._encoder(c), c) for c in table)
+    return tuple(pg.PgColumn(c.name, pg.pg_type(c), pg.column_encoder(c), c) for c in table)
 
 
 @pytest.mark.parametrize("rows", [1, 7, 1200])
@@ -72,7 +72,7 @@ def test_copy_tuples_read_back(rows: int) -> None:
     g = np.arange(3000, 3000 + rows)
     data = make_rows(g, garbage_under_nulls=True)
     encoded = b"".join(
-        postgres._encode(columns(), data, slice(lo, min(lo + 500, rows)))
+        copy_binary.encode_tuples(columns(), data, slice(lo, min(lo + 500, rows)))
         for lo in range(0, rows, 500)
     )
     check_snapshot(read_copy(encoded), g)
@@ -87,14 +87,14 @@ def test_keys_that_are_not_text_are_refused() -> None:
         }
     )
     with pytest.raises(SinkError, match="column 'chunk_id' row 1: expected str, found int"):
-        postgres._encode(columns(), bad, slice(0, 3))
+        copy_binary.encode_tuples(columns(), bad, slice(0, 3))
 
 
 def test_bytea_cells_are_the_raw_bytes_and_nulls_are_null() -> None:
     table = TableSpec("t", (ColumnSpec("raw", "bytes"),), ())
     (col,) = table_columns(table)
-    pg: Any = postgres
-    assert pg._pg_type(col) == "bytea"
+    pg: Any = copy_binary
+    assert pg.pg_type(col) == "bytea"
     values = [b"\x00\xff\x00", b"", b"garbage under a null", bytes(range(256)), b"\\x41"]
     rows = ResultRows(
         chunk_id=np.array(["c"] * 5, dtype=object),
@@ -107,8 +107,8 @@ def test_bytea_cells_are_the_raw_bytes_and_nulls_are_null() -> None:
         model_version="1",
         processed_at=datetime(2024, 1, 1, tzinfo=UTC),
     )
-    encoded = postgres._encode(
-        (pg._Column(col.name, "bytea", pg._encoder(col), col),), rows, slice(0, 5)
+    encoded = copy_binary.encode_tuples(
+        (pg.PgColumn(col.name, "bytea", pg.column_encoder(col), col),), rows, slice(0, 5)
     )
     fields = []
     at = 0
@@ -138,4 +138,4 @@ def test_bytea_cells_refuse_text() -> None:
         }
     )
     with pytest.raises(SinkError, match="column 'raw' row 1: expected bytes, found str"):
-        postgres._encoder(col)(rows, slice(0, 2))
+        copy_binary.column_encoder(col)(rows, slice(0, 2))

@@ -19,7 +19,6 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-from consumer.sinks import parquet as parquet_module
 from consumer.sinks.base import (
     ColumnSpec,
     ResultRows,
@@ -30,6 +29,8 @@ from consumer.sinks.base import (
     TableSpec,
 )
 from consumer.sinks.parquet import ParquetSink
+from consumer.sinks.parquet.files import DatasetFiles
+from consumer.sinks.parquet.index import KeyIndex
 from consumer.sinks.sqlite import SqliteSink
 from tests.sink_data import CHUNK_ROWS, DIM, FIRST_WRITE, check_snapshot, make_rows, spec
 
@@ -323,7 +324,7 @@ async def test_parquet_crash_after_rename_is_committed_on_open(
     def crash(conn: sqlite3.Connection, file_id: int) -> None:
         raise _Crash
 
-    monkeypatch.setattr(parquet_module, "_commit", crash)
+    monkeypatch.setattr(KeyIndex, "commit", crash)
     with pytest.raises(_Crash):
         await sink.write(make_rows(np.arange(100)))
     monkeypatch.undo()
@@ -396,8 +397,8 @@ async def test_parquet_a_write_the_store_failed_under_is_retried_whole(
     def slow_down(*args: Any, **kwargs: Any) -> None:
         raise OSError("AWS Error SLOW_DOWN during PutObject operation: Please reduce your rate")
 
-    monkeypatch.setattr(ParquetSink, "_publish", slow_down)
-    monkeypatch.setattr(ParquetSink, "_exists", slow_down)
+    monkeypatch.setattr(DatasetFiles, "publish", slow_down)
+    monkeypatch.setattr(DatasetFiles, "exists", slow_down)
     with pytest.raises(SinkUnavailable, match="SLOW_DOWN"):
         await sink.write(make_rows(np.arange(100)))
     with pytest.raises(SinkUnavailable, match="SLOW_DOWN"):  # still down: settling fails too

@@ -15,17 +15,19 @@ import pytest
 from google.api_core import exceptions as gexc
 from google.pubsub_v1 import types as pstypes
 
+from consumer.service.adapters import make_source
 from consumer.service.config import PubSubSettings
-from consumer.service.runner import make_source
 from consumer.sources.base import DeadLetterReason, Delivery, ReasonClass, Source
-from consumer.sources.pubsub.leases import IdBatcher, LeaseBook
-from consumer.sources.pubsub.pull import (
+from consumer.sources.pubsub import (
+    PubSubConfigError,
     PubSubPullError,
     PubSubPullSource,
     PubSubPullSourceConfig,
+    PubSubSource,
 )
-from consumer.sources.pubsub.shared import PubSubConfigError
-from consumer.sources.pubsub.streaming import PubSubSource
+from consumer.sources.pubsub.id_batcher import IdBatcher
+from consumer.sources.pubsub.leases import LeaseBook
+from consumer.sources.pubsub.tasks import sleep_or_event
 
 SUB = "projects/p/subscriptions/sub"
 
@@ -535,6 +537,49 @@ async def test_close_nacks_everything_unsettled_and_sends_pending_acks(
         await source.ack(handed[1])
     assert source.outstanding == 0 and source.unconfirmed == 0
     await source.close()  # idempotent
+
+
+async def test_close_ends_lease_keeping_before_the_nacks(
+    make: Factory, rpc: FakeRpc, time_: FakeTime
+) -> None:
+    source = make()
+    rpc.publish(received(2))
+    await take(source.deliveries(), 2)
+    answer_nacks = asyncio.Event()
+    original = rpc.modify_ack_deadline
+
+    async def slow_nacks(ack_ids: list[str], seconds: int) -> None:
+        if seconds == 0:
+            await answer_nacks.wait()
+        await original(ack_ids, seconds)
+
+    rpc.modify_ack_deadline = slow_nacks  # type: ignore[method-assign]
+    closing = asyncio.ensure_future(source.close())
+    await settle()
+    await time_.advance(6.7)  # the leases fall due while the nacks are in flight
+    answer_nacks.set()
+    await asyncio.wait_for(closing, 5)
+    # An extension after the nacks would keep the messages from being redelivered.
+    assert rpc.extensions() == []
+    assert sorted(rpc.nacked()) == ["a0", "a1"]
+    assert source.leased == 0
+
+
+@pytest.mark.parametrize("steps", range(6))
+async def test_a_cancel_while_sleep_or_event_tidies_up_is_not_lost(steps: int) -> None:
+    # The event is set, so the wait ends; the cancel then lands `steps` turns later, in the
+    # middle of cancelling the helper tasks for some value of `steps`. Before, that cancel was
+    # swallowed there: the task went on, and close() waited for it forever.
+    event = asyncio.Event()
+    task = asyncio.ensure_future(sleep_or_event(asyncio.sleep, 3600, event))
+    await settle()
+    event.set()
+    for _ in range(steps):
+        await asyncio.sleep(0)
+    requested = task.cancel()
+    await asyncio.wait({task}, timeout=5)
+    assert task.done()
+    assert task.cancelled() == requested
 
 
 async def test_dead_letter_without_topic_nacks(make: Factory, rpc: FakeRpc) -> None:

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.unit.wire_helpers import ChunkCase, chunk_cases
-from wire import codec_json
 from wire.chunks import Encoding, encode_chunk
+from wire.codec_json import decode as json_decode
 from wire.codec_json import decode_json
 from wire.errors import WireError
 
@@ -40,7 +40,7 @@ def outcome(decode: Any, payload: bytes) -> Any:
 
 
 def assert_same(payload: bytes) -> None:
-    assert outcome(decode_json, payload) == outcome(codec_json._decode_strict, payload)
+    assert outcome(decode_json, payload) == outcome(json_decode._decode_strict, payload)
 
 
 @PROPERTY
@@ -134,5 +134,5 @@ def test_edge_cases_decode_alike(payload: bytes) -> None:
 def test_fast_path_is_taken_for_ordinary_chunks() -> None:
     data = {"id": np.arange(3), "text": ["a:b", "c", None], "v": np.ones((3, 2), np.float32)}
     payload = encode_chunk("t", data, Encoding.JSON, "c").payload
-    assert codec_json._decode_fast(payload) is not None
+    assert json_decode._decode_fast(payload) is not None
     assert_same(payload)

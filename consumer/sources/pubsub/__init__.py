@@ -1,2 +1,28 @@
-"""The Google Cloud Pub/Sub source: unary pull (the default) or streaming pull, with lease
-extension and dead letters published with their reason."""
+"""The Google Cloud Pub/Sub source: unary pull (the default, ``PubSubPullSource``) or
+streaming pull (``PubSubSource``), with lease extension and dead letters published with their
+reason."""
+
+from consumer.sources.pubsub.config import PubSubPullSourceConfig, PubSubSourceConfig
+from consumer.sources.pubsub.errors import (
+    DeadLetterFailed,
+    PubSubConfigError,
+    PubSubPullError,
+    PubSubSourceError,
+    PubSubStreamError,
+    PubSubUnreachable,
+)
+from consumer.sources.pubsub.pull import PubSubPullSource
+from consumer.sources.pubsub.streaming import PubSubSource
+
+__all__ = [
+    "DeadLetterFailed",
+    "PubSubConfigError",
+    "PubSubPullError",
+    "PubSubPullSource",
+    "PubSubPullSourceConfig",
+    "PubSubSource",
+    "PubSubSourceConfig",
+    "PubSubSourceError",
+    "PubSubStreamError",
+    "PubSubUnreachable",
+]

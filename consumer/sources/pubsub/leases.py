@@ -1,190 +1,37 @@
-"""Bookkeeping for the unary-pull Pub/Sub source (``pubsub_pull.py``): batched, confirmed
-Acknowledge/ModifyAckDeadline calls (``IdBatcher``) and lease timing (``LeaseBook``).
+"""Lease keeping of the unary-pull source: the ack deadline of every held message
+(``LeaseBook``) and the task that extends those due (``LeaseKeeper``).
 
-Both take an injected clock (and the batcher an injected sleep) so that their timing is tested
-without waiting."""
+A pulled message's ack deadline is the subscription's (``ack_deadline_seconds``, read by
+``check()``; 10 s, the minimum, if it was not called), counted conservatively from when the
+Pull was sent (or 2 s before the answer arrived, if the Pull waited longer for messages). At
+2/3 of it, one ModifyAckDeadline per 1,000 ids extends every held message due within the next
+``extension/6`` s to ``lease_extension_s``, again at 2/3, and so on for up to
+``max_lease_duration_s`` from receipt; after that the lease is dropped (Pub/Sub redelivers). A
+failed extension is retried a second later. Messages settled within 2/3 of the subscription's
+deadline cost no extension at all."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
+import math
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
 from google.api_core import exceptions as gexc
 
+from consumer.sources.pubsub.pull_rpc import RPC_CHUNK
+from consumer.sources.pubsub.tasks import Clock, Sleep, sleep_or_event
+
 _LOG = logging.getLogger(__name__)
-
-Clock = Callable[[], float]
-Sleep = Callable[[float], Awaitable[None]]
-
-TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
-    gexc.Aborted,
-    gexc.DeadlineExceeded,
-    gexc.InternalServerError,
-    gexc.ResourceExhausted,
-    gexc.ServiceUnavailable,
-    gexc.Unknown,
-)
-"""gRPC outcomes worth retrying (the service or the network had a moment)."""
 
 EXTEND_AT = 2 / 3
 """A lease is extended once this share of its ack deadline has passed."""
-
-
-async def sleep_or_event(sleep: Sleep, delay: float, event: asyncio.Event) -> None:
-    """Wait until ``delay`` has passed (by ``sleep``) or ``event`` is set, whichever is first."""
-    if event.is_set():
-        return
-    sleeper = asyncio.ensure_future(sleep(delay))
-    waiter = asyncio.ensure_future(event.wait())
-    try:
-        await asyncio.wait({sleeper, waiter}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in (sleeper, waiter):
-            if not task.done():
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-
-
-class IdBatcher:
-    """Collects ack ids and sends them with one call per batch: as soon as ``max_ids`` are
-    pending, or once the oldest pending id has waited ``max_delay_s``. Every call is awaited
-    (the server's answer confirms it); a call that fails transiently is retried with backoff
-    for up to ``retry_s``, then given up with a warning, as is one that fails for good: the
-    message then comes back after its ack deadline, which is harmless (result rows are
-    idempotent) but logged. Calls are sent one at a time by ``run`` (plus those of
-    ``flush``)."""
-
-    def __init__(
-        self,
-        what: str,
-        send: Callable[[list[str]], Awaitable[None]],
-        *,
-        max_ids: int,
-        max_delay_s: float,
-        retry_s: float,
-        clock: Clock,
-        sleep: Sleep,
-        on_settled: Callable[[], None] | None = None,
-    ) -> None:
-        self.what = what
-        self._send_call = send
-        self._max_ids = max_ids
-        self._max_delay_s = max_delay_s
-        self._retry_s = retry_s
-        self._clock = clock
-        self._sleep = sleep
-        self._on_settled = on_settled
-        self._ids: list[str] = []
-        self._first_at = 0.0
-        self._sending = 0
-        self._has_ids = asyncio.Event()
-        self._full = asyncio.Event()
-        self._idle = asyncio.Event()
-        self._idle.set()
-        self.calls = 0
-        """Calls the server answered."""
-        self.confirmed = 0
-        """Ids in those calls."""
-        self.given_up = 0
-        """Ids whose call failed for good."""
-
-    @property
-    def pending(self) -> int:
-        """Ids added and not yet answered (queued or in a call)."""
-        return len(self._ids) + self._sending
-
-    def add(self, ack_id: str) -> None:
-        ids = self._ids
-        ids.append(ack_id)
-        if len(ids) == 1:
-            self._first_at = self._clock()
-            self._has_ids.set()
-        if len(ids) >= self._max_ids:
-            self._full.set()
-
-    def extend(self, ack_ids: Iterable[str]) -> None:
-        for ack_id in ack_ids:
-            self.add(ack_id)
-
-    async def run(self) -> None:
-        """Send batches until cancelled."""
-        while True:
-            await self._has_ids.wait()
-            if len(self._ids) < self._max_ids:
-                delay = self._first_at + self._max_delay_s - self._clock()
-                if delay > 0:
-                    self._full.clear()
-                    await sleep_or_event(self._sleep, delay, self._full)
-            batch = self._take()
-            if batch:
-                await self._send(batch)
-
-    async def flush(self) -> None:
-        """Send everything pending now and wait until every call is answered (or given up)."""
-        while self._ids:
-            await self._send(self._take())
-        while self._sending:
-            self._idle.clear()
-            await self._idle.wait()
-
-    def _take(self) -> list[str]:
-        batch = self._ids[: self._max_ids]
-        del self._ids[: self._max_ids]
-        if self._ids:
-            self._first_at = self._clock()
-            if len(self._ids) < self._max_ids:
-                self._full.clear()
-        else:
-            self._has_ids.clear()
-            self._full.clear()
-        return batch
-
-    async def _send(self, batch: list[str]) -> None:
-        self._sending += len(batch)
-        try:
-            await self._send_with_retry(batch)
-        finally:
-            self._sending -= len(batch)
-            if not self._sending:
-                self._idle.set()
-            if self._on_settled is not None:
-                self._on_settled()
-
-    async def _send_with_retry(self, batch: list[str]) -> None:
-        give_up_at = self._clock() + self._retry_s
-        backoff = 0.1
-        while True:
-            try:
-                await self._send_call(batch)
-            except TRANSIENT_ERRORS as exc:
-                if self._clock() + backoff > give_up_at:
-                    self._give_up(batch, exc)
-                    return
-                _LOG.info("%s of %d message(s) failed (%s); retrying", self.what, len(batch), exc)
-                await self._sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
-                continue
-            except gexc.GoogleAPICallError as exc:
-                self._give_up(batch, exc)
-                return
-            self.calls += 1
-            self.confirmed += len(batch)
-            return
-
-    def _give_up(self, batch: list[str], exc: Exception) -> None:
-        self.given_up += len(batch)
-        _LOG.warning(
-            "%s of %d message(s) not confirmed (%s: %s): they come back after their ack "
-            "deadline, which is harmless (result rows are idempotent)",
-            self.what,
-            len(batch),
-            type(exc).__name__,
-            exc,
-        )
+MIN_ACK_DEADLINE_S = 10.0
+"""Pub/Sub's smallest subscription ack deadline: assumed when ``check()`` did not read it."""
+_EXTENSION_RETRY_S = 1.0
+_MAX_TRANSIT_S = 2.0
+"""Longest a Pull's response is assumed to spend on the way (its deadline runs meanwhile)."""
 
 
 @dataclass(eq=False)
@@ -289,3 +136,117 @@ class LeaseBook:
 
     def all_ids(self) -> list[str]:
         return list(self._where)
+
+
+class LeaseKeeper:
+    """Keeps the leases of the messages a source holds: ``add`` starts those of one Pull's
+    messages, ``remove`` ends one (settled), ``run`` (a task) extends every lease when it is
+    due through ``modify_ack_deadline``."""
+
+    def __init__(
+        self,
+        modify_ack_deadline: Callable[[list[str], int], Awaitable[None]],
+        *,
+        subscription: str,
+        extension_s: float,
+        max_duration_s: float,
+        clock: Clock,
+        sleep: Sleep,
+    ) -> None:
+        self._modify_ack_deadline = modify_ack_deadline
+        self._sub = subscription
+        self._extension_s = extension_s
+        self._max_duration_s = max_duration_s
+        self._clock = clock
+        self._sleep = sleep
+        self._book = LeaseBook(
+            extension_s=extension_s, max_duration_s=max_duration_s, slack_s=extension_s / 6
+        )
+        self.receipt_deadline_s = MIN_ACK_DEADLINE_S
+        """The subscription's ack deadline: what a Pull's messages get on receipt."""
+        self._changed = asyncio.Event()
+        self._plan: float | None = None
+        """When ``run`` plans to extend next (``None``: nothing held)."""
+        self.extension_calls = 0
+        """ModifyAckDeadline calls that extended leases (for tests and the bench)."""
+
+    def __len__(self) -> int:
+        return len(self._book)
+
+    def add(self, ack_ids: Iterable[str], *, received_at: float, sent_at: float) -> None:
+        """Leases of messages received at ``received_at`` by a Pull sent at ``sent_at``."""
+        # The deadline started when the server sent the response: after the Pull was sent,
+        # and (for a long poll that waited for messages) long after; a response is assumed
+        # to spend at most _MAX_TRANSIT_S on the way.
+        started_at = max(sent_at, received_at - _MAX_TRANSIT_S)
+        due = self._book.add(
+            ack_ids,
+            received_at=received_at,
+            started_at=started_at,
+            deadline_s=self.receipt_deadline_s,
+        )
+        if self._plan is None or due < self._plan:
+            self._changed.set()
+
+    def remove(self, ack_id: str) -> None:
+        """Settled: no more extensions."""
+        self._book.remove(ack_id)
+
+    def clear(self) -> None:
+        """Every message was given back (close): no more extensions for any."""
+        for ack_id in self._book.all_ids():
+            self._book.remove(ack_id)
+
+    async def run(self) -> None:
+        """Extend leases as they fall due, until cancelled."""
+        while True:
+            self._changed.clear()
+            due = self._book.next_due()
+            self._plan = due
+            if due is None:
+                await self._changed.wait()
+                continue
+            delay = due - self._clock()
+            if delay > 0:
+                await sleep_or_event(self._sleep, delay, self._changed)
+                continue
+            await self.extend_due()
+
+    async def extend_due(self) -> int:
+        """Extend every lease that is due; returns how many ack ids were extended. Messages
+        held past ``max_duration_s`` are dropped instead."""
+        now = self._clock()
+        cohorts, dropped = self._book.take_due(now)
+        if dropped:
+            _LOG.warning(
+                "%d message(s) on %s held past max_lease_duration_s=%g: their leases are no "
+                "longer extended and Pub/Sub redelivers them",
+                len(dropped),
+                self._sub,
+                self._max_duration_s,
+            )
+        if not cohorts:
+            return 0
+        ids = [ack_id for cohort in cohorts for ack_id in cohort.ack_ids]
+        late = now - min(c.expires_at for c in cohorts)
+        if late > 0:
+            _LOG.warning(
+                "lease extension on %s is %.1f s late: redelivery possible", self._sub, late
+            )
+        seconds = math.ceil(self._extension_s)
+        try:
+            for start in range(0, len(ids), RPC_CHUNK):
+                await self._modify_ack_deadline(ids[start : start + RPC_CHUNK], seconds)
+        except gexc.GoogleAPICallError as exc:
+            _LOG.warning(
+                "extending the leases of %d message(s) on %s failed (%s); retrying in %g s",
+                len(ids),
+                self._sub,
+                exc,
+                _EXTENSION_RETRY_S,
+            )
+            self._book.postpone(cohorts, now + _EXTENSION_RETRY_S)
+            return 0
+        self.extension_calls += 1
+        self._book.extended(cohorts, sent_at=now)
+        return len(ids)

@@ -1,24 +1,26 @@
-"""The Pull, Acknowledge and ModifyAckDeadline calls of the unary-pull source
-(``pubsub_pull.py``), on the asyncio client or on the blocking client in worker threads."""
+"""The Pull, Acknowledge and ModifyAckDeadline calls of the unary-pull source (``pull.py``),
+on the asyncio client or on the blocking client in worker threads."""
 
 from __future__ import annotations
 
 import asyncio
-import os
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
-import grpc
 from google.cloud import pubsub_v1
 from google.pubsub_v1.services.subscriber import SubscriberAsyncClient
-from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcAsyncIOTransport
 from google.pubsub_v1.types import PullResponse
 
-from consumer.sources.pubsub.shared import UNLIMITED_MESSAGES
+from consumer.sources.pubsub.clients import default_async_subscriber
 
 PULL_TIMEOUT_S = 10.0
 """Client deadline of one Pull (a long poll on an empty subscription)."""
 RPC_TIMEOUT_S = 30.0
+"""Client deadline of one Acknowledge or ModifyAckDeadline."""
+RPC_CHUNK = 1000
+"""Most ack ids in one Acknowledge/ModifyAckDeadline request (the request size limit is
+512 KB)."""
 
 ReceivedMessage = Any
 """``google.pubsub_v1.types.ReceivedMessage`` as a raw protobuf (``ReceivedMessage.pb``)."""
@@ -37,98 +39,75 @@ class PullRpc(Protocol):
     async def close(self) -> None: ...
 
 
-class AsyncClientRpc:
-    """``SubscriberAsyncClient`` (grpc.aio). No client-side retry: the source retries."""
+class _ClientRpc(ABC):
+    """The three requests, the same on both clients; ``_call`` sends one. No client-side
+    retry: the source retries."""
 
-    def __init__(self, client: SubscriberAsyncClient, subscription: str, *, owned: bool) -> None:
-        self._client = client
+    def __init__(self, subscription: str) -> None:
         self._sub = subscription
-        self._owned = owned
+
+    @abstractmethod
+    async def _call(self, method: str, request: dict[str, Any], deadline_s: float) -> Any:
+        """The client's ``method`` with ``request``, no retry, a deadline of ``deadline_s``."""
 
     async def pull(self, max_messages: int) -> Sequence[ReceivedMessage]:
-        response = await self._client.pull(
-            request={"subscription": self._sub, "max_messages": max_messages},
-            retry=None,
-            timeout=PULL_TIMEOUT_S,
-        )
+        request = {"subscription": self._sub, "max_messages": max_messages}
+        response = await self._call("pull", request, PULL_TIMEOUT_S)
         return PullResponse.pb(response).received_messages  # type: ignore[no-any-return]
 
     async def acknowledge(self, ack_ids: list[str]) -> None:
-        await self._client.acknowledge(
-            request={"subscription": self._sub, "ack_ids": ack_ids},
-            retry=None,
-            timeout=RPC_TIMEOUT_S,
-        )
+        request = {"subscription": self._sub, "ack_ids": ack_ids}
+        await self._call("acknowledge", request, RPC_TIMEOUT_S)
 
     async def modify_ack_deadline(self, ack_ids: list[str], seconds: int) -> None:
-        await self._client.modify_ack_deadline(
-            request={
-                "subscription": self._sub,
-                "ack_ids": ack_ids,
-                "ack_deadline_seconds": seconds,
-            },
-            retry=None,
-            timeout=RPC_TIMEOUT_S,
-        )
+        request = {"subscription": self._sub, "ack_ids": ack_ids, "ack_deadline_seconds": seconds}
+        await self._call("modify_ack_deadline", request, RPC_TIMEOUT_S)
+
+
+class AsyncClientRpc(_ClientRpc):
+    """``SubscriberAsyncClient`` (grpc.aio)."""
+
+    def __init__(self, client: SubscriberAsyncClient, subscription: str, *, owned: bool) -> None:
+        super().__init__(subscription)
+        self._client = client
+        self._owned = owned
+
+    async def _call(self, method: str, request: dict[str, Any], deadline_s: float) -> Any:
+        return await getattr(self._client, method)(request=request, retry=None, timeout=deadline_s)
 
     async def close(self) -> None:
         if self._owned:
             await self._client.transport.close()  # type: ignore[no-untyped-call]
 
 
-class ThreadedClientRpc:
+class ThreadedClientRpc(_ClientRpc):
     """The blocking ``SubscriberClient`` in worker threads."""
 
     def __init__(self, client: pubsub_v1.SubscriberClient, subscription: str) -> None:
+        super().__init__(subscription)
         self._client = client
-        self._sub = subscription
 
-    async def pull(self, max_messages: int) -> Sequence[ReceivedMessage]:
-        response = await asyncio.to_thread(
-            self._client.pull,
-            request={"subscription": self._sub, "max_messages": max_messages},
-            retry=None,
-            timeout=PULL_TIMEOUT_S,
-        )
-        return PullResponse.pb(response).received_messages  # type: ignore[no-any-return]
-
-    async def acknowledge(self, ack_ids: list[str]) -> None:
-        await asyncio.to_thread(
-            self._client.acknowledge,
-            request={"subscription": self._sub, "ack_ids": ack_ids},
-            retry=None,
-            timeout=RPC_TIMEOUT_S,
-        )
-
-    async def modify_ack_deadline(self, ack_ids: list[str], seconds: int) -> None:
-        await asyncio.to_thread(
-            self._client.modify_ack_deadline,
-            request={
-                "subscription": self._sub,
-                "ack_ids": ack_ids,
-                "ack_deadline_seconds": seconds,
-            },
-            retry=None,
-            timeout=RPC_TIMEOUT_S,
-        )
+    async def _call(self, method: str, request: dict[str, Any], deadline_s: float) -> Any:
+        call = getattr(self._client, method)
+        return await asyncio.to_thread(call, request=request, retry=None, timeout=deadline_s)
 
     async def close(self) -> None:
         """The subscriber is closed by the source (it also serves ``check``)."""
 
 
-def default_async_subscriber() -> SubscriberAsyncClient:
-    """From the environment, like ``default_subscriber``; call it in the event loop."""
-    host = os.environ.get("PUBSUB_EMULATOR_HOST")
-    if not host:
-        return SubscriberAsyncClient()
-    channel = grpc.aio.insecure_channel(host, options=UNLIMITED_MESSAGES)
-    return SubscriberAsyncClient(transport=SubscriberGrpcAsyncIOTransport(channel=channel))
-
-
-__all__ = [
-    "AsyncClientRpc",
-    "PullRpc",
-    "ReceivedMessage",
-    "ThreadedClientRpc",
-    "default_async_subscriber",
-]
+def open_rpc(
+    client: Literal["asyncio", "threads"],
+    subscription: str,
+    *,
+    subscriber: pubsub_v1.SubscriberClient | None,
+    async_subscriber: SubscriberAsyncClient | None,
+) -> PullRpc:
+    """The calls on the client ``client`` names: the blocking ``subscriber`` in worker
+    threads, or ``async_subscriber`` (when none is given, one built from the environment,
+    which the returned object's ``close`` closes). Call it in the event loop."""
+    if client == "threads":
+        assert subscriber is not None
+        return ThreadedClientRpc(subscriber, subscription)
+    if async_subscriber is None:
+        return AsyncClientRpc(default_async_subscriber(), subscription, owned=True)
+    return AsyncClientRpc(async_subscriber, subscription, owned=False)

@@ -1,0 +1,60 @@
+"""CPU per row by stage: chunks of many rows through the real ``Pipeline`` with a fake Triton
+and a real (SQLite, Parquet) or encode-only (PostgreSQL COPY) sink."""
+
+from __future__ import annotations
+
+import pstats
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from bench.hot_path.fakes import BINDINGS, MODELS, FakeTriton, make_sink
+from bench.hot_path.pipeline_run import run_pipeline
+from bench.hot_path.timers import Stages
+from consumer.engine import batcher, intake, ledger, results
+from consumer.model.inference import RetryingInferencer
+from consumer.service import model_wiring as service
+from consumer.sinks import parquet
+from consumer.sinks.postgres import copy_binary
+from consumer.sinks.sqlite import sink as sqlite_sink
+from consumer.sources.base import Delivery
+from wire.columns import ColumnType
+
+
+def run_once(
+    encoding: str, kind: str, sink_name: str, deliveries: Sequence[Delivery], profile: bool
+) -> tuple[float, dict[str, float], int, pstats.Stats | None]:
+    """(total CPU s, stage CPU s, rows, profile) for one run of the pipeline over ``deliveries``."""
+    spec, binding = MODELS[kind], BINDINGS[kind]
+    stages = Stages()
+    check = stages.wrap(
+        "check", service.make_check(spec, binding, {"id": ColumnType.parse("int64")})
+    )
+    inferencer = RetryingInferencer(FakeTriton(spec, stages))
+    targets = [
+        (intake, "decode_chunk", "decode"),
+        (intake.Intake, "rows", "intake"),
+        (batcher.Batcher, "add", "batch"),
+        (batcher.Batcher, "ready", "batch"),
+        (batcher.Batcher, "drain", "batch"),
+        (service, "build_inputs", "tensor"),
+        (results.ResultBuilder, "build", "result"),
+        (sqlite_sink, "records", "sink"),
+        (sqlite_sink, "sqlite_transaction", "sink"),
+        (parquet.ParquetSink, "_write", "sink"),
+        (copy_binary, "encode_tuples", "sink"),
+        (ledger.Ledger, "open", "ack"),
+        (ledger.Ledger, "written", "ack"),
+    ]
+    with tempfile.TemporaryDirectory() as folder, stages.patched(targets):
+        total, stats = run_pipeline(
+            kind,
+            deliveries,
+            sink=make_sink(sink_name, Path(folder)),
+            check=check,
+            run_batch=service.make_run_batch(inferencer, spec, binding),
+            budget_bytes=1 << 30,
+            profile=profile,
+        )
+    rows = sum(int(d.attributes["rowbatch-row-count"]) for d in deliveries)
+    return total, stages.seconds, rows, stats

@@ -1,0 +1,76 @@
+"""One run of the real ``Pipeline`` for the hot-path profile: a list source, the example model's
+binding and result table, a given sink and model call, timed (process CPU) and optionally
+profiled; both the per-row and the per-message tables run their cases through it."""
+
+from __future__ import annotations
+
+import asyncio
+import pstats
+import time
+from collections.abc import Sequence
+
+from bench.hot_path.fakes import BINDINGS, MODELS, TABLES, ListSource
+from bench.hot_path.timers import profiled
+from consumer.engine.budget import ByteBudget
+from consumer.engine.inference_stage import RunBatch
+from consumer.engine.intake import Intake, SchemaCheck
+from consumer.engine.pipeline import Pipeline, PipelineSettings
+from consumer.observe.metrics import Metrics
+from consumer.service import model_wiring as service
+from consumer.sinks.base import Sink
+from consumer.sources.base import Delivery
+
+
+def run_pipeline(
+    kind: str,
+    deliveries: Sequence[Delivery],
+    *,
+    sink: Sink,
+    check: SchemaCheck,
+    run_batch: RunBatch,
+    budget_bytes: int,
+    profile: bool,
+) -> tuple[float, pstats.Stats | None]:
+    """(CPU s of ``Pipeline.run``, profile) for the pipeline over ``deliveries`` with the
+    ``kind`` model's binding. The sink is opened before and closed after, outside the timed
+    part. Raises ``AssertionError`` unless every delivery was acked."""
+    spec, binding = MODELS[kind], BINDINGS[kind]
+    source = ListSource(deliveries)
+
+    async def main() -> float:
+        await sink.open(TABLES[kind])
+        pipe = Pipeline(
+            source=source,
+            sink=sink,
+            intake=Intake(binding.columns, check),
+            run_batch=run_batch,
+            isolate=service.isolate_batch,
+            is_poison=service.is_poison,
+            settings=PipelineSettings(
+                target_batch_size=max(spec.preferred_batch_sizes),
+                max_wait_s=0.05,
+                max_in_flight=2,
+                output_bytes_per_row=1536,
+                outputs=binding.outputs,
+                passthrough=binding.passthrough,
+                model_name=spec.name,
+                model_version=spec.version,
+            ),
+            budget=ByteBudget(budget_bytes),
+            metrics=Metrics(),
+        )
+        started = time.process_time()
+        await pipe.run(asyncio.Event())
+        spent = time.process_time() - started
+        await sink.close()
+        return spent
+
+    with profiled(profile) as profilers:
+        total = asyncio.run(main())
+    if source.acked != len(deliveries):
+        raise AssertionError(f"{source.acked} of {len(deliveries)} messages acked")
+    stats = None
+    if profilers:
+        stats = pstats.Stats(profilers[0])
+        stats.add(*profilers[1:])
+    return total, stats

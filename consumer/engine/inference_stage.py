@@ -1,0 +1,123 @@
+"""The inference stage: the flusher turns queued rows into batches (full, or partial after
+``max_wait``), and each inference worker keeps one batch at the model server and hands the
+answers to the writers at once; rows the server rejects are isolated and failed alone."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Protocol
+
+from numpy.typing import NDArray
+
+from consumer.engine.batcher import Batch, Batcher, Clock, Segment
+from consumer.engine.results import Answered
+from consumer.engine.settle import Settler
+from consumer.observe.metrics import Metrics
+from consumer.sources.base import DeadLetterReason, ReasonClass
+
+log = logging.getLogger(__name__)
+
+RunBatch = Callable[[Batch], Awaitable[Mapping[str, NDArray[Any]]]]
+"""Runs one batch through the model; returns model output name -> array (rows first)."""
+
+
+class Isolate(Protocol):
+    async def __call__(
+        self, batch: Batch, run: RunBatch
+    ) -> tuple[list[tuple[Batch, Mapping[str, NDArray[Any]]]], list[tuple[Segment, BaseException]]]:
+        """Split a batch the server rejected into sub-batches that succeed (with their
+        outputs) and single segments that fail alone."""
+
+
+class InferenceStage:
+    """Batches from the batcher (``flush``) through ``run_batch`` (``work``, one task per
+    request in flight) into ``answered``; a batch that fails for good is nacked."""
+
+    def __init__(
+        self,
+        *,
+        batcher: Batcher,
+        batches: asyncio.Queue[Batch | None],
+        answered: asyncio.Queue[Answered | None],
+        run_batch: RunBatch,
+        isolate: Isolate,
+        is_poison: Callable[[BaseException], bool],
+        settler: Settler,
+        metrics: Metrics,
+        rows_queued: asyncio.Event,
+        intake_done: asyncio.Event,
+        target_batch_size: int,
+        clock: Clock,
+    ) -> None:
+        self._batcher = batcher
+        self._batches = batches
+        self._answered = answered
+        self._run_batch = run_batch
+        self._isolate = isolate
+        self._is_poison = is_poison
+        self._fail = settler.fail
+        self._abandon = settler.abandon
+        self._metrics = metrics
+        self._rows_queued = rows_queued
+        self._intake_done = intake_done
+        self._target_batch_size = target_batch_size
+        self._clock = clock
+
+    async def flush(self) -> None:
+        """Queue each batch as it becomes ready; once intake is done, the rest, then return."""
+        while True:
+            batch = self._batcher.ready()
+            if batch is not None:
+                await self._batches.put(batch)
+                continue
+            if self._intake_done.is_set():
+                for rest in self._batcher.drain():
+                    await self._batches.put(rest)
+                return
+            self._rows_queued.clear()
+            deadline = self._batcher.next_deadline()
+            timeout = None if deadline is None else max(0.0, deadline - self._clock())
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await self._rows_queued.wait()
+
+    async def work(self) -> None:
+        """Run batches until a ``None`` is queued."""
+        while (batch := await self._batches.get()) is not None:
+            self._metrics.inflight_batches.inc()
+            try:
+                answered = await self._infer(batch)
+            finally:
+                self._metrics.inflight_batches.dec()
+            for item in answered:
+                self._metrics.write_queue_batches.inc()
+                self._answered.put_nowait(item)
+
+    async def _infer(self, batch: Batch) -> list[Answered]:
+        """The batch's answers, as parts for the writer (several when poison was isolated);
+        poison segments are failed here, and a batch failing for good is nacked."""
+        size = len(batch)
+        self._metrics.batch_size.observe(size)
+        self._metrics.batch_fill.observe(size / self._target_batch_size)
+        try:
+            outputs = await self._timed_run(batch)
+        except Exception as exc:
+            if not self._is_poison(exc):
+                log.exception("inference failed for good; nacking the batch's messages")
+                await self._abandon(batch.segments)
+                return []
+            good, bad = await self._isolate(batch, self._timed_run)
+            for segment, error in bad:
+                reason = DeadLetterReason(ReasonClass.REJECTED_BY_MODEL, f"{error}")
+                await self._fail(segment, reason)
+            return [Answered(sub, out) for sub, out in good]
+        return [Answered(batch, outputs)]
+
+    async def _timed_run(self, batch: Batch) -> Mapping[str, NDArray[Any]]:
+        started = self._clock()
+        out = await self._run_batch(batch)
+        self._metrics.inference_seconds.observe(self._clock() - started)
+        return out

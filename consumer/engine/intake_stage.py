@@ -1,0 +1,172 @@
+"""The intake stage: takes deliveries from the source while the gate is open, the batcher holds
+fewer rows than the pipeline's work bound and the byte budget has room, decodes them (poison
+goes straight to the dead-letter topic), opens their ledger entries and queues their rows in
+the batcher. It also hands back to the source what it takes back before it was sent to the
+model (``withdraw``)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Sequence
+
+from consumer.engine.batcher import Batcher, Clock
+from consumer.engine.budget import ByteBudget, message_cost
+from consumer.engine.gate import Gate
+from consumer.engine.intake import Intake, MessageRows, PoisonMessage
+from consumer.engine.ledger import Ledger
+from consumer.engine.settle import Settler
+from consumer.observe.metrics import Metrics
+from consumer.sources.base import (
+    BoundsReadAhead,
+    Delivery,
+    SharesBudget,
+    Source,
+    WithdrawsDeliveries,
+    WorkBound,
+)
+
+_INTAKE_YIELD_EVERY = 32
+"""Intake yields to the event loop after this many messages in a row (and whenever the
+budget is near full), so a source that never suspends cannot starve the other stages."""
+
+
+class IntakeStage:
+    """The one task that takes deliveries; a slow stage further on slows it through the work
+    bound (rows queued and not yet batched), the budget (held until settled) and the gate
+    (closed while backing off). ``rows_taken`` is set whenever rows leave the batcher."""
+
+    def __init__(
+        self,
+        *,
+        source: Source,
+        intake: Intake,
+        gate: Gate,
+        budget: ByteBudget,
+        ledger: Ledger,
+        batcher: Batcher,
+        settler: Settler,
+        metrics: Metrics,
+        rows_queued: asyncio.Event,
+        rows_taken: asyncio.Event,
+        work: WorkBound,
+        output_bytes_per_row: int,
+        clock: Clock,
+    ) -> None:
+        self._source = source
+        self._intake = intake
+        self._gate = gate
+        self._budget = budget
+        self._ledger = ledger
+        self._batcher = batcher
+        self._settle = settler.settle
+        self._withdraw = settler.withdraw
+        self._settling: set[asyncio.Task[None]] = set()
+        self._nack = settler.nack
+        self._dead_letter = settler.dead_letter
+        self._metrics = metrics
+        self._rows_queued = rows_queued
+        self._rows_taken = rows_taken
+        self._work = work
+        self._output_bytes_per_row = output_bytes_per_row
+        self._clock = clock
+        self._admitting: Delivery | None = None
+        """The delivery waiting in ``_admit`` (taken from the source, not yet in the ledger)."""
+        self._admitting_withdrawn = False
+
+    async def run(self) -> None:
+        source = self._source
+        # A source that reads ahead (Kafka) counts what it holds against the same budget and
+        # holds no more rows than the pipeline queues; one that can lose its deliveries to a
+        # rebalance takes back what has not been sent to the model.
+        if isinstance(source, SharesBudget):
+            source.share_budget(self._budget)
+        if isinstance(source, BoundsReadAhead):
+            source.bound_read_ahead(self._work)
+        if isinstance(source, WithdrawsDeliveries):
+            source.on_withdraw(self.withdraw)
+        taken = 0
+        async for delivery in source.deliveries():
+            self._metrics.messages_in.inc()
+            try:
+                rows = self._intake.rows(delivery)
+            except PoisonMessage as poison:
+                await self._dead_letter(delivery, poison.reason, None)
+                continue
+            reserve = self._cost(delivery, rows)
+            self._admitting, self._admitting_withdrawn = delivery, False
+            try:
+                await self._admit(reserve)
+            except asyncio.CancelledError:
+                if not self._admitting_withdrawn:
+                    await self._nack(delivery)
+                raise
+            finally:
+                self._admitting = None
+            if self._admitting_withdrawn:  # the source took it back while it waited
+                self._budget.release_now(reserve)
+                self._metrics.inflight_bytes.set(self._budget.used)
+                continue
+            self._accept(delivery, rows, reserve)
+            # A source with a deep buffer yields without ever suspending: let the flusher,
+            # the inference workers and the writers run (and release budget) meanwhile.
+            taken += 1
+            if taken % _INTAKE_YIELD_EVERY == 0 or not self._budget.fits(reserve):
+                await asyncio.sleep(0)
+
+    def _cost(self, delivery: Delivery, rows: MessageRows) -> int:
+        """What holding this message costs until it is settled (see ``message_cost``): the
+        raw payload and attributes stay held until the ack, so they count too."""
+        return message_cost(
+            len(delivery.payload),
+            delivery.attributes,
+            itertools.chain(rows.columns.values(), rows.nulls.values()),
+            rows.nbytes,
+            rows.rows * self._output_bytes_per_row,
+        )
+
+    def withdraw(self, deliveries: Sequence[Delivery]) -> list[Delivery]:
+        """The source takes ``deliveries`` back: drop those not yet sent to the model (queued
+        in the batcher, or still waiting to be admitted) and return them."""
+        dropped = self._withdraw(deliveries)
+        waiting = self._admitting
+        if waiting is not None and not self._admitting_withdrawn and waiting in set(deliveries):
+            self._admitting_withdrawn = True
+            dropped.append(waiting)
+        return dropped
+
+    async def _admit(self, reserve: int) -> None:
+        """Wait for the gate (not backing off), for the batcher to hold fewer rows than the
+        work bound (a message is always taken when fewer wait), and for room in the budget."""
+        await self._gate.wait()
+        while self._batcher.pending_rows >= self._work.rows:
+            self._rows_taken.clear()
+            await self._rows_taken.wait()
+        if not self._budget.fits(reserve):
+            self._metrics.paused.labels("budget").set(1)
+            self._source.pause()
+            try:
+                await self._budget.acquire(reserve)
+            finally:
+                self._metrics.paused.labels("budget").set(0)
+                if self._gate.is_open:
+                    self._source.resume()
+        else:
+            await self._budget.acquire(reserve)
+        self._metrics.inflight_bytes.set(self._budget.used)
+
+    def _accept(self, delivery: Delivery, rows: MessageRows, reserve: int) -> None:
+        entry = self._ledger.open(delivery, rows.chunk_id, rows.rows, reserve, self._clock())
+        self._metrics.rows_in.inc(rows.rows)
+        self._metrics.inflight_messages.set(len(self._ledger))
+        if rows.rows == 0:
+            done = self._ledger.written(entry.key, 0)
+            assert done is not None
+            # Nothing to infer or write: settle at once. The task is kept referenced until it
+            # ends (the loop holds tasks only weakly).
+            task = asyncio.get_running_loop().create_task(self._settle(done))
+            self._settling.add(task)
+            task.add_done_callback(self._settling.discard)
+            return
+        self._batcher.add(entry.key, rows.columns, rows.nulls)
+        self._rows_queued.set()

@@ -1,0 +1,104 @@
+"""Answered batches on their way to the sink: the part the inference workers hand to the
+writers, merging parts into one write and splitting one per message, and building the result
+rows (with the columns the consumer adds itself) from them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from consumer.engine.batcher import Batch
+from consumer.engine.ledger import Ledger
+from consumer.sinks.base import ResultRows
+
+
+@dataclass(frozen=True, eq=False)
+class Answered:
+    """A batch (or the part of one that survived poison isolation) with the model's outputs,
+    waiting to be written."""
+
+    batch: Batch
+    outputs: Mapping[str, NDArray[Any]]
+
+
+def split_by_message(part: Answered) -> list[Answered]:
+    """One part per segment (each segment is one message's rows), for bisecting a write."""
+    if len(part.batch.segments) == 1:
+        return [part]
+    out = []
+    for segment in part.batch.segments:
+        index = part.batch.rows_of([segment])
+        out.append(
+            Answered(part.batch.select([segment]), {k: v[index] for k, v in part.outputs.items()})
+        )
+    return out
+
+
+def merge(parts: Sequence[Answered]) -> tuple[Batch, Mapping[str, NDArray[Any]]]:
+    """The parts as one batch and one set of outputs (rows in part order)."""
+    if len(parts) == 1:
+        return parts[0].batch, parts[0].outputs
+    batches = [p.batch for p in parts]
+    sizes = [len(b) for b in batches]
+    columns = {k: np.concatenate([b.columns[k] for b in batches]) for k in batches[0].columns}
+    nulls: dict[str, NDArray[np.bool_]] = {}
+    for name in {k for b in batches for k in b.nulls}:
+        nulls[name] = np.concatenate(
+            [b.nulls.get(name, np.zeros(n, np.bool_)) for b, n in zip(batches, sizes, strict=True)]
+        )
+    outputs = {k: np.concatenate([p.outputs[k] for p in parts]) for k in parts[0].outputs}
+    merged = Batch(
+        columns=columns,
+        nulls=nulls,
+        segments=tuple(s for b in batches for s in b.segments),
+        oldest_at=min(b.oldest_at for b in batches),
+    )
+    return merged, outputs
+
+
+class ResultBuilder:
+    """Builds one sink write's ``ResultRows`` from answered parts: the passthrough columns, the
+    model outputs under their result columns, and the consumer's own columns (chunk id, row
+    index, source message id, model name and version, processing time)."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        *,
+        outputs: Mapping[str, str],
+        passthrough: tuple[str, ...],
+        model_name: str,
+        model_version: str,
+        wall: Callable[[], float],
+    ) -> None:
+        self._ledger = ledger
+        self._outputs = outputs
+        self._passthrough = passthrough
+        self._model_name = model_name
+        self._model_version = model_version
+        self._wall = wall
+
+    def build(self, parts: Sequence[Answered]) -> ResultRows:
+        batch, outputs = merge(parts)
+        entries = [self._ledger.get(s.message) for s in batch.segments]
+        lengths = [len(s) for s in batch.segments]
+        return ResultRows(
+            chunk_id=np.repeat(np.array([e.chunk_id for e in entries], dtype=object), lengths),
+            row_index=np.concatenate(
+                [np.arange(s.start, s.stop, dtype=np.int64) for s in batch.segments]
+            ),
+            source_message_id=np.repeat(
+                np.array([e.delivery.message_id for e in entries], dtype=object), lengths
+            ),
+            passthrough={k: batch.columns[k] for k in self._passthrough},
+            outputs={col: outputs[out] for out, col in self._outputs.items()},
+            nulls={k: m for k, m in batch.nulls.items() if k in self._passthrough},
+            model_name=self._model_name,
+            model_version=self._model_version,
+            processed_at=datetime.fromtimestamp(self._wall(), UTC),
+        )

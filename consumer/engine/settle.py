@@ -1,0 +1,142 @@
+"""Settling messages with the broker: ack a message whose rows are all written, dead-letter one
+with a row that failed for good (after deleting its rows already written, so each row ends up
+in exactly one place), nack what cannot finish; each releases the message's budget bytes."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Collection, Sequence
+
+from consumer.engine.batcher import Batcher, Segment
+from consumer.engine.budget import ByteBudget
+from consumer.engine.ledger import Entry, Ledger
+from consumer.engine.results import Answered
+from consumer.engine.writer import SinkWriter
+from consumer.observe.metrics import Metrics
+from consumer.sinks.base import Sink
+from consumer.sources.base import DeadLetterReason, Delivery, Source
+
+log = logging.getLogger(__name__)
+
+
+class Settler:
+    """Ends each message's time in flight, through the ledger: every message the pipeline took
+    is settled here exactly once (acked, dead-lettered or nacked)."""
+
+    def __init__(
+        self,
+        *,
+        source: Source,
+        sink: Sink,
+        writer: SinkWriter[Answered],
+        ledger: Ledger,
+        batcher: Batcher,
+        budget: ByteBudget,
+        metrics: Metrics,
+        wall: Callable[[], float],
+    ) -> None:
+        self._source = source
+        self._sink = sink
+        self._writer = writer
+        self._ledger = ledger
+        self._batcher = batcher
+        self._budget = budget
+        self._metrics = metrics
+        self._wall = wall
+
+    async def settle(self, entry: Entry) -> None:
+        """Ack ``entry``'s message, or (when a row failed for good) delete its written rows and
+        dead-letter it; then release its budget."""
+        if entry.failure is None:
+            await self._source.ack(entry.delivery)
+            self._metrics.messages_acked.inc()
+            self._metrics.end_to_end_seconds.observe(
+                max(0.0, self._wall() - entry.delivery.publish_time)
+            )
+        else:
+            if entry.written_rows:
+                await self._writer.retrying(
+                    lambda: self._sink.delete_chunks([entry.chunk_id]),
+                    f"delete of chunk {entry.chunk_id!r}",
+                )
+            await self.dead_letter(entry.delivery, entry.failure, entry.chunk_id)
+        await self._release(entry)
+
+    async def fail(self, segment: Segment, reason: DeadLetterReason) -> None:
+        """The segment's rows failed for good: its message is dead-lettered once its other
+        rows are settled (rows still queued in the batcher are dropped)."""
+        if segment.message not in self._ledger:
+            return
+        dropped = self._batcher.discard(segment.message)
+        done = self._ledger.failed(segment.message, len(segment) + dropped, reason)
+        if done is not None:
+            await self.settle(done)
+
+    async def abandon(self, segments: Sequence[Segment]) -> None:
+        """Nack the segments' messages at once (inference failed for good)."""
+        for segment in segments:
+            if segment.message in self._ledger:
+                self._batcher.discard(segment.message)
+                entry = self._ledger.abandon(segment.message)
+                await self._settle_nack(entry)
+
+    def withdraw(self, deliveries: Collection[Delivery]) -> list[Delivery]:
+        """The source takes ``deliveries`` back (their partition was revoked): drop the
+        messages none of whose rows has been batched yet, out of the batcher and the ledger,
+        their budget released, neither acked nor nacked; returns their deliveries. The others
+        (in a request, answered or being written) finish as usual."""
+        wanted = set(deliveries)
+        keys = [e.key for e in self._ledger.unsettled() if e.delivery in wanted]
+        dropped = [self._ledger.abandon(key) for key in self._batcher.withdraw(keys)]
+        if not dropped:
+            return []
+        self._budget.release_now(sum(e.reserved_bytes for e in dropped))
+        self._metrics.inflight_bytes.set(self._budget.used)
+        self._metrics.inflight_messages.set(len(self._ledger))
+        log.info(
+            "withdrew %d message(s), %d rows, not yet sent to the model",
+            len(dropped),
+            sum(e.rows for e in dropped),
+        )
+        return [e.delivery for e in dropped]
+
+    async def nack_unsettled(self) -> None:
+        """Nack every message still in flight (shutdown, or a failed pipeline)."""
+        for entry in self._ledger.unsettled():
+            self._ledger.abandon(entry.key)
+            await self._settle_nack(entry)
+
+    async def _settle_nack(self, entry: Entry) -> None:
+        await self.nack(entry.delivery)
+        await self._release(entry)
+
+    async def _release(self, entry: Entry) -> None:
+        await self._budget.release(entry.reserved_bytes)
+        self._metrics.inflight_bytes.set(self._budget.used)
+        self._metrics.inflight_messages.set(len(self._ledger))
+
+    async def nack(self, delivery: Delivery) -> None:
+        await self._source.nack(delivery)
+        self._metrics.messages_nacked.inc()
+
+    async def dead_letter(
+        self, delivery: Delivery, reason: DeadLetterReason, chunk_id: str | None
+    ) -> None:
+        """Publish ``delivery`` to the dead-letter topic; nack it if that fails."""
+        try:
+            await self._source.dead_letter(delivery, reason)
+        except Exception:
+            log.exception(
+                "dead-letter publish failed for message %s (chunk %s); nacking it",
+                delivery.message_id,
+                chunk_id,
+            )
+            await self.nack(delivery)
+            return
+        self._metrics.dead_lettered.labels(reason.reason_class.value).inc()
+        log.warning(
+            "dead-lettered message %s: %s: %s",
+            delivery.message_id,
+            reason.reason_class.value,
+            reason.message,
+        )

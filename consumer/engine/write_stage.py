@@ -1,0 +1,94 @@
+"""The write stage: each writer takes every answered batch that is waiting (up to
+``max_write_rows`` rows and ``max_write_bytes`` of outputs) and writes them in one sink write
+(group commit), then settles the messages whose rows are all written."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from consumer.engine.batcher import Clock
+from consumer.engine.ledger import Ledger
+from consumer.engine.results import Answered
+from consumer.engine.settle import Settler
+from consumer.engine.writer import SinkWriter
+from consumer.observe.metrics import Metrics
+from consumer.sources.base import DeadLetterReason, ReasonClass
+
+
+class WriteStage:
+    """Writers (``write``, one task per concurrent sink write) draining ``answered`` until
+    a ``None`` is queued. Sink faults are handled by the :class:`SinkWriter`."""
+
+    def __init__(
+        self,
+        *,
+        answered: asyncio.Queue[Answered | None],
+        writer: SinkWriter[Answered],
+        ledger: Ledger,
+        settler: Settler,
+        metrics: Metrics,
+        max_write_rows: int,
+        max_write_bytes: int,
+        output_bytes_per_row: int,
+        clock: Clock,
+    ) -> None:
+        self._answered = answered
+        self._writer = writer
+        self._ledger = ledger
+        self._settle = settler.settle
+        self._fail = settler.fail
+        self._metrics = metrics
+        self._max_write_rows = max_write_rows
+        self._max_write_bytes = max_write_bytes
+        self._per_row = max(1, output_bytes_per_row)
+        self._clock = clock
+
+    async def write(self) -> None:
+        while (first := await self._answered.get()) is not None:
+            parts, rows = [first], len(first.batch)
+            while (
+                rows < self._max_write_rows
+                and rows * self._per_row < self._max_write_bytes
+                and not self._answered.empty()
+            ):
+                item = self._answered.get_nowait()
+                if item is None:  # shutdown: write what we hold, then stop
+                    self._answered.put_nowait(None)
+                    break
+                parts.append(item)
+                rows += len(item.batch)
+            try:
+                await self._write(parts)
+            finally:
+                self._metrics.write_queue_batches.dec(len(parts))
+
+    async def _write(self, parts: Sequence[Answered]) -> None:
+        live = [p for p in map(self._live, parts) if p is not None]
+        started = self._clock()
+        rejected = await self._writer.write(live)
+        self._metrics.sink_seconds.observe(self._clock() - started)
+        failed = {segment for part, _ in rejected for segment in part.batch.segments}
+        for part, error in rejected:
+            reason = DeadLetterReason(ReasonClass.REJECTED_BY_SINK, f"{error}", error.code)
+            for segment in part.batch.segments:
+                await self._fail(segment, reason)
+        for part in live:
+            for segment in part.batch.segments:
+                if segment in failed or segment.message not in self._ledger:
+                    continue
+                done = self._ledger.written(segment.message, len(segment))
+                if done is not None:
+                    await self._settle(done)
+
+    def _live(self, part: Answered) -> Answered | None:
+        """The part without the segments of messages settled meanwhile (abandoned, or failed
+        in another batch); ``None`` when nothing is left."""
+        batch = part.batch
+        live = [s for s in batch.segments if s.message in self._ledger]
+        if len(live) == len(batch.segments):
+            return part
+        if not live:
+            return None
+        index = batch.rows_of(live)
+        return Answered(batch.select(live), {k: v[index] for k, v in part.outputs.items()})

@@ -1,0 +1,47 @@
+"""Calling the model over KServe v2 gRPC: :mod:`.client` talks to one server, :mod:`.errors`
+sorts every failure into one of three classes, and :mod:`.retry` retries the transient ones
+with exponential backoff. Several servers are balanced by :mod:`consumer.model.balancer`, which
+sends a batch a server failed with a retryable error to another one before this backoff applies.
+
+=============================  ==============================================  ===============
+class                          when                                            what to do
+=============================  ==============================================  ===============
+:class:`RetryableInferenceError` UNAVAILABLE, RESOURCE_EXHAUSTED,               back off, retry
+                               DEADLINE_EXCEEDED, HTTP 429/503 (from a proxy),  for ever
+                               connection failures
+:class:`PoisonInferenceError`  INVALID_ARGUMENT: the rows are bad              bisect, dead-
+                                                                               letter
+:class:`FatalInferenceError`   anything else (NOT_FOUND, INTERNAL, ...)        stop the
+                                                                               consumer
+=============================  ==============================================  ===============
+"""
+
+from consumer.model.inference.client import MAX_GRPC_MESSAGE_BYTES, ChannelOptions, InferenceClient
+from consumer.model.inference.errors import (
+    FatalInferenceError,
+    InferenceError,
+    PoisonInferenceError,
+    RetryableInferenceError,
+    classify,
+    error_kind,
+    grpc_status,
+    is_exhausted,
+)
+from consumer.model.inference.retry import Inferencer, RetryingInferencer, RetryPolicy
+
+__all__ = [
+    "MAX_GRPC_MESSAGE_BYTES",
+    "ChannelOptions",
+    "FatalInferenceError",
+    "InferenceClient",
+    "InferenceError",
+    "Inferencer",
+    "PoisonInferenceError",
+    "RetryPolicy",
+    "RetryableInferenceError",
+    "RetryingInferencer",
+    "classify",
+    "error_kind",
+    "grpc_status",
+    "is_exhausted",
+]

@@ -1,0 +1,163 @@
+"""Talking to one KServe v2 gRPC inference server (``tritonclient.grpc.aio``) about one model:
+the channel settings, discovery, one request at a time, and the readiness probe. Failures come
+out classified (:mod:`consumer.model.inference.errors`); retries are the caller's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as grpcaio
+from numpy.typing import NDArray
+from tritonclient.utils import InferenceServerException
+
+from consumer.model.discovery import (
+    ModelDiscoveryError,
+    ModelServerUnavailable,
+    ModelSpec,
+    discover_model,
+)
+from consumer.model.inference.errors import FatalInferenceError, classify
+from consumer.model.tls import TlsOptions, channel_credentials, describe_handshake_failure
+
+#: tritonclient's own default for both message-length limits (INT32_MAX).
+MAX_GRPC_MESSAGE_BYTES: Final = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class ChannelOptions:
+    """gRPC channel settings. tritonclient drops *all* its defaults when given channel args,
+    so these restate them (message limits, keepalive) and make them configurable."""
+
+    max_message_bytes: int = MAX_GRPC_MESSAGE_BYTES
+    keepalive_time_ms: int = 2**31 - 1
+    keepalive_timeout_ms: int = 20_000
+    keepalive_permit_without_calls: bool = False
+    http2_max_pings_without_data: int = 2
+    initial_reconnect_backoff_ms: int = 100
+    min_reconnect_backoff_ms: int = 100
+    max_reconnect_backoff_ms: int = 1_000
+    """gRPC's own reconnect backoff after the server went away (its defaults: 1 s initial, up to
+    120 s) is kept short, so a restarted server is used again within about a second."""
+    extra: Sequence[tuple[str, int | str]] = field(default=())
+    """Further ``(grpc.option, value)`` pairs, appended as given."""
+
+    def channel_args(self) -> list[tuple[str, int | str]]:
+        return [
+            ("grpc.max_send_message_length", self.max_message_bytes),
+            ("grpc.max_receive_message_length", self.max_message_bytes),
+            ("grpc.keepalive_time_ms", self.keepalive_time_ms),
+            ("grpc.keepalive_timeout_ms", self.keepalive_timeout_ms),
+            ("grpc.keepalive_permit_without_calls", int(self.keepalive_permit_without_calls)),
+            ("grpc.http2.max_pings_without_data", self.http2_max_pings_without_data),
+            ("grpc.initial_reconnect_backoff_ms", self.initial_reconnect_backoff_ms),
+            ("grpc.min_reconnect_backoff_ms", self.min_reconnect_backoff_ms),
+            ("grpc.max_reconnect_backoff_ms", self.max_reconnect_backoff_ms),
+            *self.extra,
+        ]
+
+
+class InferenceClient:
+    """One model on one KServe v2 gRPC server. ``infer`` raises only :class:`InferenceError`
+    subclasses for server and connection failures.
+
+    ``tls``: TLS (or mutual TLS) to the server; its files are read here, so an unreadable one
+    raises :class:`consumer.model.tls.TlsConfigError` at once. ``client`` replaces the
+    ``tritonclient.grpc.aio.InferenceServerClient`` (tests)."""
+
+    def __init__(
+        self,
+        url: str,
+        model: str,
+        version: str = "",
+        *,
+        channel: ChannelOptions | None = None,
+        tls: TlsOptions | None = None,
+        client: Any = None,
+    ) -> None:
+        self.url = url
+        self.model = model
+        self.version = version
+        self.tls = tls
+        self._served = False
+        """Set once the model was discovered or answered: from then on NOT_FOUND means the
+        server is unloading or restarting it (transient), not that it does not exist."""
+        options = channel or ChannelOptions()
+        if client is None:
+            args = options.channel_args() + (tls.channel_args() if tls else [])
+            creds = channel_credentials(tls) if tls is not None else None
+            # creds (not ssl=/root_certificates=, which take paths) so the bytes are read once
+            client = grpcaio.InferenceServerClient(url, creds=creds, channel_args=args)
+        self._client = client
+
+    async def __aenter__(self) -> InferenceClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._client.close()
+
+    async def discover(self, client_timeout: float | None = 30.0) -> ModelSpec:
+        """This model's spec from the server (see :func:`consumer.model.discovery.discover_model`).
+        A failed TLS handshake (which gRPC reports as UNAVAILABLE) is named as such."""
+        try:
+            spec = await discover_model(
+                self._client,
+                self.model,
+                self.version,
+                server=f"inference server {self.url}",
+                client_timeout=client_timeout,
+            )
+        except ModelServerUnavailable as exc:
+            described = describe_handshake_failure(self.url, str(exc), self.tls)
+            if described is None:
+                raise
+            raise ModelDiscoveryError(described) from exc
+        self._served = True
+        return spec
+
+    async def infer(
+        self, inputs: Sequence[Any], outputs: Sequence[str], *, client_timeout: float | None = None
+    ) -> dict[str, NDArray[Any]]:
+        """Runs one request; returns each requested output as a numpy array (BYTES outputs as
+        object arrays of ``bytes``). ``client_timeout`` bounds the request in seconds."""
+        requested = [grpcclient.InferRequestedOutput(name) for name in outputs]
+        try:
+            result = await self._client.infer(
+                self.model,
+                list(inputs),
+                model_version=self.version,
+                outputs=requested,
+                client_timeout=client_timeout,
+            )
+        except (InferenceServerException, OSError) as exc:
+            raise classify(exc, model=self.model, served=self._served) from exc
+        arrays: dict[str, NDArray[Any]] = {}
+        for name in outputs:
+            array = result.as_numpy(name)
+            if array is None:
+                raise FatalInferenceError(
+                    f"model {self.model!r} answered without the requested output {name!r}",
+                    model=self.model,
+                    status="MISSING_OUTPUT",
+                )
+            arrays[name] = np.asarray(array)
+        self._served = True
+        return arrays
+
+    async def ready(self, client_timeout: float = 1.0) -> bool:
+        """Whether the server answers that the model is ready (``False`` on any error)."""
+        try:
+            return bool(
+                await self._client.is_model_ready(
+                    self.model, self.version, client_timeout=client_timeout
+                )
+            )
+        except (InferenceServerException, OSError):
+            return False

@@ -1,0 +1,216 @@
+"""Building the configured parts: the source for the configured broker, the sink for the
+configured store, and the result table's layout from the model's outputs; opening the sink
+waits while it is unreachable."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry
+from pydantic import SecretStr
+
+from consumer import __version__
+from consumer.engine.writer import SinkBackoff
+from consumer.model.discovery import (
+    ModelSpec,
+)
+from consumer.observe.metrics import Metrics
+from consumer.service.config import (
+    ConsumerConfig,
+    KafkaSettings,
+    ParquetSinkSettings,
+    PostgresSinkSettings,
+    PubSubSettings,
+    SinkSettings,
+    SourceSettings,
+)
+from consumer.service.startup import StartupError, StillUnavailable, wait_for
+from consumer.sinks.base import ColumnSpec, Sink, SinkUnavailable, TableSpec
+from consumer.sources.base import Source
+from wire.columns import ColumnType
+
+if TYPE_CHECKING:
+    from consumer.sources.kafka import KafkaSourceConfig
+
+_DATATYPE_DTYPES = {
+    "FP32": "float32",
+    "FP64": "float64",
+    "INT64": "int64",
+    "INT32": "int32",
+    "BOOL": "bool",
+    "BYTES": "object",
+}
+
+
+def make_source(settings: SourceSettings, metrics: Metrics | None = None) -> Source:
+    """The configured source. ``metrics``: the consumer's metrics (the Kafka source exports
+    its lag gauges in their registry; a dead letter a source sends on its own initiative is
+    counted in ``rowbatch_messages_dead_lettered_total{reason}``, like the pipeline's)."""
+    from consumer.sources.base import DeadLetterReason  # noqa: PLC0415
+
+    registry: CollectorRegistry | None = None
+    on_dead_letter: Callable[[DeadLetterReason], None] | None = None
+    if metrics is not None:
+        registry = metrics.registry
+        counter = metrics.dead_lettered
+
+        def on_dead_letter(reason: DeadLetterReason) -> None:
+            counter.labels(reason.reason_class.value).inc()
+
+    if isinstance(settings, PubSubSettings) and settings.mode == "pull":
+        from consumer.sources.pubsub import (  # noqa: PLC0415
+            PubSubPullSource,
+            PubSubPullSourceConfig,
+        )
+
+        return PubSubPullSource(
+            PubSubPullSourceConfig(
+                subscription=settings.subscription,
+                dead_letter_topic=settings.dead_letter_topic,
+                max_messages=settings.max_messages,
+                max_bytes=settings.max_bytes,
+                max_lease_duration_s=settings.max_lease_duration_s,
+                lease_extension_s=settings.max_lease_extension_s,
+                max_delivery_attempts=settings.max_delivery_attempts,
+                consumer_version=__version__,
+                pull_concurrency=settings.pull_concurrency,
+                pull_max_messages=settings.pull_max_messages,
+                ack_delay_s=settings.ack_delay_ms / 1000,
+            ),
+            on_dead_letter=on_dead_letter,
+        )
+    if isinstance(settings, PubSubSettings):
+        from consumer.sources.pubsub import PubSubSource, PubSubSourceConfig  # noqa: PLC0415
+
+        return PubSubSource(
+            PubSubSourceConfig(
+                subscription=settings.subscription,
+                dead_letter_topic=settings.dead_letter_topic,
+                max_messages=settings.max_messages,
+                max_bytes=settings.max_bytes,
+                max_lease_duration_s=settings.max_lease_duration_s,
+                max_lease_extension_s=settings.max_lease_extension_s,
+                max_delivery_attempts=settings.max_delivery_attempts,
+                consumer_version=__version__,
+            ),
+            on_dead_letter=on_dead_letter,
+        )
+    assert isinstance(settings, KafkaSettings)
+    from consumer.sources.kafka import KafkaConfigError, KafkaSource  # noqa: PLC0415
+
+    try:
+        config = kafka_source_config(settings)
+    except KafkaConfigError as exc:
+        raise StartupError(f"source (kafka): {exc}") from exc
+    return KafkaSource(config, registry=registry, on_dead_letter=on_dead_letter)
+
+
+def kafka_source_config(settings: KafkaSettings) -> KafkaSourceConfig:
+    """The Kafka source's configuration from the ``[source]`` settings (secrets unwrapped);
+    ``KafkaConfigError`` when they cannot work together."""
+    from consumer.sources.kafka import KafkaSourceConfig  # noqa: PLC0415
+
+    def secret(value: SecretStr | None) -> str | None:
+        return None if value is None else value.get_secret_value()
+
+    def path(value: Path | None) -> str | None:
+        return None if value is None else str(value)
+
+    return KafkaSourceConfig(
+        bootstrap_servers=settings.bootstrap_servers,
+        topic=settings.topic,
+        group_id=settings.group_id,
+        dead_letter_topic=settings.dead_letter_topic,
+        max_delivery_attempts=settings.max_delivery_attempts,
+        redelivery_backoff_s=settings.redelivery_backoff_s,
+        redelivery_backoff_max_s=settings.redelivery_backoff_max_s,
+        commit_interval_s=settings.commit_interval_s,
+        revoke_grace_s=settings.revoke_grace_s,
+        session_timeout_ms=settings.session_timeout_ms,
+        heartbeat_interval_ms=settings.heartbeat_interval_ms,
+        max_poll_interval_ms=settings.max_poll_interval_ms,
+        rebalance_timeout_ms=settings.rebalance_timeout_ms,
+        auto_offset_reset=settings.auto_offset_reset,
+        max_buffered_records=settings.max_buffered_records,
+        max_buffered_rows=settings.max_buffered_rows,
+        max_buffered_bytes=settings.max_buffered_bytes,
+        max_partition_fetch_bytes=settings.max_partition_fetch_bytes,
+        security_protocol=settings.security_protocol,
+        sasl_mechanism=settings.sasl_mechanism,
+        sasl_plain_username=settings.sasl_plain_username,
+        sasl_plain_password=secret(settings.sasl_plain_password),
+        ssl_cafile=path(settings.ssl_cafile),
+        ssl_certfile=path(settings.ssl_certfile),
+        ssl_keyfile=path(settings.ssl_keyfile),
+        ssl_key_password=secret(settings.ssl_key_password),
+        client_id=settings.client_id,
+        consumer_version=__version__,
+        lag_interval_s=settings.lag_interval_s,
+        target_latency_s=settings.target_latency_s,
+        rows_per_s_per_replica=settings.rows_per_s_per_replica,
+    )
+
+
+def make_sink(settings: SinkSettings) -> Sink:
+    if isinstance(settings, PostgresSinkSettings):
+        from consumer.sinks.postgres import PostgresSink  # noqa: PLC0415
+
+        return PostgresSink(settings.dsn.get_secret_value(), schema=settings.db_schema)
+    if isinstance(settings, ParquetSinkSettings):
+        from consumer.sinks.parquet import ParquetSink  # noqa: PLC0415
+
+        return ParquetSink(settings.url)
+    from consumer.sinks.sqlite import SqliteSink  # noqa: PLC0415
+
+    return SqliteSink(settings.path)
+
+
+def _column_spec(name: str, ctype: ColumnType) -> ColumnSpec:
+    """The result column of a passthrough column: text is ``object`` (PostgreSQL ``text``),
+    raw bytes ``bytes`` (``bytea``, SQLite BLOB, Parquet binary), numbers keep their dtype."""
+    kind = ctype.kind.value
+    dtype = "object" if kind == "string" else "bytes" if kind == "bytes" else str(ctype.numpy_dtype)
+    return ColumnSpec(name, dtype, ctype.dim or 0)
+
+
+def table_spec(config: ConsumerConfig, spec: ModelSpec) -> TableSpec:
+    passthrough = tuple(
+        _column_spec(name, ColumnType.parse(text))
+        for name, text in config.binding.passthrough.items()
+    )
+    outputs = []
+    for out_name, column in config.binding.outputs.items():
+        tensor = spec.output(out_name)
+        assert tensor is not None  # check_binding saw it
+        dims = [d for d in tensor.dims if d != 1] or [0]
+        outputs.append(ColumnSpec(column, _DATATYPE_DTYPES[tensor.datatype], dims[0]))
+    return TableSpec(config.sink.table, passthrough, tuple(outputs))
+
+
+async def open_sink(
+    sink: Sink,
+    table: TableSpec,
+    settings: SinkSettings,
+    *,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> None:
+    """``sink.open(table)``, waiting (with backoff, up to ``settings.startup_wait_s``) while the
+    sink is unreachable: a database that restarts with the consumer is not a reason to exit."""
+    try:
+        await wait_for(
+            lambda: sink.open(table),
+            what=f"sink ({settings.kind})",
+            unavailable=SinkUnavailable,
+            wait_s=settings.startup_wait_s,
+            backoff=SinkBackoff(settings.backoff_initial_s, settings.backoff_max_s),
+            setting="sink.startup_wait_s",
+            sleep=sleep,
+            clock=clock,
+        )
+    except StillUnavailable as exc:
+        raise StartupError(str(exc)) from exc

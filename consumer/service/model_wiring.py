@@ -1,0 +1,202 @@
+"""The model side of the wiring: clients for the model-server endpoints, discovering the model
+on each (waiting while none is up yet), the in-flight limit per endpoint, the per-message check
+of a chunk against the model binding, and the batch runner that builds tensors and calls the
+retrying inference client."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
+from typing import Any
+
+from numpy.typing import NDArray
+
+from consumer.engine.batcher import Batch, Segment
+from consumer.engine.pipeline import RunBatch
+from consumer.engine.poison import isolate
+from consumer.engine.writer import SinkBackoff
+from consumer.model.balancer import Balancer
+from consumer.model.binding import Binding
+from consumer.model.chunk_check import check_chunk, memoized_check
+from consumer.model.discovery import (
+    ModelServerUnavailable,
+    ModelSpec,
+    default_in_flight,
+)
+from consumer.model.endpoint_probe import HealthTiming
+from consumer.model.endpoints import Membership
+from consumer.model.inference import (
+    InferenceClient,
+    PoisonInferenceError,
+    RetryingInferencer,
+    RetryPolicy,
+)
+from consumer.model.mismatch import SchemaMismatch
+from consumer.model.spec_match import same_spec
+from consumer.model.tensors import build_inputs
+from consumer.service.config import (
+    ModelSettings,
+)
+from consumer.service.startup import StartupError, StillUnavailable, wait_for
+from wire.chunks import DecodedChunk
+from wire.columns import ColumnType
+
+
+def connector(settings: ModelSettings, membership: Membership) -> Callable[[str], InferenceClient]:
+    """A client for one endpoint address. With TLS and no ``tls_server_name``, an address
+    found under a DNS name checks the server's certificate against that name."""
+    tls = settings.tls_options()
+
+    def connect(address: str) -> InferenceClient:
+        own = tls
+        name = membership.name_of(address)
+        if tls is not None and tls.server_name is None and name is not None:
+            own = replace(tls, server_name=name)
+        return InferenceClient(address, settings.name, settings.version, tls=own)
+
+    return connect
+
+
+async def discover_endpoints_waiting(
+    balancer: Balancer,
+    membership: Membership,
+    settings: ModelSettings,
+    *,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> dict[str, ModelSpec]:
+    """Endpoint address -> the model spec it serves, for every endpoint that answered (in
+    configured order), waiting with backoff (up to ``model.startup_wait_s``) while none does.
+    An endpoint that does not serve the model, or fails the TLS handshake, fails at once."""
+
+    async def attempt() -> dict[str, ModelSpec]:
+        addresses = await membership.addresses()
+        if not addresses:
+            raise ModelServerUnavailable(f"{membership.endpoints} resolves to no address")
+        balancer.track(addresses)
+        endpoints = [ep for ep in balancer.endpoints if ep.address in addresses]
+        answers = await asyncio.gather(
+            *(ep.client.discover() for ep in endpoints), return_exceptions=True
+        )
+        specs: dict[str, ModelSpec] = {}
+        down: list[str] = []
+        for ep, answer in zip(endpoints, answers, strict=True):
+            if isinstance(answer, ModelServerUnavailable):
+                down.append(str(answer))
+            elif isinstance(answer, BaseException):
+                raise answer
+            else:
+                specs[ep.address] = answer
+        if not specs:
+            raise ModelServerUnavailable("; ".join(down))
+        return specs
+
+    try:
+        return await wait_for(
+            attempt,
+            what=f"inference server {settings.url}",
+            unavailable=ModelServerUnavailable,
+            wait_s=settings.startup_wait_s,
+            backoff=SinkBackoff(settings.backoff_initial_s, settings.backoff_max_s),
+            setting="model.startup_wait_s",
+            sleep=sleep,
+            clock=clock,
+        )
+    except StillUnavailable as exc:
+        raise StartupError(str(exc)) from exc
+
+
+async def check_endpoints(settings: ModelSettings) -> dict[str, ModelSpec]:
+    """Each endpoint's spec, asked once without waiting (``rowbatch-consumer check``); raises
+    :class:`StartupError` when none answers, and
+    :class:`consumer.model.spec_match.EndpointSpecMismatch` when two differ."""
+    membership = Membership(settings.endpoints())
+    balancer = Balancer(settings.name, connector(settings, membership))
+    try:
+        once = settings.model_copy(update={"startup_wait_s": 0.0})
+        specs = await discover_endpoints_waiting(balancer, membership, once)
+    finally:
+        await balancer.close()
+    same_spec(specs)
+    return specs
+
+
+def health_timing(settings: ModelSettings) -> HealthTiming:
+    """Probes of endpoints that are out: readiness every 0.1 s doubling to 1 s; one that keeps
+    failing once ready is probed later each time, from ``model.backoff_initial_s`` up to
+    ``model.backoff_max_s``."""
+    flap = RetryPolicy(
+        initial_backoff_s=settings.backoff_initial_s, max_backoff_s=settings.backoff_max_s
+    )
+    return HealthTiming(flap=flap)
+
+
+def per_endpoint_limit(settings: ModelSettings, target: int) -> Callable[[ModelSpec], int]:
+    """Requests in flight per endpoint: ``model.max_in_flight``, else what the endpoint's own
+    model config calls for (:func:`consumer.model.discovery.default_in_flight`)."""
+
+    def limit(spec: ModelSpec) -> int:
+        return settings.max_in_flight or default_in_flight(spec, target)
+
+    return limit
+
+
+def make_check(
+    spec: ModelSpec, binding: Binding, passthrough: Mapping[str, ColumnType]
+) -> Callable[[DecodedChunk], None]:
+    """Per-message check: bound columns fit the model, passthrough columns have their type.
+    The type checks run once per column signature (``memoized_check``)."""
+
+    def check(chunk: DecodedChunk) -> None:
+        missing = [c for c in binding.columns if c not in chunk.columns]
+        if missing:
+            raise SchemaMismatch(
+                f"chunk of table {chunk.table!r} lacks column(s) {missing}; "
+                f"it has {sorted(chunk.columns)}",
+                column=missing[0],
+                expected="present",
+                found="absent",
+                code="missing_column",
+            )
+        for name, want in passthrough.items():
+            got = chunk.types[name]
+            if got != want:
+                raise SchemaMismatch(
+                    f"passthrough column {name!r} is {got}, configured as {want}",
+                    column=name,
+                    expected=str(want),
+                    found=str(got),
+                )
+        check_chunk(spec, binding, {name: chunk.column(name) for name in binding.columns})
+
+    return memoized_check(spec, binding, check, tuple(passthrough))
+
+
+def make_run_batch(inferencer: RetryingInferencer, spec: ModelSpec, binding: Binding) -> RunBatch:
+    """Tensor building plus inference; outputs come back as result columns want them: one
+    value per row for single-element outputs, ``rows x n`` for vectors."""
+    outputs = list(binding.outputs)
+
+    async def run(batch: Batch) -> Mapping[str, NDArray[Any]]:
+        inputs = build_inputs(spec, binding, batch.columns, batch.nulls)
+        answer = await inferencer.infer(inputs, outputs)
+        rows = len(batch)
+        return {
+            name: a.reshape(rows) if a.size == rows else a.reshape(rows, -1)
+            for name, a in answer.items()
+        }
+
+    return run
+
+
+def is_poison(exc: BaseException) -> bool:
+    return isinstance(exc, PoisonInferenceError)
+
+
+async def isolate_batch(
+    batch: Batch, run: RunBatch
+) -> tuple[list[tuple[Batch, Mapping[str, NDArray[Any]]]], list[tuple[Segment, BaseException]]]:
+    found = await isolate(list(batch.segments), lambda segs: run(batch.select(segs)), is_poison)
+    return [(batch.select(segs), out) for segs, out in found.good], found.bad

@@ -1,0 +1,54 @@
+"""Result rows as a Parquet dataset, hive-partitioned by day, on a local path or an object store.
+
+Layout (``root`` is ``url_or_path``: a local path, ``file://``, ``s3://``, ``gs://``... any URI
+``pyarrow.fs.FileSystem.from_uri`` knows)::
+
+    root/processed_date=2024-05-01/part-20240501T120000123456-<uuid>.parquet   one per write
+    root/_rowbatch/keys.sqlite                                                 the key index
+
+Readers see one table: ``pyarrow.dataset.dataset(root, partitioning="hive")``, DuckDB
+``read_parquet('root/**/*.parquet', hive_partitioning = true)``, Spark ``read.parquet(root)``,
+``pandas.read_parquet(root)``. Names starting with ``_`` or ``.`` (the index, files being
+written) are hidden from all of them. ``processed_date`` is the UTC date of ``processed_at``.
+
+Columns: ``chunk_id`` string, ``row_index`` int64, ``source_message_id`` string, the passthrough
+and output columns (ints and floats keep their width, except ``float16`` which is stored as
+``float32``; text is string, bytes binary, bool bool; a vector is ``fixed_size_list<dim>`` of its
+element type), ``model_name``, ``model_version`` strings, ``processed_at`` timestamp (us, UTC).
+
+Idempotency: the key index (SQLite) maps each written ``(chunk_id, row_index)`` to its file.
+A ``write`` (1) records the new file as *pending* with the keys not seen before, (2) writes
+those rows to a hidden temporary name in the partition directory, (3) renames it to its final
+name (the atomic commit; on object stores a copy, atomic per object), (4) marks the file
+*committed*. ``open`` reconciles a crash: a pending file that exists is committed, one that does
+not is dropped with its keys. ``delete_chunks`` journals the chunk ids first, rewrites each
+affected file without them (temporary file + rename; a file left empty is deleted), then drops
+their keys and the journal entry; ``open`` finishes a journalled deletion a crash interrupted.
+If the index is missing while the dataset has files, ``open`` rebuilds it from the files.
+
+Limitations: one writer per dataset. A lock file next to the index makes a second sink on the
+same index fail at ``open``; sinks with *different* indexes over the same dataset (two hosts on
+one bucket) are not detected and could duplicate rows: run one writer per dataset, or use the
+PostgreSQL sink for many writers. For non-local filesystems the index is kept on local disk at
+``index_path`` (required there); losing it costs a rebuild, which reads every file's keys.
+
+Strings are stored as is, U+0000 included; the wire's bytes are ``binary``.
+
+Faults (:func:`classify_parquet_error`, in ``faults``): a store, disk or index fault that passes
+raises :class:`~consumer.sinks.base.SinkUnavailable`; the next call first settles what the
+failed one left (as ``open`` does after a crash), so retrying the same write neither loses nor
+duplicates rows. A value pyarrow cannot convert to its column's type raises
+:class:`~consumer.sinks.base.RowsRejected` naming the column; anything else from the store is
+a plain :class:`~consumer.sinks.base.SinkError`.
+
+Modules: ``files`` (where the dataset lives, file naming, atomic uploads), ``rows`` (schema and
+row conversion), ``index`` (the key index), ``faults`` (classification), ``sink``
+(:class:`ParquetSink`).
+"""
+
+from consumer.sinks.parquet.faults import classify_parquet_error
+from consumer.sinks.parquet.files import PARTITION
+from consumer.sinks.parquet.rows import arrow_schema, to_arrow
+from consumer.sinks.parquet.sink import ParquetSink
+
+__all__ = ["PARTITION", "ParquetSink", "arrow_schema", "classify_parquet_error", "to_arrow"]

@@ -1,0 +1,71 @@
+"""What both Pub/Sub sources (streaming pull, ``streaming.py``; unary pull, ``pull.py``) answer
+the same way from their settings alone: whether a delivery is past ``max_delivery_attempts``,
+its dead-letter attributes, and the start-up check of the subscription."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from google.cloud import pubsub_v1
+
+from consumer.sources.base import DeadLetterReason, Delivery
+from consumer.sources.pubsub.dead_letters import DeadLetters, dead_letter_attributes
+from consumer.sources.pubsub.startup_check import check_subscription
+
+
+class SubscriptionSettings(Protocol):
+    """The settings both sources' configurations have in common (what this base reads)."""
+
+    @property
+    def subscription(self) -> str: ...
+
+    @property
+    def dead_letter_topic(self) -> str | None: ...
+
+    @property
+    def max_delivery_attempts(self) -> int | None: ...
+
+    @property
+    def consumer_version(self) -> str: ...
+
+    @property
+    def check_timeout_s(self) -> float: ...
+
+
+class PubSubSourceBase:
+    """Base of both Pub/Sub sources; each sets these attributes in its ``__init__``."""
+
+    config: SubscriptionSettings
+    host: str
+    """Where the service is, for error messages."""
+    _subscriber: pubsub_v1.SubscriberClient | None
+    _dead_letters: DeadLetters
+
+    def exceeded_attempts(self, delivery: Delivery) -> bool:
+        """True when ``max_delivery_attempts`` is set and this delivery is beyond it."""
+        limit = self.config.max_delivery_attempts
+        return limit is not None and delivery.delivery_attempt > limit
+
+    def dead_letter_attributes(
+        self, delivery: Delivery, reason: DeadLetterReason
+    ) -> dict[str, str]:
+        """The original attributes plus the ``rowbatch-dlq-*`` ones (ours win on a clash)."""
+        return dead_letter_attributes(delivery, reason, self.config.consumer_version)
+
+    @property
+    def _sub(self) -> str:
+        return self.config.subscription
+
+    def _check_subscription(self) -> Any:
+        """Blocking start-up check (``check_subscription``) of the subscription and the
+        dead-letter topic; returns the subscription (``google.pubsub_v1.types.Subscription``).
+        Needs the subscriber."""
+        return check_subscription(
+            self._subscriber,
+            self._dead_letters.api,
+            subscription=self._sub,
+            dead_letter_topic=self.config.dead_letter_topic,
+            max_delivery_attempts=self.config.max_delivery_attempts,
+            host=self.host,
+            timeout=self.config.check_timeout_s,
+        )

@@ -1,0 +1,78 @@
+"""Publishing rows that may not fit one message: encode them as one chunk or, split to the
+publisher's message limit, as parts ``<chunk_id>.0``, ``.1``..."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from datetime import datetime
+
+from producer.publishers.base import Publisher
+from producer.publishers.messages import PublishedChunk
+from wire.chunks import EncodedChunk, split_rows
+from wire.codec_arrow import Compression
+from wire.columns import ColumnData, ColumnType, TableSchema
+from wire.headers import Encoding
+
+
+def split_for(
+    publisher: Publisher,
+    table: str,
+    columns: Mapping[str, ColumnData],
+    encoding: Encoding | str,
+    chunk_id: str,
+    *,
+    schema: TableSchema | Mapping[str, ColumnType] | None = None,
+    ordering_key: str | None = None,
+    compression: Compression | None = None,
+    produced_at: datetime | None = None,
+) -> list[EncodedChunk]:
+    """:func:`~wire.chunks.split_rows` with the publisher's message limit (CPU-bound: call it
+    in a worker thread from async code)."""
+    return split_rows(
+        table,
+        columns,
+        encoding,
+        chunk_id,
+        max_bytes=publisher.max_chunk_bytes,
+        schema=schema,
+        ordering_key=ordering_key,
+        compression=compression,
+        produced_at=produced_at,
+    )
+
+
+async def publish_rows(
+    publisher: Publisher,
+    table: str,
+    columns: Mapping[str, ColumnData],
+    encoding: Encoding | str,
+    chunk_id: str,
+    *,
+    schema: TableSchema | Mapping[str, ColumnType] | None = None,
+    ordering_key: str | None = None,
+    compression: Compression | None = None,
+    produced_at: datetime | None = None,
+) -> list[PublishedChunk]:
+    """Encodes the rows as one chunk, or as parts ``<chunk_id>.0``, ``.1``... when one message
+    cannot hold them, and publishes them (concurrently; in order per ordering key)."""
+    chunks = await asyncio.to_thread(
+        split_for,
+        publisher,
+        table,
+        columns,
+        encoding,
+        chunk_id,
+        schema=schema,
+        ordering_key=ordering_key,
+        compression=compression,
+        produced_at=produced_at,
+    )
+    ids = await asyncio.gather(*(publisher.publish(c, key=ordering_key) for c in chunks))
+    return [
+        PublishedChunk(c.headers.chunk_id, c.headers.row_count, c.size, message_id)
+        for c, message_id in zip(chunks, ids, strict=True)
+    ]
+
+
+__all__ = ["publish_rows", "split_for"]

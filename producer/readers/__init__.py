@@ -1,0 +1,39 @@
+"""Reading tables to publish: CSV, JSON Lines or Parquet, from a file or stdin, streamed in record
+batches (never the whole file in memory, except Parquet from stdin), cut into chunks of exactly
+N rows, and converted to the wire contract's column types with errors that name the file, the
+column and the row.
+
+- :func:`open_source` opens a file (``-`` = stdin) as a :class:`TableSource` (one module per
+  format: ``csv``, ``jsonl``, ``parquet``);
+- :func:`rechunk` cuts its record batches into tables of ``rows`` rows;
+- :func:`wire_columns` converts one such table to the columns :func:`wire.chunks.split_rows`
+  takes, applying the declared schema (``--schema``) or inferring the types;
+- :func:`parse_schema` reads ``id:int64,text:string,features:vector[float32,16]``.
+
+CSV: the first line is the header; empty cells and ``null``/``NULL`` are nulls in non-string
+columns (a string column keeps ``""``); ``NaN``/``inf`` are float values. A vector cell is a JSON
+array (``"[0.1, 0.2]"``). JSON Lines: one object per line; arrays of numbers are vectors.
+Compressed files (``.gz``, ``.bz2``, ``.zst``, ``.lz4``) are read as such.
+"""
+
+from __future__ import annotations
+
+from producer.readers.convert import wire_columns
+from producer.readers.errors import InputError, describe_wire_error
+from producer.readers.formats import STDIN, InputFormat, infer_format
+from producer.readers.rechunk import rechunk
+from producer.readers.schema import parse_schema
+from producer.readers.source import TableSource, open_source
+
+__all__ = [
+    "STDIN",
+    "InputError",
+    "InputFormat",
+    "TableSource",
+    "describe_wire_error",
+    "infer_format",
+    "open_source",
+    "parse_schema",
+    "rechunk",
+    "wire_columns",
+]
