@@ -93,6 +93,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench import chaos  # noqa: PLC0415 - only when asked for
 
         return chaos.main(given[1:])
+    if given[:1] == ["autoscale"]:  # the HPA/KEDA simulator, no services (docs/autoscaling.md)
+        from bench import autoscale  # noqa: PLC0415 - only when asked for
+
+        return autoscale.main(given[1:])
     if given[:1] == ["multi_endpoint"]:  # its own stack: two tritonservers (README)
         from bench import multi_endpoint  # noqa: PLC0415 - only when asked for
 
