@@ -19,8 +19,8 @@ from bench.autoscale.signals import (
     DesiredFormula,
     DesiredReplicas,
     Either,
-    InflightMessages,
     KedaLag,
+    ReplicaLoad,
     Signal,
     UndeliveredMessages,
     keda,
@@ -28,10 +28,17 @@ from bench.autoscale.signals import (
 
 Broker = Literal["pubsub", "kafka"]
 
-#: deploy/k8s/overlays/gke-pubsub/hpa.yaml: up 100 % per 30 s; down 1 pod per 60 s after 300 s.
+#: deploy/k8s/overlays/gke-pubsub/hpa.yaml: the default scale-up (max(4 pods, 100 %) per 15 s,
+#: written out); down 1 pod per 60 s after 300 s.
 PUBSUB_OVERLAY_BEHAVIOR = Behavior(
-    scale_up=Rules(0, (Policy("Percent", 100, 30),)),
+    scale_up=DEFAULT_BEHAVIOR.scale_up,
     scale_down=Rules(300, (Policy("Pods", 1, 60),)),
+)
+#: The Pub/Sub signals without ``+fast-up`` scale up by 100 % per 30 s (what the gke-pubsub
+#: overlay had before the simulation), to show what the default scale-up buys.
+PUBSUB_SLOW_UP_BEHAVIOR = Behavior(
+    scale_up=Rules(0, (Policy("Percent", 100, 30),)),
+    scale_down=PUBSUB_OVERLAY_BEHAVIOR.scale_down,
 )
 #: deploy/k8s/overlays/kafka-keda/scaledobject.yaml: the default scale-up; down 1 pod per
 #: 60 s after 300 s.
@@ -61,20 +68,22 @@ class Params:
     unsettled_s: float = 1.0
     """Seconds written work stays in the broker's count (commit interval, ack batching)."""
     latency_objective_s: float = 30.0
-    """End-to-end latency the report holds each run to (``target_latency_s``'s default)."""
-    hpa_messages_per_pod: float = 580
-    """The gke-pubsub overlay's ``num_undelivered_messages`` ``averageValue``."""
-    inflight_per_pod: float = 800
-    """The gke-pubsub overlay's ``rowbatch_inflight_messages`` ``averageValue``."""
-    keda_lag_threshold: float = 730
+    """End-to-end latency the report holds each run to."""
+    hpa_messages_per_pod: float = 1160
+    """The gke-pubsub overlay's ``num_undelivered_messages`` ``averageValue`` (its backstop)."""
+    load_per_pod: float = 1
+    """The gke-pubsub overlay's ``rowbatch_replica_load`` ``averageValue``."""
+    keda_lag_threshold: float = 180
     """The kafka-keda overlay's ``lagThreshold``."""
     keda_polling_s: int = 15
     """The kafka-keda overlay's ``pollingInterval`` (KEDA's default: 30)."""
-    keda_allow_idle_consumers: bool = False
+    keda_allow_idle_consumers: bool = True
     """The kafka-keda overlay's ``allowIdleConsumers``: false caps the lag KEDA reports at
     partitions x ``lagThreshold``."""
-    target_latency_s: float = 30.0
-    """rowbatch's ``target_latency_s`` (the consumer's default)."""
+    pubsub_target_latency_s: float = 10.0
+    """rowbatch's Pub/Sub ``target_latency_s`` (the consumer's default and the overlay's)."""
+    kafka_target_latency_s: float = 20.0
+    """rowbatch's Kafka ``target_latency_s`` (the consumer's default and the overlay's)."""
 
     def fleet(self, broker: Broker) -> FleetParams:
         return FleetParams(
@@ -89,6 +98,9 @@ class Params:
 
     def max_replicas(self, broker: Broker) -> int:
         return self.pubsub_max_replicas if broker == "pubsub" else self.partitions
+
+    def target_latency_s(self, broker: Broker) -> float:
+        return self.pubsub_target_latency_s if broker == "pubsub" else self.kafka_target_latency_s
 
 
 SignalFactory = Callable[[Callable[[Delay], Delayed]], Signal]
@@ -121,12 +133,13 @@ class Scenario:
 #: The signals compared, broker by the name (``-lag``: Kafka, else Pub/Sub):
 #:
 #: - ``cloud-monitoring``: ``num_undelivered_messages`` (Cloud Monitoring) per pod;
-#: - ``overlay``: the gke-pubsub overlay as deployed: that, or ``rowbatch_inflight_messages``
-#:   per pod, whichever asks for more;
-#: - ``rowbatch-age``: ``rowbatch_desired_replicas`` from the age of the oldest row waiting;
+#: - ``overlay``: the gke-pubsub overlay as deployed: ``rowbatch_replica_load`` with the rate
+#:   term per pod, or that backstop, whichever asks for more, with the default scale-up;
+#: - ``rowbatch-age``: ``rowbatch_replica_load`` (a Pods metric) from the age of the rows
+#:   received, without the rate term;
 #: - ``rowbatch-age+rate``: the same plus the rate term (see :class:`DesiredFormula`);
 #: - ``rowbatch-age+rate+fast-up``: that with the HPA's default scale-up (max(4 pods, 100 %)
-#:   per 15 s) instead of the overlay's 100 % per 30 s;
+#:   per 15 s) instead of 100 % per 30 s (the Pub/Sub signals without it scale up so);
 #: - ``keda-lag``: KEDA's kafka scaler (the kafka-keda overlay);
 #: - ``rowbatch-lag``: ``rowbatch_desired_replicas`` from lag, as the Kafka source exports it;
 #: - ``rowbatch-lag+rate``: the same plus the rate term and partition-balanced counts.
@@ -149,20 +162,28 @@ def scenario(family: str, p: Params, setting: float | None = None) -> Scenario:
     broker: Broker = "kafka" if "-lag" in family else "pubsub"
     fleet = p.fleet(broker)
     top = p.max_replicas(broker)
-    fast_up = broker == "kafka" or family.endswith("+fast-up")
-    behavior = KEDA_OVERLAY_BEHAVIOR if fast_up else PUBSUB_OVERLAY_BEHAVIOR
+    if broker == "kafka":
+        behavior = KEDA_OVERLAY_BEHAVIOR
+    elif family in ("overlay", "rowbatch-age+rate+fast-up"):
+        behavior = PUBSUB_OVERLAY_BEHAVIOR
+    else:
+        behavior = PUBSUB_SLOW_UP_BEHAVIOR
     make: SignalFactory
     if family in ("cloud-monitoring", "overlay"):
         value, name = (p.hpa_messages_per_pod if setting is None else setting), "messages/pod"
+        load = DesiredFormula(
+            broker,
+            p.target_latency_s(broker),
+            fleet.rows_per_s_per_replica,
+            min(top, fleet.useful_replicas()),
+            with_rate=True,
+        )
 
         def make(delayed: Callable[[Delay], Delayed]) -> Signal:
             backlog = UndeliveredMessages(value, delayed(CLOUD_MONITORING))
             if family == "cloud-monitoring":
                 return backlog
-            inflight = InflightMessages(
-                p.inflight_per_pod, p.max_messages, delayed(PROMETHEUS), delayed(PROMETHEUS)
-            )
-            return Either((backlog, inflight))
+            return Either((backlog, ReplicaLoad(load, delayed(PROMETHEUS), delayed(PROMETHEUS))))
 
     elif family == "keda-lag":
         value, name = (p.keda_lag_threshold if setting is None else setting), "lagThreshold"
@@ -173,7 +194,8 @@ def scenario(family: str, p: Params, setting: float | None = None) -> Scenario:
             return KedaLag(value, cap, delayed(polling))
 
     else:
-        value, name = (p.target_latency_s if setting is None else setting), "target_latency_s"
+        value = p.target_latency_s(broker) if setting is None else setting
+        name = "target_latency_s"
         formula = DesiredFormula(
             broker,
             value,
@@ -184,20 +206,23 @@ def scenario(family: str, p: Params, setting: float | None = None) -> Scenario:
         )
 
         def make(delayed: Callable[[Delay], Delayed]) -> Signal:
+            if broker == "pubsub":
+                return ReplicaLoad(formula, delayed(PROMETHEUS), delayed(PROMETHEUS))
             return DesiredReplicas(formula, delayed(PROMETHEUS))
 
     return Scenario(family, broker, value, name, fleet, behavior, top, make)
 
 
 def sweep_settings(family: str, p: Params) -> tuple[float, ...]:
-    """The settings the sweep tries for ``family``: the manifests' target x 1/8..2, or
+    """The settings the sweep tries for ``family``: the manifests' backlog target x 1/16..1,
+    their ``lagThreshold`` x 1/2..8 (each was chosen at one end of such a range), or
     ``target_latency_s`` values up to the latency objective."""
     if family in ("cloud-monitoring", "overlay"):
-        base = p.hpa_messages_per_pod
+        base, factors = p.hpa_messages_per_pod, (0.0625, 0.125, 0.25, 0.5, 1.0)
     elif family == "keda-lag":
-        base = p.keda_lag_threshold
+        base, factors = p.keda_lag_threshold, (0.5, 1.0, 2.0, 4.0, 8.0)
     else:
         return tuple(t for t in (10.0, 15.0, 20.0, 30.0) if t <= p.latency_objective_s) or (
             p.latency_objective_s,
         )
-    return tuple(float(round(base * k)) for k in (0.125, 0.25, 0.5, 1.0, 2.0))
+    return tuple(float(round(base * k)) for k in factors)

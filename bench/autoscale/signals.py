@@ -1,18 +1,35 @@
 """The scaling signals the simulator compares, each as the HPA sees it: the metric's value
 when it was sampled, the delay before the HPA can read it, and the HPA metric spec it feeds
-(the replica proposal per sync). rowbatch's desired-replicas figure comes from
-:func:`consumer.observe.lag.desired_replicas`, the function the consumers export it with."""
+(the replica proposal per sync). rowbatch's figures come from
+:mod:`consumer.observe.scaling` (``fleet_replicas``, ``replicas_needed``, ``balanced``), the
+functions the consumers export them with."""
 
 from __future__ import annotations
 
-import math
 import random
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from bench.autoscale.hpa import external_average_value, pods_average_value
-from consumer.observe.lag import desired_replicas
+from consumer.observe.scaling import balanced, fleet_replicas, replicas_needed
+
+__all__ = [
+    "CLOUD_MONITORING",
+    "PROMETHEUS",
+    "Delay",
+    "Delayed",
+    "DesiredFormula",
+    "DesiredReplicas",
+    "Either",
+    "KedaLag",
+    "Observation",
+    "ReplicaLoad",
+    "Signal",
+    "UndeliveredMessages",
+    "balanced",
+    "keda",
+]
 
 
 @dataclass(frozen=True)
@@ -114,30 +131,6 @@ class UndeliveredMessages:
 
 
 @dataclass
-class InflightMessages:
-    """``rowbatch_inflight_messages`` as a Pods metric, ``AverageValue`` ``target_per_pod``:
-    each started replica holds up to ``max_messages`` of the backlog (flow control)."""
-
-    target_per_pod: float
-    max_messages: int
-    metric: Delayed
-    reporting: Delayed
-
-    def observe(self, obs: Observation) -> None:
-        per_pod = min(self.max_messages, obs.backlog_messages / obs.ready) if obs.ready else 0.0
-        self.metric.offer(obs.t, per_pod)
-        self.reporting.offer(obs.t, obs.ready)
-
-    def proposals(self, t: int, current: int) -> list[int]:
-        per_pod, reporting = self.metric.read(t), self.reporting.read(t)
-        if per_pod is None or reporting is None:
-            return []
-        count = min(int(reporting), current)
-        got = pods_average_value([per_pod] * count, current - count, self.target_per_pod)
-        return [] if got is None else [got]
-
-
-@dataclass
 class KedaLag:
     """KEDA's kafka scaler: the group's total lag (records) as an External metric with
     ``AverageValue`` ``lag_threshold``; capped at ``partitions x lag_threshold`` with
@@ -161,20 +154,22 @@ class KedaLag:
 
 @dataclass(frozen=True)
 class DesiredFormula:
-    """rowbatch's ``rowbatch_desired_replicas``: :func:`desired_replicas` over a backlog in rows.
+    """rowbatch's figure over a backlog in rows, as the consumers compute it.
 
     - ``kafka``: lag (records) x mean rows per record, as the Kafka source computes it;
-    - ``pubsub``: the age of the oldest row waiting x the arrival rate (Little's law: what
-      waits is what arrived during the wait), the subscriber's view of its backlog;
-    - ``with_rate``: adds ``target_latency_s x`` the group's written rows/s to the backlog, so
-      the figure asks for the replicas that keep up with what arrives plus those that drain the
-      backlog within the target (``ceil(backlog / (T x r) + written / r)``), rather than 1
-      whenever the backlog is empty; on Kafka it also rounds up to a count that spreads the
-      partitions evenly (``ceil(P / floor(P / n))``: 12 partitions drain no faster with 7..11
-      members than with 6).
+    - ``pubsub``: the age of the rows being received x the rate they are received at (Little's
+      law: what waits is what arrived during the wait), the subscribers' view of their backlog
+      (summed over them: they receive what the group writes);
+    - ``with_rate``: adds the group's written rows/s, so the figure asks for the replicas that
+      keep up with what is written plus those that drain the backlog within the target
+      (``ceil(backlog / (T x r) + written / r)``), rather than 1 whenever the backlog is
+      empty; on Kafka it also rounds up to a count that spreads the partitions evenly
+      (``ceil(P / floor(P / n))``: 12 partitions drain no faster with 7..11 members than
+      with 6).
 
     Capped at ``max_replicas`` (the partitions on Kafka, and the replicas the model server can
-    feed: more would only queue at the server)."""
+    feed: the consumers count only the rate term while the server is full, which comes to
+    the same)."""
 
     broker: str
     target_latency_s: float
@@ -183,26 +178,29 @@ class DesiredFormula:
     with_rate: bool = False
     partitions: int | None = None
 
-    def __call__(self, obs: Observation) -> int:
+    def backlog_rows(self, obs: Observation) -> float:
         if self.broker == "kafka":
-            backlog = obs.backlog_messages * obs.rows_per_message
-        else:
-            backlog = obs.oldest_age_s * obs.arrival_rows_per_s
-        if self.with_rate:
-            backlog += self.target_latency_s * obs.written_rows_per_s
-        n = desired_replicas(
-            backlog, self.target_latency_s, self.rows_per_s_per_replica, self.max_replicas
+            return obs.backlog_messages * obs.rows_per_message
+        return obs.oldest_age_s * obs.written_rows_per_s
+
+    def needed(self, obs: Observation) -> float:
+        """The replicas needed, unrounded (:func:`replicas_needed`), at most the cap."""
+        written = obs.written_rows_per_s if self.with_rate else 0.0
+        need = replicas_needed(
+            self.backlog_rows(obs), written, self.target_latency_s, self.rows_per_s_per_replica
         )
-        if self.with_rate and self.partitions:
-            n = min(self.max_replicas, balanced(n, self.partitions))
-        return n
+        return min(float(self.max_replicas), need)
 
-
-def balanced(n: int, partitions: int) -> int:
-    """The fewest members at least ``n`` that the group drains as fast with as ``n`` would
-    if partitions split evenly: ``ceil(P / floor(P / n))`` (``n`` <= ``P``)."""
-    n = min(max(1, n), partitions)
-    return math.ceil(partitions / (partitions // n))
+    def __call__(self, obs: Observation) -> int:
+        """The figure (:func:`fleet_replicas`)."""
+        return fleet_replicas(
+            self.backlog_rows(obs),
+            obs.written_rows_per_s if self.with_rate else 0.0,
+            self.target_latency_s,
+            self.rows_per_s_per_replica,
+            self.max_replicas,
+            partitions=self.partitions if self.with_rate else None,
+        )
 
 
 @dataclass
@@ -219,6 +217,30 @@ class DesiredReplicas:
     def proposals(self, t: int, current: int) -> list[int]:
         value = self.metric.read(t)
         return [] if value is None else [external_average_value(value, 1, current)]
+
+
+@dataclass
+class ReplicaLoad:
+    """``rowbatch_replica_load`` as a Pods metric with ``AverageValue`` 1: each started
+    replica reports its share of the need (here the fleet's need over the started replicas),
+    so the HPA's ``ceil(current x mean)`` is the fleet's need; starting pods count as the Pods
+    algorithm counts them."""
+
+    formula: DesiredFormula
+    metric: Delayed
+    reporting: Delayed
+
+    def observe(self, obs: Observation) -> None:
+        self.metric.offer(obs.t, self.formula.needed(obs) / obs.ready if obs.ready else 0.0)
+        self.reporting.offer(obs.t, obs.ready)
+
+    def proposals(self, t: int, current: int) -> list[int]:
+        per_pod, reporting = self.metric.read(t), self.reporting.read(t)
+        if per_pod is None or reporting is None:
+            return []
+        count = min(int(reporting), current)
+        got = pods_average_value([per_pod] * count, current - count, 1.0)
+        return [] if got is None else [got]
 
 
 @dataclass

@@ -65,6 +65,8 @@ class InferenceStage:
         self._intake_done = intake_done
         self._target_batch_size = target_batch_size
         self._clock = clock
+        self.in_flight = 0
+        """Requests at the model server now."""
 
     async def flush(self) -> None:
         """Queue each batch as it becomes ready; once intake is done, the rest, then return."""
@@ -88,9 +90,11 @@ class InferenceStage:
         """Run batches until a ``None`` is queued."""
         while (batch := await self._batches.get()) is not None:
             self._metrics.inflight_batches.inc()
+            self.in_flight += 1
             try:
                 answered = await self._infer(batch)
             finally:
+                self.in_flight -= 1
                 self._metrics.inflight_batches.dec()
             for item in answered:
                 self._metrics.write_queue_batches.inc()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from consumer.engine.batcher import Batcher, Clock
 from consumer.engine.budget import ByteBudget, message_cost
@@ -17,6 +17,7 @@ from consumer.engine.intake import Intake, MessageRows, PoisonMessage
 from consumer.engine.ledger import Ledger
 from consumer.engine.settle import Settler
 from consumer.observe.metrics import Metrics
+from consumer.observe.scaling import ScalingSignal
 from consumer.sources.base import (
     BoundsReadAhead,
     Delivery,
@@ -52,6 +53,8 @@ class IntakeStage:
         work: WorkBound,
         output_bytes_per_row: int,
         clock: Clock,
+        wall: Callable[[], float],
+        signal: ScalingSignal | None = None,
     ) -> None:
         self._source = source
         self._intake = intake
@@ -70,6 +73,11 @@ class IntakeStage:
         self._work = work
         self._output_bytes_per_row = output_bytes_per_row
         self._clock = clock
+        self._wall = wall
+        self._signal = signal
+        self.waiting_for_room = False
+        """Intake has a message in hand and waits for the work bound or the budget: more is
+        on offer than the pipeline takes (the replica is saturated)."""
         self._admitting: Delivery | None = None
         """The delivery waiting in ``_admit`` (taken from the source, not yet in the ledger)."""
         self._admitting_withdrawn = False
@@ -88,6 +96,8 @@ class IntakeStage:
         taken = 0
         async for delivery in source.deliveries():
             self._metrics.messages_in.inc()
+            age = max(0.0, self._wall() - delivery.publish_time)
+            self._metrics.receive_age_seconds.observe(age)
             try:
                 rows = self._intake.rows(delivery)
             except PoisonMessage as poison:
@@ -108,6 +118,8 @@ class IntakeStage:
                 self._metrics.inflight_bytes.set(self._budget.used)
                 continue
             self._accept(delivery, rows, reserve)
+            if self._signal is not None:
+                self._signal.received(rows.rows, age)
             # A source with a deep buffer yields without ever suspending: let the flusher,
             # the inference workers and the writers run (and release budget) meanwhile.
             taken += 1
@@ -141,13 +153,19 @@ class IntakeStage:
         await self._gate.wait()
         while self._batcher.pending_rows >= self._work.rows:
             self._rows_taken.clear()
-            await self._rows_taken.wait()
+            self.waiting_for_room = True
+            try:
+                await self._rows_taken.wait()
+            finally:
+                self.waiting_for_room = False
         if not self._budget.fits(reserve):
             self._metrics.paused.labels("budget").set(1)
             self._source.pause()
+            self.waiting_for_room = True
             try:
                 await self._budget.acquire(reserve)
             finally:
+                self.waiting_for_room = False
                 self._metrics.paused.labels("budget").set(0)
                 if self._gate.is_open:
                     self._source.resume()

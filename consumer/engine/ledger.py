@@ -97,3 +97,8 @@ class Ledger:
 
     def oldest_accepted_at(self) -> float | None:
         return min((e.accepted_at for e in self._entries.values()), default=None)
+
+    def oldest_published_at(self) -> float | None:
+        """The publish time (Unix seconds) of the oldest message not yet settled: the age of
+        the oldest row received and not yet written is now minus this."""
+        return min((e.delivery.publish_time for e in self._entries.values()), default=None)

@@ -14,7 +14,9 @@ event loop:
 - *writers* (:mod:`consumer.engine.write_stage`, ``write_concurrency`` of them) write every
   answered batch that is waiting in one sink write (group commit), then settle
   (:mod:`consumer.engine.settle`) messages whose rows are all written: ack, or, when any row
-  failed for good, delete its written rows and dead-letter the whole message.
+  failed for good, delete its written rows and dead-letter the whole message;
+- the *watch* (:mod:`consumer.engine.watch`) exports every second the age of the oldest
+  message not yet settled, and tells the scaling signal the pipeline's state.
 
 Intake keeps at most ``queued_rows`` rows queued ahead of the inference workers (by default two
 batches per request in flight), and tells a source that reads ahead to hold no more
@@ -44,9 +46,11 @@ from consumer.engine.intake_stage import IntakeStage
 from consumer.engine.ledger import Ledger
 from consumer.engine.results import Answered, ResultBuilder, split_by_message
 from consumer.engine.settle import Settler
+from consumer.engine.watch import WATCH_INTERVAL_S, PipelineState, Watch
 from consumer.engine.write_stage import WriteStage
 from consumer.engine.writer import SinkBackoff, SinkWriter
 from consumer.observe.metrics import Metrics
+from consumer.observe.scaling import ScalingSignal
 from consumer.sinks.base import Sink
 from consumer.sources.base import Source, WorkBound
 
@@ -124,7 +128,11 @@ class Pipeline:
         clock: Clock = time.monotonic,
         wall: Callable[[], float] = time.time,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        signal: ScalingSignal | None = None,
+        watch_interval_s: float = WATCH_INTERVAL_S,
     ) -> None:
+        """``signal``: told of rows received and written and, every ``watch_interval_s``, of
+        the pipeline's state (the autoscaling figure)."""
         self._source = source
         self._s = settings
         self._metrics = metrics
@@ -167,6 +175,7 @@ class Pipeline:
             budget=budget,
             metrics=metrics,
             wall=wall,
+            signal=signal,
         )
         self._intake = IntakeStage(
             source=source,
@@ -182,6 +191,8 @@ class Pipeline:
             work=settings.work,
             output_bytes_per_row=settings.output_bytes_per_row,
             clock=clock,
+            wall=wall,
+            signal=signal,
         )
         self._inference = InferenceStage(
             batcher=self._batcher,
@@ -207,6 +218,20 @@ class Pipeline:
             max_write_bytes=settings.max_write_bytes,
             output_bytes_per_row=settings.output_bytes_per_row,
             clock=clock,
+        )
+        self.watch = Watch(
+            ledger=self._ledger,
+            metrics=metrics,
+            state=PipelineState(
+                waiting_for_room=lambda: self._intake.waiting_for_room,
+                backing_off=lambda: not self.gate.is_open,
+                in_flight=lambda: self._inference.in_flight,
+                max_in_flight=settings.max_in_flight,
+            ),
+            signal=signal,
+            clock=clock,
+            wall=wall,
+            interval_s=watch_interval_s,
         )
         metrics.budget_bytes.set(budget.limit)
         metrics.target_batch_size.set(settings.target_batch_size)
@@ -244,6 +269,7 @@ class Pipeline:
         ]
         intake = asyncio.create_task(self._intake.run(), name="rowbatch-intake")
         flusher = asyncio.create_task(self._inference.flush(), name="rowbatch-flusher")
+        watch = asyncio.create_task(self.watch.run(), name="rowbatch-watch")
         stopper = asyncio.create_task(stop.wait())
         failure: BaseException | None = None
         try:
@@ -262,9 +288,9 @@ class Pipeline:
                 self._rows_queued.set()
                 await self._drain(flusher, workers, writers)
         finally:
-            for task in (flusher, *workers, *writers):
+            for task in (flusher, watch, *workers, *writers):
                 task.cancel()
-            await asyncio.gather(flusher, *workers, *writers, return_exceptions=True)
+            await asyncio.gather(flusher, watch, *workers, *writers, return_exceptions=True)
             await self._settler.nack_unsettled()
         if failure is not None:
             raise PipelineFailed(f"the consumer stopped: {failure}") from failure

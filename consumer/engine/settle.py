@@ -13,6 +13,7 @@ from consumer.engine.ledger import Entry, Ledger
 from consumer.engine.results import Answered
 from consumer.engine.writer import SinkWriter
 from consumer.observe.metrics import Metrics
+from consumer.observe.scaling import ScalingSignal
 from consumer.sinks.base import Sink
 from consumer.sources.base import DeadLetterReason, Delivery, Source
 
@@ -34,8 +35,10 @@ class Settler:
         budget: ByteBudget,
         metrics: Metrics,
         wall: Callable[[], float],
+        signal: ScalingSignal | None = None,
     ) -> None:
         self._source = source
+        self._signal = signal
         self._sink = sink
         self._writer = writer
         self._ledger = ledger
@@ -60,6 +63,8 @@ class Settler:
                     f"delete of chunk {entry.chunk_id!r}",
                 )
             await self.dead_letter(entry.delivery, entry.failure, entry.chunk_id)
+        if self._signal is not None:
+            self._signal.written(entry.rows)
         await self._release(entry)
 
     async def fail(self, segment: Segment, reason: DeadLetterReason) -> None:

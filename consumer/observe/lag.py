@@ -1,19 +1,20 @@
-"""Kafka consumer-group lag, and the replica count the autoscaling rule asks for.
+"""Kafka consumer-group lag, the backlog-only replica count, and the throughput meter.
 
 Lag of a partition = its log end offset minus the group's committed offset (records published
 and not yet done by the group). The Kafka source measures it for *every* partition of its
 topic, not only its own, so each replica exports the whole group's view: aggregate across
 replicas with ``max by (topic, partition)``, not ``sum``.
 
-The autoscaling rule (DESIGN.md, Scale-out)::
+The backlog term of the autoscaling rule (DESIGN.md, Scale-out)::
 
     desired = ceil(backlog_rows / (target_latency_s * rows_per_s_per_replica))
 
-capped by the partition count (a group never has more busy members than partitions) and
-at least 1. ``backlog_rows`` is the record lag times the mean rows per record (from the
-``rowbatch-row-count`` header of records seen); ``rows_per_s_per_replica`` is either
+capped (for Kafka by the partition count: a group never has more busy members than
+partitions) and at least 1. ``backlog_rows`` is the record lag times the mean rows per record
+(from the ``rowbatch-row-count`` header of records seen); ``rows_per_s_per_replica`` is either
 configured (what one replica sustains, measured once) or measured by :class:`ThroughputMeter`
-while this replica is saturated.
+while this replica is saturated. ``consumer/observe/scaling.py`` adds the rate term and the
+safeguards the exported ``rowbatch_desired_replicas`` has.
 """
 
 from __future__ import annotations
@@ -106,11 +107,9 @@ class LagGauges:
 
     - ``rowbatch_kafka_lag{topic,partition}``: end offset - committed offset;
     - ``rowbatch_kafka_lag_total{topic}``: their sum;
-    - ``rowbatch_kafka_backlog_rows{topic}``: lag x mean rows per record;
-    - ``rowbatch_rows_per_s_per_replica``: configured, or measured while saturated;
-    - ``rowbatch_desired_replicas``: what the autoscaling rule asks for; 1 until a rate is
-      known (configure ``rows_per_s_per_replica`` to skip the warm-up).
-    ``rowbatch_rows_per_s_per_replica`` reads 0 until measured."""
+    - ``rowbatch_kafka_backlog_rows{topic}``: lag x mean rows per record.
+
+    The replica count they call for is ``ScalingGauges``' (``consumer/observe/scaling.py``)."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.lag = Gauge(
@@ -131,36 +130,12 @@ class LagGauges:
             ["topic"],
             registry=registry,
         )
-        self.rows_per_s = Gauge(
-            "rowbatch_rows_per_s_per_replica",
-            "Rows/s one replica sustains (configured, or measured while saturated)",
-            registry=registry,
-        )
-        self.desired = Gauge(
-            "rowbatch_desired_replicas",
-            "Replicas the autoscaling rule asks for: "
-            "ceil(backlog_rows / (target_latency_s * rows_per_s_per_replica)), "
-            "capped by the partition count",
-            registry=registry,
-        )
-        self.desired.set(1)  # the floor, until a rate is known
 
-    def update(
-        self,
-        topic: str,
-        lags: Mapping[int, int],
-        backlog_rows: float,
-        rows_per_s: float | None,
-        desired: int | None,
-    ) -> None:
+    def update(self, topic: str, lags: Mapping[int, int], backlog_rows: float) -> None:
         for partition, lag in lags.items():
             self.lag.labels(topic, str(partition)).set(lag)
         self.lag_total.labels(topic).set(sum(lags.values()))
         self.backlog_rows.labels(topic).set(backlog_rows)
-        if rows_per_s is not None:
-            self.rows_per_s.set(rows_per_s)
-        if desired is not None:
-            self.desired.set(desired)
 
 
 __all__ = ["LagGauges", "ThroughputMeter", "desired_replicas", "partition_lag"]

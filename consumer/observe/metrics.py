@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from consumer.observe.scaling import ScalingGauges
 from wire.dead_letter import ReasonClass
 
 #: ``rowbatch_messages_dead_lettered_total{reason}``: the dead-letter reason classes.
@@ -29,6 +30,7 @@ PAUSE_REASONS = ("backoff", "budget")
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _FILL_BUCKETS = (0.1, 0.25, 0.5, 0.75, 0.9, 0.99, 1.0)
+_AGE_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 15, 30, 60, 120, 300, 600, 1800, 3600)
 
 
 def _size_buckets() -> tuple[float, ...]:
@@ -97,6 +99,22 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        self.receive_age_seconds = Histogram(
+            "rowbatch_receive_age_seconds",
+            "Publish time to taken by the pipeline, per message: how long it waited in the "
+            "broker (on Pub/Sub the backlog a subscriber sees)",
+            buckets=_AGE_BUCKETS,
+            registry=r,
+        )
+        self.oldest_unwritten_age = Gauge(
+            "rowbatch_oldest_unwritten_age_seconds",
+            "Age (now - publish time) of the oldest message taken and not yet settled; 0 when "
+            "none is",
+            registry=r,
+        )
+        self.scaling = ScalingGauges(r)
+        """``rowbatch_desired_replicas``, ``rowbatch_replica_load``,
+        ``rowbatch_rows_per_s_per_replica``."""
         self.inflight_bytes = Gauge(
             "rowbatch_inflight_bytes", "Bytes held against the memory budget", registry=r
         )

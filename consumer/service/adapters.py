@@ -8,7 +8,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from prometheus_client import CollectorRegistry
 from pydantic import SecretStr
@@ -19,6 +19,7 @@ from consumer.model.discovery import (
     ModelSpec,
 )
 from consumer.observe.metrics import Metrics
+from consumer.observe.scaling import ScalingSignal, SignalSettings
 from consumer.service.config import (
     ConsumerConfig,
     KafkaSettings,
@@ -46,10 +47,37 @@ _DATATYPE_DTYPES = {
 }
 
 
-def make_source(settings: SourceSettings, metrics: Metrics | None = None) -> Source:
+def scaling_signal(
+    settings: SourceSettings, metrics: Metrics, *, slots_fill_server: bool = True
+) -> ScalingSignal:
+    """The autoscaling figure's settings from the ``[source]`` section, its gauges in
+    ``metrics``: Kafka sees the group (``fleet``), Pub/Sub its own receipts (``share``).
+    ``slots_fill_server``: the in-flight limit comes from the model's configuration (not
+    ``model.max_in_flight``), so slots all busy mean a full server."""
+    view: Literal["fleet", "share"] = "fleet" if isinstance(settings, KafkaSettings) else "share"
+    return ScalingSignal(
+        SignalSettings(
+            view,
+            settings.target_latency_s,
+            settings.rows_per_s_per_replica,
+            rate_window_s=settings.rate_window_s,
+            max_replicas=settings.max_replicas if isinstance(settings, PubSubSettings) else None,
+            slots_fill_server=slots_fill_server,
+        ),
+        metrics.scaling,
+    )
+
+
+def make_source(
+    settings: SourceSettings,
+    metrics: Metrics | None = None,
+    signal: ScalingSignal | None = None,
+) -> Source:
     """The configured source. ``metrics``: the consumer's metrics (the Kafka source exports
     its lag gauges in their registry; a dead letter a source sends on its own initiative is
-    counted in ``rowbatch_messages_dead_lettered_total{reason}``, like the pipeline's)."""
+    counted in ``rowbatch_messages_dead_lettered_total{reason}``, like the pipeline's).
+    ``signal``: the consumer's scaling signal, which the Kafka source feeds with the group's
+    backlog (default: one built from ``settings`` on ``metrics``)."""
     from consumer.sources.base import DeadLetterReason  # noqa: PLC0415
 
     registry: CollectorRegistry | None = None
@@ -106,7 +134,9 @@ def make_source(settings: SourceSettings, metrics: Metrics | None = None) -> Sou
         config = kafka_source_config(settings)
     except KafkaConfigError as exc:
         raise StartupError(f"source (kafka): {exc}") from exc
-    return KafkaSource(config, registry=registry, on_dead_letter=on_dead_letter)
+    if signal is None and metrics is not None:
+        signal = scaling_signal(settings, metrics)
+    return KafkaSource(config, registry=registry, on_dead_letter=on_dead_letter, signal=signal)
 
 
 def kafka_source_config(settings: KafkaSettings) -> KafkaSourceConfig:
@@ -152,6 +182,7 @@ def kafka_source_config(settings: KafkaSettings) -> KafkaSourceConfig:
         lag_interval_s=settings.lag_interval_s,
         target_latency_s=settings.target_latency_s,
         rows_per_s_per_replica=settings.rows_per_s_per_replica,
+        rate_window_s=settings.rate_window_s,
     )
 
 

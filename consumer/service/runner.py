@@ -30,7 +30,13 @@ from consumer.model.inference import (
 )
 from consumer.model.spec_match import same_spec
 from consumer.observe.metrics import Metrics
-from consumer.service.adapters import make_sink, make_source, open_sink, table_spec
+from consumer.service.adapters import (
+    make_sink,
+    make_source,
+    open_sink,
+    scaling_signal,
+    table_spec,
+)
 from consumer.service.config import (
     ConsumerConfig,
 )
@@ -124,7 +130,10 @@ async def run_consumer(
         running = Running(metrics, health, spec, target, balancer=balancer)
         sink = sink or make_sink(config.sink)
         await unless_stopped(open_sink(sink, table_spec(config, spec), config.sink), stop)
-        source = source or make_source(config.source, metrics)
+        signal = scaling_signal(
+            config.source, metrics, slots_fill_server=config.model.max_in_flight is None
+        )
+        source = source or make_source(config.source, metrics, signal)
         await source.check()
         pipeline: Pipeline
         inferencer = RetryingInferencer(  # backs off only when no endpoint is left to try
@@ -166,6 +175,7 @@ async def run_consumer(
             ),
             budget=ByteBudget(config.budget_bytes),
             metrics=metrics,
+            signal=signal,
         )
         log.info(
             "consuming: model %s v%s, batch size %d, %d in flight (%s), budget %d bytes",

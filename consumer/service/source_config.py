@@ -55,6 +55,17 @@ class PubSubSettings(Section):
     ack_delay_ms: float = Field(default=10.0, ge=0, le=1000)
     """Pull mode: longest an ack/nack waits to share an Acknowledge/ModifyAckDeadline call
     (up to 1,000 ids each)."""
+    target_latency_s: float = Field(default=10.0, gt=0)
+    """For ``rowbatch_replica_load``/``rowbatch_desired_replicas``: how long the backlog may
+    take to clear (docs/autoscaling.md: 10 s holds a 30 s objective best)."""
+    rows_per_s_per_replica: float | None = Field(default=None, gt=0)
+    """For the same: what one replica sustains; None: measured while the replica is
+    saturated."""
+    rate_window_s: float = Field(default=60.0, gt=0)
+    """For the same: receive and write rates are means over this span."""
+    max_replicas: int | None = Field(default=None, ge=1)
+    """For the same: the most replicas worth asking for (what the model servers can feed,
+    ``ceil(server rows/s / rows_per_s_per_replica)``); None: no cap."""
     # What ``admin ensure`` creates and checks; the consumer itself does not read these.
     topic: str | None = Field(default=None, pattern=_TOPIC)
     """The topic the subscription reads (``projects/P/topics/T``). ``admin ensure`` needs it;
@@ -164,11 +175,14 @@ class KafkaSettings(Section):
     client_id: str = "rowbatch-consumer"
     lag_interval_s: float = Field(default=5.0, gt=0)
     """How often per-partition lag is measured and exported."""
-    target_latency_s: float = Field(default=30.0, gt=0)
-    """For ``rowbatch_desired_replicas``: how long the backlog may take to clear."""
+    target_latency_s: float = Field(default=20.0, gt=0)
+    """For ``rowbatch_desired_replicas``: how long the backlog may take to clear
+    (docs/autoscaling.md: 20 s holds a 30 s objective)."""
     rows_per_s_per_replica: float | None = Field(default=None, gt=0)
     """For ``rowbatch_desired_replicas``: what one replica sustains; None: measured while
     the replica is saturated."""
+    rate_window_s: float = Field(default=60.0, gt=0)
+    """For ``rowbatch_desired_replicas``: the group's write rate is a mean over this span."""
     # What ``admin ensure`` creates and checks; the consumer itself does not read these.
     partitions: int = Field(default=6, ge=1)
     """The topic's partition count: also the most consumer replicas that get work (an

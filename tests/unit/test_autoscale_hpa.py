@@ -17,7 +17,11 @@ from bench.autoscale.hpa import (
     external_average_value,
     pods_average_value,
 )
-from bench.autoscale.scenarios import KEDA_OVERLAY_BEHAVIOR, PUBSUB_OVERLAY_BEHAVIOR
+from bench.autoscale.scenarios import (
+    KEDA_OVERLAY_BEHAVIOR,
+    PUBSUB_OVERLAY_BEHAVIOR,
+    PUBSUB_SLOW_UP_BEHAVIOR,
+)
 from bench.autoscale.signals import Delay, Delayed, DesiredFormula, KedaLag, Observation
 
 NO_WINDOWS = Behavior(
@@ -69,7 +73,7 @@ def test_default_scale_up_is_four_pods_or_double_per_15_s() -> None:
 
 
 def test_scale_up_policy_counts_events_within_its_period() -> None:
-    hpa = Hpa(1, 20, PUBSUB_OVERLAY_BEHAVIOR)  # 100 % per 30 s
+    hpa = Hpa(1, 20, PUBSUB_SLOW_UP_BEHAVIOR)  # 100 % per 30 s
     assert hpa.sync(15, 2, [20]) == 4
     assert hpa.sync(30, 4, [20]) == 4  # the +2 at 15 is within (0, 30]: start 2, limit 4
     assert hpa.sync(45, 4, [20]) == 8  # the event at 15 is out of (15, 45]

@@ -79,7 +79,7 @@ def test_every_signal_runs_and_conserves_rows(family: str) -> None:
 
 
 def test_backlog_only_figure_flaps_on_a_steady_load() -> None:
-    out = simulate(_flat("steady", 50_000, 1800), scenario("rowbatch-age", Params()), 30, 0)
+    out = simulate(_flat("steady", 50_000, 1800), scenario("rowbatch-age", Params(), 30), 30, 0)
     assert out.reversals >= 3
     assert out.late_rows > 0
 
@@ -158,7 +158,7 @@ def test_defaults_are_the_manifests() -> None:
     assert isinstance(hpa, dict)
     assert hpa["maxReplicas"] == p.pubsub_max_replicas
     targets = [float(m[m["type"].lower()]["target"]["averageValue"]) for m in hpa["metrics"]]
-    assert targets == [p.hpa_messages_per_pod, p.inflight_per_pod]
+    assert targets == [p.hpa_messages_per_pod, p.load_per_pod]
     directions = {"scaleUp": PUBSUB_OVERLAY_BEHAVIOR.scale_up}
     directions["scaleDown"] = PUBSUB_OVERLAY_BEHAVIOR.scale_down
     for direction, rules in directions.items():

@@ -8,7 +8,6 @@ partition count, and the targets follow from the measured throughput."""
 from __future__ import annotations
 
 import json
-import math
 import re
 import shutil
 import subprocess
@@ -22,6 +21,7 @@ import pytest
 import yaml
 
 from consumer.model.endpoints import DnsName, parse_endpoints
+from consumer.observe.metrics import Metrics
 from consumer.service.config import ConsumerConfig, KafkaSettings, PubSubSettings, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,11 +33,16 @@ CONFIG_PATH = "/etc/rowbatch/consumer.toml"
 
 # The autoscaling targets' inputs (docs/deploy.md "Autoscaling targets"): one replica's
 # measured end-to-end rows/s into PostgreSQL (docs/benchmarks.md, section 2), the share of it a
-# target may count on, the drain time aimed at, and the rows per message the producers send.
+# target may count on, the drain time each target aims at (docs/autoscaling.md: the latency
+# objective / 4 for KEDA's lag; twice the objective for the Pub/Sub backlog, only a backstop
+# next to rowbatch's load), and the rows per message the producers send; rowbatch's own
+# target_latency_s with the rate term, per broker.
 MEASURED_ROWS_PER_S = {"pubsub": 19_368, "kafka": 24_409}
 HEADROOM = 0.5
-TARGET_DRAIN_S = 30
+LATENCY_OBJECTIVE_S = 30
+TARGET_DRAIN_S = {"pubsub": 2 * LATENCY_OBJECTIVE_S, "kafka": LATENCY_OBJECTIVE_S / 4}
 ROWS_PER_MESSAGE = 500
+TARGET_LATENCY_S = {"pubsub": 10, "kafka": 20}
 
 pytestmark = pytest.mark.skipif(shutil.which("kubectl") is None, reason="needs kubectl")
 
@@ -226,14 +231,18 @@ def test_monitoring_and_disruption_budget_select_the_consumer_pods(
 
 
 def _exported_metrics() -> set[str]:
-    text = "".join(p.read_text() for p in (ROOT / "consumer" / "observe").glob("*.py"))
-    return set(re.findall(r'"(rowbatch_[a-z_]+)"', text))
+    return {family.name for family in Metrics().registry.collect()}
 
 
 def _target(broker: str) -> int:
-    """Messages (or records) per replica: what one replica clears in the target drain time."""
-    per_replica = MEASURED_ROWS_PER_S[broker] * HEADROOM * TARGET_DRAIN_S / ROWS_PER_MESSAGE
+    """Messages (or records) per replica: what one replica clears in the target drain time,
+    to the nearest ten."""
+    per_replica = MEASURED_ROWS_PER_S[broker] * HEADROOM * TARGET_DRAIN_S[broker] / ROWS_PER_MESSAGE
     return int(round(per_replica, -1))
+
+
+def test_the_targets_are_the_recommended_ones() -> None:
+    assert (_target("kafka"), _target("pubsub")) == (180, 1160)
 
 
 def test_the_targets_come_from_the_measured_figures() -> None:
@@ -243,10 +252,21 @@ def test_the_targets_come_from_the_measured_figures() -> None:
         row = rf"{broker} -> postgres\s+embedder\s+[\d,]+\s+{rows:,}\s"
         assert re.search(row, benchmarks), f"{rows:,} rows/s is not in docs/benchmarks.md"
         assert f"{rows:,}" in deploy
-        assert str(_target(broker)) in deploy
+        assert f"**{_target(broker)}**" in deploy
+        assert f"{TARGET_DRAIN_S[broker]:g} s" in deploy
 
 
-def test_gke_hpa_scales_on_the_subscription_backlog_and_a_rowbatch_gauge(tmp_path: Path) -> None:
+def test_the_consumers_signal_settings_are_the_recommended_ones(tmp_path: Path) -> None:
+    for where, broker in (("gke-pubsub", "pubsub"), ("kafka-keda", "kafka")):
+        source = _pod_config(where, "Deployment", tmp_path).source
+        assert source.target_latency_s == TARGET_LATENCY_S[broker]
+        assert source.rows_per_s_per_replica == MEASURED_ROWS_PER_S[broker]
+    # the consumer's defaults are the same targets
+    assert PubSubSettings.model_fields["target_latency_s"].default == TARGET_LATENCY_S["pubsub"]
+    assert KafkaSettings.model_fields["target_latency_s"].default == TARGET_LATENCY_S["kafka"]
+
+
+def test_gke_hpa_scales_on_the_replica_load_with_the_backlog_as_backstop(tmp_path: Path) -> None:
     config = _pod_config("gke-pubsub", "Deployment", tmp_path)
     source = config.source
     assert isinstance(source, PubSubSettings)
@@ -261,11 +281,19 @@ def test_gke_hpa_scales_on_the_subscription_backlog_and_a_rowbatch_gauge(tmp_pat
     subscription_id = source.subscription.rsplit("/", 1)[1]
     assert metric["selector"]["matchLabels"] == {"resource.labels.subscription_id": subscription_id}
     assert int(external["external"]["target"]["averageValue"]) == _target("pubsub")
+    # Each replica's share of the need, summed by the Pods metric's average: a target of 1
+    # per pod makes the HPA ask for ceil(sum of the shares).
     prefix, name, kind = pods["pods"]["metric"]["name"].split("|")
     assert (prefix, kind) == ("prometheus.googleapis.com", "gauge")
     assert name in _exported_metrics(), f"{name} is not a metric the consumer exports"
-    assert name == "rowbatch_inflight_messages"
-    assert int(pods["pods"]["target"]["averageValue"]) < source.max_messages
+    assert name == "rowbatch_replica_load"
+    assert pods["pods"]["target"] == {"type": "AverageValue", "averageValue": "1"}
+    # The HPA's default scale-up (max(4 pods, 100 %) per 15 s), the simulator's recommendation.
+    up = hpa["spec"]["behavior"]["scaleUp"]
+    assert up["stabilizationWindowSeconds"] == 0
+    assert up.get("selectPolicy", "Max") == "Max"
+    policies = {(p["type"], p["value"], p["periodSeconds"]) for p in up["policies"]}
+    assert policies == {("Pods", 4, 15), ("Percent", 100, 15)}
 
 
 def test_gke_uses_workload_identity_in_the_configs_project(tmp_path: Path) -> None:
@@ -298,9 +326,11 @@ def test_keda_scales_on_the_groups_lag_capped_at_the_partitions(tmp_path: Path) 
     assert meta["consumerGroup"] == source.group_id, "the group whose commits are the lag"
     assert meta["topic"] == source.topic
     assert meta["offsetResetPolicy"] == source.auto_offset_reset
-    assert meta["allowIdleConsumers"] == "false"
+    # "true": KEDA reports the whole lag, not min(lag, partitions x lagThreshold), so the
+    # count can reach the partitions (maxReplicaCount still caps it there).
+    assert meta["allowIdleConsumers"] == "true"
+    assert scaled["maxReplicaCount"] == source.partitions
     assert int(meta["lagThreshold"]) == _target("kafka")
-    assert math.ceil(source.target_latency_s) == TARGET_DRAIN_S
     keda_sasl = {
         "PLAIN": "plaintext",
         "SCRAM-SHA-256": "scram_sha256",

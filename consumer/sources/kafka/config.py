@@ -75,10 +75,12 @@ class KafkaSourceConfig:
     dead_letter_timeout_s: float = 30.0
     check_timeout_s: float = 10.0
     lag_interval_s: float = 5.0
-    target_latency_s: float = 30.0
+    target_latency_s: float = 20.0
     """For ``rowbatch_desired_replicas``: how long a backlog may take to clear."""
     rows_per_s_per_replica: float | None = None
     """For ``rowbatch_desired_replicas``: what one replica sustains. None: measured."""
+    rate_window_s: float = 60.0
+    """For ``rowbatch_desired_replicas``: the group's write rate is a mean over this span."""
 
     def __post_init__(self) -> None:
         for name in ("bootstrap_servers", "topic", "group_id"):
@@ -105,6 +107,7 @@ class KafkaSourceConfig:
             "check_timeout_s",
             "lag_interval_s",
             "target_latency_s",
+            "rate_window_s",
         ):
             if getattr(self, name) <= 0:
                 raise KafkaConfigError(f"{name} must be > 0, not {getattr(self, name)}")

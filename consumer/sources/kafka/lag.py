@@ -1,6 +1,8 @@
 """The Kafka source's lag report: every ``lag_interval_s``, the log end offsets and the group's
 committed offsets of *all* partitions of the topic, exported as the gauges of
-``consumer/observe/lag.py`` (lag, backlog rows, throughput, desired replicas)."""
+``consumer/observe/lag.py`` (lag, backlog rows), and handed to the scaling signal
+(``consumer/observe/scaling.py``) as the group's backlog and write rate (the committed
+offsets' progress): the fleet's ``rowbatch_desired_replicas``."""
 
 from __future__ import annotations
 
@@ -14,17 +16,29 @@ from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 from prometheus_client import CollectorRegistry
 
-from consumer.observe.lag import LagGauges, ThroughputMeter, desired_replicas, partition_lag
+from consumer.observe.lag import LagGauges, partition_lag
+from consumer.observe.scaling import ScalingGauges, ScalingSignal, SignalSettings, Window
 from consumer.sources.kafka.config import KafkaSourceConfig
 
 _LOG = logging.getLogger(__name__)
 
 
-class LagMonitor:
-    """Measures the topic's lag into the gauges of ``registry``.
+def standalone_signal(config: KafkaSourceConfig, registry: CollectorRegistry) -> ScalingSignal:
+    """A scaling signal of the source's own, with its gauges in ``registry``, for a source
+    used without the consumer's pipeline (which otherwise shares one with it)."""
+    settings = SignalSettings(
+        "fleet",
+        config.target_latency_s,
+        config.rows_per_s_per_replica,
+        rate_window_s=config.rate_window_s,
+    )
+    return ScalingSignal(settings, ScalingGauges(registry))
 
-    ``rows_per_record()``: the mean rows per record seen (to turn records into rows);
-    ``busy()``: whether the source holds work (the throughput is measured while it does)."""
+
+class LagMonitor:
+    """Measures the topic's lag into the gauges of ``registry`` and the figure of ``signal``.
+
+    ``rows_per_record()``: the mean rows per record seen (to turn records into rows)."""
 
     def __init__(
         self,
@@ -32,17 +46,18 @@ class LagMonitor:
         registry: CollectorRegistry,
         *,
         rows_per_record: Callable[[], float],
-        busy: Callable[[], bool],
+        signal: ScalingSignal,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._config = config
         self._gauges = LagGauges(registry)
-        self._meter = ThroughputMeter()
         self._rows_per_record = rows_per_record
-        self._busy = busy
-
-    def done(self, rows: int) -> None:
-        """``rows`` were settled (for the measured throughput)."""
-        self._meter.done(rows)
+        self.signal = signal
+        self._clock = clock
+        self._committed: dict[int, int] = {}
+        self._done_records = 0.0
+        """Records the group committed since this monitor started (its progress)."""
+        self._done = Window(signal.settings.rate_window_s)
 
     async def refresh(self, consumer: Any) -> dict[int, int]:
         """Read end offsets and the group's committed offsets of every partition of the
@@ -62,16 +77,30 @@ class LagMonitor:
             begin = await consumer.beginning_offsets(unknown) if unknown else {}
             start = {tp.partition: off for tp, off in begin.items()}
         lags = partition_lag({tp.partition: off for tp, off in end.items()}, done, start)
-        backlog_rows = sum(lags.values()) * self._rows_per_record()
-        measured = self._meter.sample(time.monotonic(), self._busy())
-        rate = config.rows_per_s_per_replica or measured
-        desired = (
-            desired_replicas(backlog_rows, config.target_latency_s, rate, len(tps))
-            if rate
-            else None
+        rows_per_record = self._rows_per_record()
+        backlog_rows = sum(lags.values()) * rows_per_record
+        mine = {tp.partition for tp in consumer.assignment() if tp.topic == config.topic}
+        self.signal.fleet(
+            backlog_rows,
+            self._group_rows_per_s(done) * rows_per_record,
+            partitions=len(tps),
+            own_backlog_rows=sum(lags.get(p, 0) for p in mine) * rows_per_record,
         )
-        self._gauges.update(config.topic, lags, backlog_rows, rate, desired)
+        self._gauges.update(config.topic, lags, backlog_rows)
         return lags
+
+    def _group_rows_per_s(self, committed: dict[int, int | None]) -> float:
+        """Records/s the group committed over the rate window (every member's writes)."""
+        for partition, offset in committed.items():
+            if offset is None:
+                continue
+            before = self._committed.get(partition)
+            if before is not None and offset > before:
+                self._done_records += offset - before
+            self._committed[partition] = offset
+        self._done.add(self._clock(), (self._done_records,))
+        seconds, (records,) = self._done.change()
+        return records / seconds if seconds > 0 else 0.0
 
     async def run(self, refresh: Callable[[], Awaitable[object]]) -> None:
         """Call ``refresh()`` every ``lag_interval_s``, forever; failures are logged."""
@@ -86,4 +115,4 @@ class LagMonitor:
             await asyncio.sleep(self._config.lag_interval_s)
 
 
-__all__ = ["LagMonitor"]
+__all__ = ["LagMonitor", "standalone_signal"]

@@ -28,7 +28,8 @@ How it works (aiokafka 0.14; ``aiokafka/consumer/{consumer,group_coordinator,fet
   (or the process restarts). A nack after ``close``, or of a revoked partition's record,
   changes nothing (the next owner reads it again).
 * **Dead letters** (``dead_letters.py``) to ``<topic>.dlq``, settled once the broker confirmed.
-* **Lag** (``lag.py``): the whole group's lag per partition, in the registry it was given.
+* **Lag** (``lag.py``): the whole group's lag per partition, in the registry it was given,
+  and the group's backlog and write rate for the scaling signal (``rowbatch_desired_replicas``).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from prometheus_client import CollectorRegistry
 
+from consumer.observe.scaling import ScalingSignal
 from consumer.sources.base import (
     DeadLetterReason,
     Delivery,
@@ -57,7 +59,7 @@ from consumer.sources.kafka.clients import KafkaClients
 from consumer.sources.kafka.config import KafkaSourceConfig
 from consumer.sources.kafka.dead_letters import dead_letter_headers, publish_dead_letter
 from consumer.sources.kafka.errors import DeadLetterFailed, KafkaConsumeError
-from consumer.sources.kafka.lag import LagMonitor
+from consumer.sources.kafka.lag import LagMonitor, standalone_signal
 from consumer.sources.kafka.partitions import Partitions, RebalanceListener
 from consumer.sources.kafka.readahead import ReadAhead
 from consumer.sources.kafka.records import Held, to_delivery
@@ -74,7 +76,8 @@ class KafkaSource:
     private one when not given. ``consumer_factory``/``producer_factory`` replace the aiokafka
     classes (tests). ``on_dead_letter(reason)`` is called after each dead letter the source
     sends on its own initiative is confirmed (the pipeline counts the ones it asks for).
-    Everything runs on the event loop's thread."""
+    ``signal``: the consumer's scaling signal, which the lag report feeds; without one the
+    source keeps its own (gauges in ``registry``). Everything runs on the event loop's thread."""
 
     def __init__(
         self,
@@ -84,6 +87,7 @@ class KafkaSource:
         consumer_factory: Callable[..., Any] | None = None,
         producer_factory: Callable[..., Any] | None = None,
         on_dead_letter: Callable[[DeadLetterReason], None] | None = None,
+        signal: ScalingSignal | None = None,
     ) -> None:
         self.config = config
         self._on_dead_letter = on_dead_letter
@@ -116,7 +120,7 @@ class KafkaSource:
             config,
             self.registry,
             rows_per_record=lambda: self._ahead.rows_per_record,
-            busy=lambda: self._ahead.busy or bool(self._unsettled),
+            signal=signal or standalone_signal(config, self.registry),
         )
         self._changed = asyncio.Event()
         self._closed = False
@@ -411,8 +415,7 @@ class KafkaSource:
         return held
 
     def _settle(self, held: Held) -> None:
-        if self._partitions.settle(held):
-            self._lag.done(held.rows)
+        self._partitions.settle(held)
 
     def _not_held(self, delivery: Delivery) -> ValueError:
         return ValueError(

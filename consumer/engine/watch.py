@@ -1,0 +1,75 @@
+"""The pipeline's watch: every second, the age of the oldest message taken and not yet settled
+(``rowbatch_oldest_unwritten_age_seconds``, from the ledger), and the pipeline's state for the
+scaling signal (saturated, backing off, every inference slot in use)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from consumer.engine.batcher import Clock
+from consumer.engine.ledger import Ledger
+from consumer.observe.metrics import Metrics
+from consumer.observe.scaling import ScalingSignal
+
+log = logging.getLogger(__name__)
+
+WATCH_INTERVAL_S = 1.0
+
+
+@dataclass(frozen=True)
+class PipelineState:
+    """What the watch reads from the stages, each a cheap call."""
+
+    waiting_for_room: Callable[[], bool]
+    """Intake holds a message and waits for the work bound or the budget."""
+    backing_off: Callable[[], bool]
+    in_flight: Callable[[], int]
+    """Requests at the model server now."""
+    max_in_flight: int
+
+
+class Watch:
+    """One :meth:`check` per ``interval_s`` (:meth:`run`, until cancelled)."""
+
+    def __init__(
+        self,
+        *,
+        ledger: Ledger,
+        metrics: Metrics,
+        state: PipelineState,
+        signal: ScalingSignal | None,
+        clock: Clock,
+        wall: Callable[[], float],
+        interval_s: float = WATCH_INTERVAL_S,
+    ) -> None:
+        self._ledger = ledger
+        self._metrics = metrics
+        self._state = state
+        self._signal = signal
+        self._clock = clock
+        self._wall = wall
+        self.interval_s = interval_s
+
+    def check(self) -> None:
+        oldest = self._ledger.oldest_published_at()
+        age = 0.0 if oldest is None else max(0.0, self._wall() - oldest)
+        self._metrics.oldest_unwritten_age.set(age)
+        if self._signal is not None:
+            s = self._state
+            self._signal.tick(
+                self._clock(),
+                busy=s.waiting_for_room(),
+                backing_off=s.backing_off(),
+                slots_full=s.in_flight() >= s.max_in_flight,
+            )
+
+    async def run(self) -> None:
+        while True:
+            try:
+                self.check()
+            except Exception:
+                log.warning("updating the scaling signal failed", exc_info=True)
+            await asyncio.sleep(self.interval_s)

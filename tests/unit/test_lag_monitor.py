@@ -1,0 +1,107 @@
+"""The Kafka lag report feeding the scaling signal: the group's backlog from every partition's
+lag, the group's write rate from the committed offsets' progress (every member's commits, so
+one replica computes the fleet's figure), this replica's own share from its partitions."""
+
+from __future__ import annotations
+
+from aiokafka import TopicPartition
+from prometheus_client import CollectorRegistry
+
+from consumer.observe.scaling import ScalingGauges, ScalingSignal, SignalSettings
+from consumer.sources.kafka.config import KafkaSourceConfig
+from consumer.sources.kafka.lag import LagMonitor, standalone_signal
+
+TOPIC = "rows"
+
+
+class GroupView:
+    """What ``refresh`` asks a started aiokafka consumer."""
+
+    def __init__(self, partitions: int, mine: set[int]) -> None:
+        self.end = dict.fromkeys(range(partitions), 0)
+        self.commits: dict[int, int | None] = dict.fromkeys(range(partitions))
+        self.mine = mine
+
+    def partitions_for_topic(self, topic: str) -> set[int]:
+        return set(self.end)
+
+    async def end_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        return {tp: self.end[tp.partition] for tp in tps}
+
+    async def committed(self, tp: TopicPartition) -> int | None:
+        return self.commits[tp.partition]
+
+    async def beginning_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        return dict.fromkeys(tps, 0)
+
+    def assignment(self) -> set[TopicPartition]:
+        return {TopicPartition(TOPIC, p) for p in self.mine}
+
+
+class Clock:
+    now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def config(**over: object) -> KafkaSourceConfig:
+    return KafkaSourceConfig(
+        bootstrap_servers="b:9092",
+        topic=TOPIC,
+        group_id="g",
+        **over,  # type: ignore[arg-type]
+    )
+
+
+async def test_the_groups_commits_are_its_write_rate_and_its_lag_the_backlog() -> None:
+    registry = CollectorRegistry()
+    signal = ScalingSignal(
+        SignalSettings("fleet", 20.0, 1000.0, rate_window_s=10.0), ScalingGauges(registry)
+    )
+    clock = Clock()
+    monitor = LagMonitor(
+        config(), registry, rows_per_record=lambda: 100.0, signal=signal, clock=clock
+    )
+    group = GroupView(12, mine={0, 1})
+    group.end = dict.fromkeys(range(12), 1000)
+    group.commits = dict.fromkeys(range(12), 900)
+    group.commits[11] = None  # never committed: counts from the log start (earliest)
+    lags = await monitor.refresh(group)
+    assert lags[0] == 100 and lags[11] == 1000
+    assert registry.get_sample_value("rowbatch_kafka_lag_total", {"topic": TOPIC}) == 2100
+    # no progress seen yet: 210,000 rows / (20 s x 1,000) = 10.5 -> 11 -> 12 (even split)
+    assert registry.get_sample_value("rowbatch_desired_replicas") == 12
+
+    clock.now = 10.0
+    group.end = dict.fromkeys(range(12), 1000)
+    group.commits = dict.fromkeys(range(12), 1000)  # 11 x 100 records committed in 10 s
+    await monitor.refresh(group)
+    # nothing waits; the group wrote 110 records/s x 100 rows = 11,000 rows/s -> 11 -> 12
+    assert registry.get_sample_value("rowbatch_kafka_backlog_rows", {"topic": TOPIC}) == 0
+    assert registry.get_sample_value("rowbatch_desired_replicas") == 12
+
+    clock.now = 30.0
+    await monitor.refresh(group)  # no commits for a whole window: the floor
+    assert registry.get_sample_value("rowbatch_desired_replicas") == 1
+
+
+async def test_this_replicas_load_counts_its_own_partitions_lag() -> None:
+    registry = CollectorRegistry()
+    signal = ScalingSignal(SignalSettings("fleet", 20.0, 1000.0), ScalingGauges(registry))
+    monitor = LagMonitor(config(), registry, rows_per_record=lambda: 10.0, signal=signal)
+    group = GroupView(4, mine={1})
+    group.end = {0: 500, 1: 4000, 2: 0, 3: 0}
+    group.commits = {0: 0, 1: 0, 2: 0, 3: 0}
+    await monitor.refresh(group)
+    # the group: 45,000 rows / 20,000 = 2.25 -> 3 -> 4 on 4 partitions; mine: 40,000 -> 2.0
+    assert registry.get_sample_value("rowbatch_desired_replicas") == 4
+    assert registry.get_sample_value("rowbatch_replica_load") == 2.0
+
+
+async def test_a_source_without_the_pipeline_keeps_a_signal_of_its_own() -> None:
+    registry = CollectorRegistry()
+    signal = standalone_signal(config(rows_per_s_per_replica=500.0), registry)
+    assert signal.settings.view == "fleet"
+    assert signal.settings.target_latency_s == 20.0  # the default
+    assert registry.get_sample_value("rowbatch_rows_per_s_per_replica") == 500.0
