@@ -97,6 +97,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench import autoscale  # noqa: PLC0415 - only when asked for
 
         return autoscale.main(given[1:])
+    if given[:1] == ["autoscale_real"]:  # its own stack: the HPA rule on real consumers
+        from bench import autoscale_real  # noqa: PLC0415 - only when asked for
+
+        return autoscale_real.main(given[1:])
     if given[:1] == ["multi_endpoint"]:  # its own stack: two tritonservers (README)
         from bench import multi_endpoint  # noqa: PLC0415 - only when asked for
 
