@@ -3,7 +3,7 @@ simulator's prediction for the same arrivals.
 
 A burst of rows 5-10x what one consumer drains within its target latency is published to Kafka
 (6 partitions) or Pub/Sub between steady phases; consumer processes are started and stopped by
-``harness/autoscaler.py``, which applies the HPA's rule to their ``rowbatch_desired_replicas``
+``controller.py``, which applies the HPA's rule to their ``rowbatch_desired_replicas``
 on a clock ``--time-scale`` times faster than the HPA's. The model is ``fixed_latency`` on
 three instances with one request in flight per consumer, so a consumer's throughput, not this
 machine's CPUs, sets how many are needed. Per run: latency (publish to inference answered,

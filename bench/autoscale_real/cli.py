@@ -17,9 +17,9 @@ from typing import cast
 
 from bench.autoscale.run import Outcome
 from bench.autoscale_real.compare import agreement, comparison_table, simulate_same, to_json
+from bench.autoscale_real.controller import ControllerSettings
 from bench.autoscale_real.run import LONG_PLAN, SHORT_PLAN, RealRun, Setup, run_burst
 from bench.autoscale_real.stack import Broker, Services, model_repository
-from harness.autoscaler import ControllerSettings
 from harness.service import REPO_ROOT, RunDir
 
 

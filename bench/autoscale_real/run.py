@@ -1,4 +1,4 @@
-"""One burst on the real stack under the test-only controller (``harness/autoscaler.py``):
+"""One burst on the real stack under the test-only controller (``controller.py`` here):
 the plans, the consumers' and controller's settings, what the run measured, and the checks it
 must pass (replicas rise, the backlog drains, every row is written once, the replicas come back
 to the minimum, no flapping while steady)."""
@@ -17,6 +17,14 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
+from bench.autoscale_real.controller import (
+    DESIRED_REPLICAS,
+    REPLICA_LOAD,
+    Autoscaler,
+    ControllerSettings,
+    ScaleEvent,
+    reversals,
+)
 from bench.autoscale_real.stack import (
     Broker,
     PacedPublisher,
@@ -29,14 +37,6 @@ from bench.autoscale_real.stack import (
     drop_table,
     executed_rows,
     read_written,
-)
-from harness.autoscaler import (
-    DESIRED_REPLICAS,
-    REPLICA_LOAD,
-    Autoscaler,
-    ControllerSettings,
-    ScaleEvent,
-    reversals,
 )
 from harness.consumer_process import ConsumerProcess, to_toml
 from harness.proc import free_port

@@ -1,6 +1,6 @@
 """Autoscaling on the real stack: a burst of 48,000 rows (8.4x what one consumer drains within
 its 3 s target latency) between steady phases, with consumer processes started and stopped by
-the test-only controller (``harness/autoscaler.py``: the HPA's rule on
+the test-only controller (``bench/autoscale_real/controller.py``: the HPA's rule on
 ``rowbatch_desired_replicas``, at 10x the HPA's pace). The replicas rise, the backlog drains,
 every row is written once, the replicas come back to the minimum, and nothing flaps while the
 load is steady; and the simulator, replaying the same arrivals, predicts its replica-seconds,

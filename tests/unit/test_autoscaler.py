@@ -1,8 +1,8 @@
-"""The test-only autoscaler (``harness/autoscaler.py``) with fake consumer processes and a fake
-clock: it applies the HPA's rule at its scaled pace (scale-up at once, scale-down only after
-the window and one pod per period), stops the newest replica with SIGTERM, reads an External
-metric as the maximum over the replicas and a Pods metric per replica, and accounts
-replica-seconds and reversals."""
+"""The test-only autoscaler (``bench/autoscale_real/controller.py``) with fake consumer
+processes and a fake clock: it applies the HPA's rule at its scaled pace (scale-up at once,
+scale-down only after the window and one pod per period), stops the newest replica with
+SIGTERM, reads an External metric as the maximum over the replicas and a Pods metric per
+replica, and accounts replica-seconds and reversals."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from harness.autoscaler import (
+from bench.autoscale_real.controller import (
     REPLICA_LOAD,
     Autoscaler,
     ControllerSettings,
