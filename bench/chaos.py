@@ -25,6 +25,7 @@ from typing import Any
 from bench.chaos_audit import FaultRow
 from bench.chaos_faults import FAULTS, FULL, SHARED_FAULTS, SHORT, Campaign, run_local, run_shared
 from bench.chaos_poison import REJECT_MARKER
+from bench.help_text import description
 from bench.report import Table
 from bench.stack import BROKERS, Broker
 from harness.chaos import ChaosControl
@@ -42,9 +43,7 @@ class ChaosArgs:
 
 
 def parse_args(argv: list[str]) -> ChaosArgs:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench chaos", description=(__doc__ or "").split("\n")[0]
-    )
+    parser = argparse.ArgumentParser(prog="python -m bench chaos", description=description(__doc__))
     parser.add_argument("--broker", choices=("pubsub", "kafka", "both"), default="both")
     parser.add_argument("--short", action="store_true", help="CI sizes (about 3 min, both)")
     parser.add_argument("--out", type=Path, default=None, help="JSON file to write")

@@ -6,6 +6,7 @@ section and write everything to JSON.
     python -m bench --quick --only ceiling,overhead --out /tmp/bench.json
     python -m bench chaos [--short] [--broker pubsub|kafka|both]   the fault campaign
     python -m bench multi_endpoint [--rows N]     one consumer, one model server vs two
+    python -m bench oip_servers [--servers ...]   rows/s per OIP server with 2, 4, 8 in flight
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import baseline, ceiling, e2e, latency, memory, overhead, saturation, scaling, versions
+from bench.help_text import description
 from bench.report import Report, RunInfo
 from bench.stack import Bench, bench_stack
 from bench.targets import check_targets
@@ -42,9 +44,7 @@ class BenchArgs:
 
 
 def parse_args(argv: list[str] | None = None) -> BenchArgs:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench", description=(__doc__ or "").split("\n")[0]
-    )
+    parser = argparse.ArgumentParser(prog="python -m bench", description=description(__doc__))
     parser.add_argument(
         "--only",
         default=",".join(SECTIONS),
@@ -105,6 +105,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench import multi_endpoint  # noqa: PLC0415 - only when asked for
 
         return multi_endpoint.main(given[1:])
+    if given[:1] == ["oip_servers"]:  # its own servers: in-flight per OIP server (docs)
+        from bench import oip_servers  # noqa: PLC0415 - only when asked for
+
+        return oip_servers.main(given[1:])
     args = parse_args(argv)
     command = shlex.join([Path(sys.executable).name, "-m", "bench", *(argv or sys.argv[1:])])
     started = time.monotonic()

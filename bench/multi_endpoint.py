@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 from google.pubsub_v1 import types as pstypes
 
+from bench.help_text import description
 from bench.report import Table, rate
 from consumer.service.config import ConsumerConfig
 from consumer.service.runner import Running, run_consumer
@@ -324,7 +325,7 @@ async def measure(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m bench multi_endpoint", description=(__doc__ or "").split("\n")[0]
+        prog="python -m bench multi_endpoint", description=description(__doc__)
     )
     parser.add_argument(
         "--rows", type=int, default=ROWS, help=f"rows per server (default {ROWS:,})"

@@ -28,6 +28,7 @@ import tritonclient.grpc as grpcclient
 from aiokafka import AIOKafkaConsumer
 from google.cloud import pubsub_v1
 
+from bench.help_text import description
 from wire.chunks import decode_chunk
 from wire.headers import kafka_headers_to_attributes
 
@@ -146,7 +147,7 @@ async def run_kafka(args: argparse.Namespace, progress: Progress) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.naive", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m bench.naive", description=description(__doc__))
     parser.add_argument("--broker", choices=["pubsub", "kafka"], required=True)
     parser.add_argument("--subscription", help="Pub/Sub: projects/P/subscriptions/S")
     parser.add_argument("--bootstrap", help="Kafka: host:port")

@@ -28,6 +28,7 @@ from google.api_core import exceptions as gexc
 from google.pubsub_v1 import types as pstypes
 from google.pubsub_v1.services.publisher import PublisherClient as GapicPublisherClient
 
+from bench.help_text import description
 from harness.pubsub import DEFAULT_PROJECT, PubSubEndpoint, PubSubService
 from harness.service import REPO_ROOT, RunDir
 from wire.chunks import encode_chunk
@@ -221,7 +222,9 @@ def table(results: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.pubsub_intake", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.pubsub_intake", description=description(__doc__)
+    )
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated")
     parser.add_argument("--host", help="a running emulator (host:port); default: start one")

@@ -34,6 +34,7 @@ import tritonclient.grpc as grpcclient
 from aiokafka import AIOKafkaConsumer
 from google.cloud import pubsub_v1
 
+from bench.help_text import description
 from wire.chunks import decode_chunk
 from wire.headers import kafka_headers_to_attributes
 
@@ -171,7 +172,9 @@ async def run_kafka(args: argparse.Namespace, worker: Worker, pool: ThreadPoolEx
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.reference", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.reference", description=description(__doc__)
+    )
     parser.add_argument("--broker", choices=["pubsub", "kafka"], required=True)
     parser.add_argument("--subscription", help="Pub/Sub: projects/P/subscriptions/S")
     parser.add_argument("--bootstrap", help="Kafka: host:port")

@@ -3,6 +3,10 @@
 python -m harness up      start Kafka, Pub/Sub, Triton, PostgreSQL, Prometheus; print where;
                           wait for Ctrl-C
 python -m harness demo    start the stack, run the demo job end to end, stop everything
+python -m harness server-venvs
+                          make the model servers' own venvs (once per machine, cached under
+                          ~/.cache/rowbatch/venvs) and print where they are; --prune
+                          first removes the cached ones no server uses any more
 """
 
 from __future__ import annotations
@@ -16,10 +20,20 @@ from pathlib import Path
 
 from harness.demo import DemoSettings, run_demo
 from harness.errors import PrerequisiteMissing, ServiceFailed
+from harness.server_venv import SERVER_VENVS, ensure_all, prune_stale
 from harness.service import REPO_ROOT, RunDir
 from harness.stack import StackEndpoints, local_stack
 
 log = logging.getLogger("harness")
+
+_EPILOG = """\
+commands:
+  up            start Kafka, Pub/Sub, Triton, PostgreSQL and Prometheus, print where they
+                listen, and wait for Ctrl-C
+  demo          start the stack, run the demo job end to end, stop everything
+  server-venvs  make the model servers' own venvs (once per machine, cached under
+                ~/.cache/rowbatch/venvs) and print where they are
+"""
 
 
 def _print_stack(stack: StackEndpoints, env_file: Path) -> None:
@@ -42,17 +56,63 @@ def _wait_for_signal() -> None:
     stop.wait()
 
 
+def _server_venvs(names: list[str], prune: bool) -> int:
+    """Make the named server venvs (all when none are named); print each one's directory.
+    ``prune``: first remove the cached venvs no server uses any more."""
+    unknown = sorted(set(names) - set(SERVER_VENVS))
+    if unknown:
+        print(
+            f"error: unknown server venvs {unknown}; known: {sorted(SERVER_VENVS)}", file=sys.stderr
+        )
+        return 2
+    try:
+        if prune:
+            for path in prune_stale():
+                print(f"removed stale {path}", file=sys.stderr)
+        made = ensure_all(names or None)
+    except PrerequisiteMissing as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for name, path in made.items():
+        print(f"{name}: {path}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness", description=__doc__.split("\n")[1])
-    parser.add_argument("command", choices=["up", "demo"])
+    parser = argparse.ArgumentParser(
+        prog="python -m harness",
+        description="The rowbatch local stack on 127.0.0.1 (also installed as rowbatch-stack):\n"
+        "Kafka, the Pub/Sub emulator, Triton, PostgreSQL and Prometheus.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "command",
+        choices=["up", "demo", "server-venvs"],
+        help="up: start the stack and wait; demo: run the demo job end to end; "
+        "server-venvs: make the model servers' venvs",
+    )
+    parser.add_argument(
+        "names",
+        nargs="*",
+        help=f"server-venvs: which ones (default: all of {', '.join(SERVER_VENVS)})",
+    )
     parser.add_argument(
         "--run-dir",
         type=Path,
         default=REPO_ROOT / ".stack" / "local",
+        metavar="DIR",
         help="where service data and logs go (default: .stack/local)",
     )
+    parser.add_argument(
+        "--prune",
+        action="store_true",
+        help="server-venvs: first remove cached venvs of older pins or interpreters",
+    )
     parser.add_argument("--hold", action="store_true", help="demo: keep the stack up afterwards")
-    parser.add_argument("--rows", type=int, default=50_000, help="demo: rows to publish")
+    parser.add_argument(
+        "--rows", type=int, default=50_000, help="demo: rows to publish (default 50000)"
+    )
     parser.add_argument(
         "--sink", choices=["sqlite", "postgres"], default="sqlite", help="demo: result table"
     )
@@ -64,6 +124,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    if args.command == "server-venvs":
+        return _server_venvs(args.names, args.prune)
+    if args.names:
+        parser.error(f"{args.command} takes no names (only server-venvs does)")
 
     run = RunDir(args.run_dir)
     run.root.mkdir(parents=True, exist_ok=True)

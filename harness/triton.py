@@ -1,23 +1,25 @@
 """Launcher for a real NVIDIA Triton Inference Server (the ``tritonserver`` binary shipped in the
 ``nvidia-pytriton`` wheel), serving the Python-backend models in ``deploy/models/`` on CPU.
 
-Recipe (see HARNESS.md): a backend dir ``<run>/triton/backends/python/`` with the wheel's
-``libtriton_python.so``, ``triton_python_backend_utils.py`` and the Python-backend stub for the
-running Python; ``LD_LIBRARY_PATH`` naming the wheel's bundled libs and this Python's own
-``libpython`` (else the stub loads the system one and fails); this venv first on ``PATH`` so the
-stub imports numpy from it. Ports are picked free at start; everything binds to 127.0.0.1.
+tritonserver runs from a venv of its own (:data:`harness.server_venv.TRITON_VENV`, made once
+per machine under ``~/.cache/rowbatch/venvs/``), so the wheel's pins (numpy < 2) never reach
+the project's environment. Recipe (see HARNESS.md): a backend dir
+``<run>/triton/backends/python/`` with the wheel's ``libtriton_python.so``,
+``triton_python_backend_utils.py`` and the Python-backend stub for the venv interpreter's
+version; ``LD_LIBRARY_PATH`` naming the wheel's bundled libs and that interpreter's own
+``libpython`` (else the stub loads another one and fails); the venv's ``bin`` first on ``PATH``
+so the stub imports numpy from it. Ports are picked free at start; everything binds to
+127.0.0.1.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import logging
 import os
 import shutil
 import signal
-import sys
-import sysconfig
+import subprocess
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,15 +31,17 @@ from tritonclient.utils import InferenceServerException
 from harness.chaos import CONTROL_ENV, ChaosControl
 from harness.errors import PrerequisiteMissing
 from harness.proc import LOOPBACK, ServiceProcess, free_port
+from harness.server_venv import SERVER_PYTHON_ENV, TRITON_VENV, ServerVenv
 from harness.service import REPO_ROOT, ManagedService, RunDir
 
 log = logging.getLogger(__name__)
 
 READY_TIMEOUT_S = 90.0
 _INSTALL_HINT = (
-    "pip install -e '.[dev]' (or '.[server]') into this venv; the nvidia-pytriton wheel that "
-    "ships tritonserver needs Linux x86_64/aarch64 with glibc >= 2.35 and a CPython built "
-    "with a shared libpython"
+    "the harness makes the venv itself (python -m harness server-venvs, run by "
+    "scripts/setup.sh); the nvidia-pytriton wheel that ships tritonserver needs Linux "
+    "x86_64/aarch64 with glibc >= 2.35 and, for the Python-backend stub, a CPython 3.8-3.13 "
+    f"built with a shared libpython ({SERVER_PYTHON_ENV} chooses it)"
 )
 
 
@@ -98,50 +102,67 @@ class TritonTls:
 
 @dataclass(frozen=True)
 class _Install:
-    """The pieces of the nvidia-pytriton wheel that running tritonserver needs."""
+    """The pieces of the nvidia-pytriton wheel (in the Triton venv) that running tritonserver
+    needs, and the venv interpreter's paths its Python-backend stub needs."""
 
     server: Path
     backend_lib: Path
     backend_utils: Path
     stub: Path
     bundled_libs: Path
+    venv_bin: Path  # first on the server's PATH: the stub imports numpy from this venv
+    libpython_dir: Path  # the venv interpreter's LIBDIR, holding its shared libpython
 
 
-def _find_install() -> _Install:
-    """Locate the wheel's files for the running Python, or say what is missing."""
+_SITE_PROBE = "import pytriton, pathlib; print(pathlib.Path(pytriton.__file__).parent)"
+
+
+def find_install(venv: ServerVenv = TRITON_VENV) -> _Install:
+    """Make (once) the Triton venv and locate the wheel's files for its interpreter, or say
+    what is missing."""
     glibc = os.confstr("CS_GNU_LIBC_VERSION") if hasattr(os, "confstr") else None
-    spec = importlib.util.find_spec("pytriton")
-    if spec is None or spec.origin is None:
+    python = venv.venv_python()
+    if not python.shared or not python.libpython.exists():
         raise PrerequisiteMissing(
-            f"the nvidia-pytriton package in {sys.executable} (glibc here: {glibc})", _INSTALL_HINT
+            f"{python.libpython} (the Python-backend stub embeds the Triton venv's "
+            f"interpreter {python.executable}, which needs a shared libpython)",
+            f"set {SERVER_PYTHON_ENV} to a CPython built with --enable-shared (Debian's "
+            "/usr/bin/python3.11 is; pyenv: PYTHON_CONFIGURE_OPTS=--enable-shared pyenv install "
+            "3.11)",
         )
-    root = Path(spec.origin).parent
+    root = _pytriton_dir(venv)
     bundle = root / "tritonserver"
-    version = f"{sys.version_info.major}.{sys.version_info.minor}"
     install = _Install(
         server=bundle / "bin" / "tritonserver",
         backend_lib=bundle / "backends" / "python" / "libtriton_python.so",
         backend_utils=bundle / "backends" / "python" / "triton_python_backend_utils.py",
-        stub=bundle / "python_backend_stubs" / version / "triton_python_backend_stub",
+        stub=bundle / "python_backend_stubs" / python.version / "triton_python_backend_stub",
         bundled_libs=root.parent / "nvidia_pytriton.libs",
+        venv_bin=Path(python.executable).parent,
+        libpython_dir=python.libdir,
     )
     for path in (install.server, install.backend_lib, install.backend_utils, install.stub):
         if not path.is_file():
-            raise PrerequisiteMissing(f"{path} (glibc here: {glibc})", _INSTALL_HINT)
+            raise PrerequisiteMissing(
+                f"{path} (Python {python.version} in {venv.path()}; glibc here: {glibc})",
+                _INSTALL_HINT,
+            )
     return install
 
 
-def _libpython_dir() -> Path:
-    """The directory holding this Python's shared libpython, which the stub must load."""
-    libdir = Path(str(sysconfig.get_config_var("LIBDIR")))
-    name = f"libpython{sys.version_info.major}.{sys.version_info.minor}.so.1.0"
-    if not (libdir / name).exists():
-        raise PrerequisiteMissing(
-            f"{libdir / name} (the Python-backend stub needs this Python's shared libpython)",
-            "use a CPython built with --enable-shared "
-            "(pyenv: PYTHON_CONFIGURE_OPTS=--enable-shared pyenv install 3.11)",
+def _pytriton_dir(venv: ServerVenv) -> Path:
+    python = str(venv.bin("python"))
+    try:
+        out = subprocess.run(
+            [python, "-c", _SITE_PROBE], capture_output=True, text=True, check=True, timeout=60
         )
-    return libdir
+    except (OSError, subprocess.SubprocessError) as exc:
+        detail = getattr(exc, "stderr", None) or exc
+        raise PrerequisiteMissing(
+            f"the nvidia-pytriton package in the Triton venv {venv.path()} ({detail})",
+            "remove that directory so the harness makes it again; " + _INSTALL_HINT,
+        ) from exc
+    return Path(out.stdout.strip())
 
 
 def _backend_dir(install: _Install, root: Path) -> Path:
@@ -191,17 +212,19 @@ class TritonService(ManagedService[TritonEndpoint]):
 
     def _env(self, install: _Install) -> dict[str, str]:
         env = dict(os.environ)
-        libs = [str(install.bundled_libs), str(_libpython_dir())]
+        libs = [str(install.bundled_libs), str(install.libpython_dir)]
         if env.get("LD_LIBRARY_PATH"):
             libs.append(env["LD_LIBRARY_PATH"])
         env["LD_LIBRARY_PATH"] = os.pathsep.join(libs)
-        bins = [str(Path(sys.prefix) / "bin"), str(Path(sys.executable).parent)]
-        env["PATH"] = os.pathsep.join([*dict.fromkeys(bins), env.get("PATH", "")])
+        env["PATH"] = os.pathsep.join([str(install.venv_bin), env.get("PATH", "")])
+        # The stub's interpreter must see the Triton venv, not the caller's
+        for name in ("VIRTUAL_ENV", "PYTHONHOME", "PYTHONPATH"):
+            env.pop(name, None)
         env[CONTROL_ENV] = str(self.chaos_control)
         return env
 
     def start(self) -> TritonEndpoint:
-        install = _find_install()
+        install = find_install()
         available = _model_names(self.model_repository)
         models = available if self.models is None else self.models
         if not models:

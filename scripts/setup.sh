@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Idempotent set-up for a fresh machine of this project's kind (Debian 12, Python 3.11):
-# system packages (PostgreSQL, Java, Maven, Prometheus) when missing, then the project's venv.
-# Kafka's jars are fetched from Maven Central by the launcher on first start, into
-# ${ROWBATCH_CACHE:-~/.cache/rowbatch}, and reused after that.
+# system packages (PostgreSQL, Java, Maven, Prometheus) when missing, then the project's venv,
+# then the model servers' own venvs (tritonserver...: `python -m harness server-venvs`), made
+# once into ${ROWBATCH_CACHE:-~/.cache/rowbatch}/venvs so no test waits on pip. Kafka's jars
+# are fetched from Maven Central by the launcher on first start into the same cache.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -46,8 +47,20 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   say "installing rowbatch and its dev dependencies into .venv"
   .venv/bin/python -m pip install -q --upgrade pip \
     || die "pip could not reach the package index"
-  .venv/bin/python -m pip install -q -e '.[dev]' \
+  if .venv/bin/python -m pip show -q nvidia-pytriton >/dev/null 2>&1; then
+    # A .venv from before the model servers moved to venvs of their own: drop the server and
+    # take the numpy 2 / pyarrow releases its pins held back
+    say "removing nvidia-pytriton from .venv (tritonserver now runs from its own venv)"
+    .venv/bin/python -m pip uninstall -q -y nvidia-pytriton || die "pip uninstall nvidia-pytriton failed"
+    upgrade=(--upgrade numpy pyarrow)
+  else
+    upgrade=()
+  fi
+  .venv/bin/python -m pip install -q -e '.[dev]' "${upgrade[@]}" \
     || die "pip install -e '.[dev]' failed (see above)"
   echo "$want" > "$stamp"
 fi
+# The model servers' venvs (a few seconds to check when made; minutes the first time)
+.venv/bin/python -m harness server-venvs | sed 's/^/[setup] server venv /' \
+  || die "could not make the model servers' venvs (see above; ROWBATCH_SERVER_PYTHON picks their interpreter)"
 say "ready"

@@ -1,23 +1,130 @@
 #!/usr/bin/env bash
-# The README's test command: set-up, lint, type-check, then the whole test suite on the real
-# services (each started once by the test session and stopped at its end).
-# Extra arguments go to pytest, e.g. scripts/test.sh -k kafka
+# The README's test command: set-up, lint, type-check, the unit tests on each other supported
+# Python version present, then the whole test suite on the real services (each started once by
+# the test session and stopped at its end) in .venv (Python 3.11).
+# Extra arguments go to the main pytest run, e.g. scripts/test.sh -k kafka
+#
+# Python versions: rowbatch supports 3.11, 3.12 and 3.13. .venv's Python (3.11) runs everything;
+# each other version listed in ROWBATCH_PYTHONS (default "3.11 3.12 3.13") that is installed
+# (as python3.X on PATH, or under pyenv's versions/) runs the unit tests (tests/unit) from a venv
+# of its own, .venv-py3.X in the checkout, made on first use and reinstalled when pyproject.toml
+# changes. A version that is not installed is skipped with a note; one whose install or tests
+# fail fails the run (the extra arguments do not apply to these runs). ROWBATCH_PYTHONS=3.11
+# runs .venv's tests only. A summary line per version ends the output.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+
+say() { printf '[test] %s\n' "$*"; }
 
 echo "[test] ruff"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 echo "[test] mypy --strict"
 .venv/bin/mypy
-echo "[test] pytest"
+
+main_version=$(.venv/bin/python -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+main_full=$(.venv/bin/python -c 'import platform; print(platform.python_version())')
+summary=()
+failed=0
+
+# The interpreter of version $1 (e.g. 3.12), or nothing: python3.12 on PATH (a pyenv shim for a
+# version that is not selected fails to run, so each candidate is asked its version), else the
+# newest pyenv install of it.
+find_python() {
+  local version=$1 candidate
+  local -a candidates=()
+  candidate=$(command -v "python$version" 2>/dev/null || true)
+  [ -n "$candidate" ] && candidates+=("$candidate")
+  local pyenv_root=${PYENV_ROOT:-$HOME/.pyenv}
+  while IFS= read -r candidate; do
+    candidates+=("$candidate")
+  done < <(ls -d "$pyenv_root/versions/$version".*/bin/"python$version" 2>/dev/null | sort -V -r)
+  for candidate in "${candidates[@]}"; do
+    if [ "$("$candidate" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)" = "$version" ]; then
+      echo "$candidate"
+      return 0
+    fi
+  done
+  return 0
+}
+
+# Make (or reuse) .venv-py$1 from interpreter $2 with the project and its dev extra installed;
+# the stamp is keyed on pyproject.toml and the interpreter's full version.
+ensure_venv() {
+  local version=$1 python=$2 venv=.venv-py$1
+  local stamp=$venv/.rowbatch-installed want
+  want="$( (cat pyproject.toml; "$python" -VV) | sha256sum | cut -c1-16)"
+  if [ -x "$venv/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] \
+    && "$venv/bin/python" -c 'import consumer' 2>/dev/null; then
+    return 0
+  fi
+  if ! "$venv/bin/python" -c 'import sys' 2>/dev/null \
+    || [ "$("$venv/bin/python" -VV 2>/dev/null)" != "$("$python" -VV)" ]; then
+    say "creating $venv from $python"
+    rm -rf "$venv"
+    "$python" -m venv "$venv" || return 1
+    "$venv/bin/python" -m pip install -q --upgrade pip || return 1
+  fi
+  say "installing rowbatch and its dev dependencies into $venv"
+  "$venv/bin/python" -m pip install -q -e '.[dev]' || return 1
+  echo "$want" > "$stamp"
+}
+
+for version in ${ROWBATCH_PYTHONS-3.11 3.12 3.13}; do
+  [ "$version" = "$main_version" ] && continue
+  python=$(find_python "$version")
+  if [ -z "$python" ]; then
+    say "Python $version: not installed (no python$version on PATH or under pyenv): skipped"
+    summary+=("Python $version: skipped (not installed)")
+    continue
+  fi
+  full=$("$python" -c 'import platform; print(platform.python_version())')
+  started=$SECONDS
+  if ! ensure_venv "$version" "$python"; then
+    say "Python $full: pip install -e '.[dev]' into .venv-py$version failed (see above)" >&2
+    summary+=("Python $full: FAILED to install into .venv-py$version")
+    failed=1
+    continue
+  fi
+  installed_s=$((SECONDS - started))
+  say "pytest tests/unit on Python $full (.venv-py$version)"
+  started=$SECONDS
+  set +e
+  ".venv-py$version/bin/python" -m pytest -q tests/unit -p no:cacheprovider
+  code=$?
+  set -e
+  tested_s=$((SECONDS - started))
+  if [ "$code" -eq 0 ]; then
+    summary+=("Python $full: unit tests passed (${tested_s} s; venv ready in ${installed_s} s)")
+  else
+    summary+=("Python $full: unit tests FAILED (pytest exit $code)")
+    failed=1
+  fi
+done
+
+echo "[test] pytest on Python $main_full (.venv: unit and integration)"
+started=$SECONDS
 set +e
 .venv/bin/python -m pytest -q -ra "$@"
 code=$?
 set -e
+tested_s=$((SECONDS - started))
 if [ "$code" -eq 5 ]; then
-  echo "[test] pytest collected no tests (exit 5): treating as success, but check the selection" >&2
-  exit 0
+  say "pytest collected no tests (exit 5): treating as success, but check the selection" >&2
+  code=0
 fi
-exit "$code"
+if [ "$code" -eq 0 ]; then
+  summary=("Python $main_full (.venv): tests passed (${tested_s} s)" "${summary[@]}")
+else
+  summary=("Python $main_full (.venv): tests FAILED (pytest exit $code)" "${summary[@]}")
+  failed=1
+fi
+
+for line in "${summary[@]}"; do
+  say "summary: $line"
+done
+if [ "$code" -ne 0 ]; then
+  exit "$code"
+fi
+exit "$failed"

@@ -24,6 +24,12 @@ if TYPE_CHECKING:
 _KEEP_RUNS = 5
 
 
+def _session_alive(run_name: str) -> bool:
+    """Whether the test session that made ``<time>-<pid>`` is still running."""
+    pid = run_name.rpartition("-")[2]
+    return pid.isdigit() and Path(f"/proc/{pid}").exists()
+
+
 @pytest.fixture(scope="session")
 def run_dir() -> Iterator[RunDir]:
     """A directory of this test session's own (two sessions at once never share one); the
@@ -31,7 +37,8 @@ def run_dir() -> Iterator[RunDir]:
     runs = REPO_ROOT / ".stack" / "test-runs"
     runs.mkdir(parents=True, exist_ok=True)
     for old in sorted(runs.iterdir())[:-_KEEP_RUNS]:
-        shutil.rmtree(old, ignore_errors=True)
+        if not _session_alive(old.name):  # never a running session's (its Kafka's data...)
+            shutil.rmtree(old, ignore_errors=True)
     root = runs / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     root.mkdir()
     yield RunDir(root)

@@ -23,6 +23,7 @@ from bench.autoscale.report import runs_table, sweep_table, to_json, trace_table
 from bench.autoscale.run import Outcome, simulate
 from bench.autoscale.scenarios import FAMILIES, Params, scenario
 from bench.autoscale.sweep import SweepRow, sweep
+from bench.help_text import description
 from harness.service import REPO_ROOT
 
 
@@ -37,7 +38,7 @@ class AutoscaleArgs:
 
 def parse_args(argv: list[str]) -> AutoscaleArgs:
     parser = argparse.ArgumentParser(
-        prog="python -m bench autoscale", description=(__doc__ or "").split("\n")[0]
+        prog="python -m bench autoscale", description=description(__doc__)
     )
     defaults = Params()
     for f in fields(Params):

@@ -20,12 +20,13 @@ from bench.autoscale_real.compare import agreement, comparison_table, simulate_s
 from bench.autoscale_real.controller import ControllerSettings
 from bench.autoscale_real.run import LONG_PLAN, SHORT_PLAN, RealRun, Setup, run_burst
 from bench.autoscale_real.stack import Broker, Services, model_repository
+from bench.help_text import description
 from harness.service import REPO_ROOT, RunDir
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m bench autoscale_real", description=(__doc__ or "").split("\n")[0]
+        prog="python -m bench autoscale_real", description=description(__doc__)
     )
     parser.add_argument("--broker", choices=("kafka", "pubsub", "both"), default="both")
     parser.add_argument("--short", action="store_true", help="the integration test's plan")

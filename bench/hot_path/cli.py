@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import bench.hot_path
+from bench.help_text import description
 from bench.hot_path.broker import broker_costs
 from bench.hot_path.fakes import make_deliveries
 from bench.hot_path.per_message import per_message_table
@@ -16,7 +17,7 @@ from bench.hot_path.timers import STAGES, print_profile
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=(bench.hot_path.__doc__ or "").split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=description(bench.hot_path.__doc__))
     parser.add_argument("--messages", type=int, default=40)
     parser.add_argument("--chunk-rows", type=int, default=500)
     parser.add_argument("--repeat", type=int, default=3, help="runs per case; the fastest counts")

@@ -21,7 +21,14 @@ from consumer.sources.base import DeadLetterReason, ReasonClass
 log = logging.getLogger(__name__)
 
 RunBatch = Callable[[Batch], Awaitable[Mapping[str, NDArray[Any]]]]
-"""Runs one batch through the model; returns model output name -> array (rows first)."""
+"""Runs one batch through the model; returns model output name -> array (rows first). A
+mapping with a ``model_version`` attribute (a str) names the version of the model that
+answered; its rows are labelled with it when the pipeline has no fixed version."""
+
+
+def answered_version(outputs: Mapping[str, NDArray[Any]]) -> str:
+    """The ``model_version`` a :data:`RunBatch` answer carries, ``""`` when it has none."""
+    return str(getattr(outputs, "model_version", ""))
 
 
 class Isolate(Protocol):
@@ -67,6 +74,7 @@ class InferenceStage:
         self._clock = clock
         self.in_flight = 0
         """Requests at the model server now."""
+        self._isolating = asyncio.Lock()
 
     async def flush(self) -> None:
         """Queue each batch as it becomes ready; once intake is done, the rest, then return."""
@@ -113,12 +121,15 @@ class InferenceStage:
                 log.exception("inference failed for good; nacking the batch's messages")
                 await self._abandon(batch.segments)
                 return []
-            good, bad = await self._isolate(batch, self._timed_run)
+            # One isolation at a time: a server that merges concurrent requests (MLServer's
+            # adaptive batching) would fail one bisection's attempts for another's poison.
+            async with self._isolating:
+                good, bad = await self._isolate(batch, self._timed_run)
             for segment, error in bad:
                 reason = DeadLetterReason(ReasonClass.REJECTED_BY_MODEL, f"{error}")
                 await self._fail(segment, reason)
-            return [Answered(sub, out) for sub, out in good]
-        return [Answered(batch, outputs)]
+            return [Answered(sub, out, answered_version(out)) for sub, out in good]
+        return [Answered(batch, outputs, answered_version(outputs))]
 
     async def _timed_run(self, batch: Batch) -> Mapping[str, NDArray[Any]]:
         started = self._clock()

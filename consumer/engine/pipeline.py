@@ -82,6 +82,8 @@ class PipelineSettings:
     passthrough: tuple[str, ...]
     model_name: str
     model_version: str
+    """Written with every row; ``""``: each batch's version as the server's response names it
+    (servers whose metadata lists no version, e.g. MLServer)."""
     grace_s: float = 30.0
     write_concurrency: int = 2
     """Sink writes at once."""

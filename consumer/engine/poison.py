@@ -2,8 +2,14 @@
 bisecting: try the whole, split what fails in halves, until every failing piece is one group.
 
 With ``k`` poison groups among ``n``, this takes at most ``1 + 2 * k * ceil(log2 n)`` attempts
-(one, when nothing fails), and every good group is answered as part of some successful
-attempt, so no result is computed twice.
+(one, when nothing fails), plus ``k`` with ``confirm``, and every good group is answered as part
+of some successful attempt, so no result is computed twice.
+
+``confirm``: a group is called poison only after a further attempt of its own fails too. A
+server that merges concurrent *requests* into one execution (MLServer's adaptive batching)
+fails every request merged with a bad one, so a good message bisected down to itself, or the
+only message of a batch, may have failed for another request's sake; the caller should also
+keep isolation attempts from running concurrently with each other.
 """
 
 from __future__ import annotations
@@ -32,25 +38,29 @@ async def isolate(
     is_poison: Callable[[BaseException], bool],
     *,
     known_failure: BaseException | None = None,
+    confirm: bool = False,
 ) -> Isolation[G, R]:
     """Runs ``attempt`` on ``groups`` and, where it raises an error that ``is_poison``, on each
     half, recursively, one attempt at a time. Any other error propagates at once (a transient
     error should be retried inside ``attempt``, not bisected).
 
     ``known_failure``: the poison error the caller already got for all of ``groups``, which
-    saves repeating that first attempt.
+    saves repeating that first attempt. ``confirm``: see the module's docstring.
     """
     found: Isolation[G, R] = Isolation()
 
-    async def split(part: Sequence[G], failure: BaseException) -> None:
+    async def split(part: Sequence[G], failure: BaseException, *, alone: bool = False) -> None:
         if len(part) == 1:
-            found.bad.append((part[0], failure))
+            if confirm and not alone:
+                await run(part, alone=True)
+            else:
+                found.bad.append((part[0], failure))
             return
         middle = len(part) // 2
         await run(part[:middle])
         await run(part[middle:])
 
-    async def run(part: Sequence[G]) -> None:
+    async def run(part: Sequence[G], *, alone: bool = False) -> None:
         try:
             result = await attempt(part)
         except Exception as exc:
@@ -61,7 +71,7 @@ async def isolate(
             found.good.append((list(part), result))
             return
         # Outside the handler, so later errors do not chain onto this one.
-        await split(part, failure)
+        await split(part, failure, alone=alone)
 
     if groups:
         if known_failure is None:

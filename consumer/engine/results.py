@@ -24,6 +24,8 @@ class Answered:
 
     batch: Batch
     outputs: Mapping[str, NDArray[Any]]
+    model_version: str = ""
+    """The version of the model that answered, as its response named it (``""``: not said)."""
 
 
 def split_by_message(part: Answered) -> list[Answered]:
@@ -33,9 +35,8 @@ def split_by_message(part: Answered) -> list[Answered]:
     out = []
     for segment in part.batch.segments:
         index = part.batch.rows_of([segment])
-        out.append(
-            Answered(part.batch.select([segment]), {k: v[index] for k, v in part.outputs.items()})
-        )
+        outputs = {k: v[index] for k, v in part.outputs.items()}
+        out.append(Answered(part.batch.select([segment]), outputs, part.model_version))
     return out
 
 
@@ -64,7 +65,11 @@ def merge(parts: Sequence[Answered]) -> tuple[Batch, Mapping[str, NDArray[Any]]]
 class ResultBuilder:
     """Builds one sink write's ``ResultRows`` from answered parts: the passthrough columns, the
     model outputs under their result columns, and the consumer's own columns (chunk id, row
-    index, source message id, model name and version, processing time)."""
+    index, source message id, model name and version, processing time).
+
+    ``model_version``: the version written with every row; ``""`` (a server whose metadata
+    names none, e.g. MLServer): the version the parts' responses named. A write's parts share
+    one answered version (the write stage does not merge parts of different versions)."""
 
     def __init__(
         self,
@@ -99,6 +104,6 @@ class ResultBuilder:
             outputs={col: outputs[out] for out, col in self._outputs.items()},
             nulls={k: m for k, m in batch.nulls.items() if k in self._passthrough},
             model_name=self._model_name,
-            model_version=self._model_version,
+            model_version=self._model_version or parts[0].model_version,
             processed_at=datetime.fromtimestamp(self._wall(), UTC),
         )

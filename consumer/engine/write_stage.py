@@ -45,7 +45,9 @@ class WriteStage:
         self._clock = clock
 
     async def write(self) -> None:
-        while (first := await self._answered.get()) is not None:
+        held: Answered | None = None  # taken, but of another model version than the write
+        while (first := held or await self._answered.get()) is not None:
+            held = None
             parts, rows = [first], len(first.batch)
             while (
                 rows < self._max_write_rows
@@ -55,6 +57,9 @@ class WriteStage:
                 item = self._answered.get_nowait()
                 if item is None:  # shutdown: write what we hold, then stop
                     self._answered.put_nowait(None)
+                    break
+                if item.model_version != first.model_version:  # one version per write
+                    held = item
                     break
                 parts.append(item)
                 rows += len(item.batch)
@@ -91,4 +96,5 @@ class WriteStage:
         if not live:
             return None
         index = batch.rows_of(live)
-        return Answered(batch.select(live), {k: v[index] for k, v in part.outputs.items()})
+        outputs = {k: v[index] for k, v in part.outputs.items()}
+        return Answered(batch.select(live), outputs, part.model_version)

@@ -1,45 +1,77 @@
-"""What the consumer knows about the model it calls: tensor and model specs, discovered from the
-server's model config (KServe v2 ``ModelConfig`` RPC, Triton's extension), the batch size to
-aim for, and the bytes one row costs (for the in-flight memory budget).
+"""What the consumer knows about the model it calls, read from the server at start: the tensor
+and model specs, the batch size to aim for, and the bytes one row costs (for the in-flight
+memory budget). Works with any KServe v2 / Open Inference Protocol gRPC server:
 
-Servers without the ``ModelConfig`` RPC (MLServer answers UNIMPLEMENTED) raise
-:class:`ModelConfigUnavailable`; for those, configure ``batch_size`` and build a
-:class:`ModelSpec` from configured tensor specs instead.
+1. ``ModelConfig`` (Triton's extension): inputs, outputs, ``max_batch_size``, preferred batch
+   sizes, instance count (:func:`spec_from_config`).
+2. Where that RPC is UNIMPLEMENTED (MLServer, KServe's Python model server): ``ModelMetadata``,
+   inputs and outputs with datatype and shape, a leading ``-1`` being the batch axis
+   (:mod:`consumer.model.metadata_spec`).
+3. Where the metadata does not describe the model (no tensors listed, no batch axis): the
+   configured ``model.inputs`` / ``model.outputs`` (:mod:`consumer.model.configured_spec`);
+   configured specs that differ from the server's stop start-up.
+
+The server's ServerMetadata (name, version) is recorded on the spec: the defaults for batch size
+and requests in flight depend on its kind (:mod:`consumer.model.server_kind`). A model the server
+does not serve raises :class:`ModelNotFound`; an unreachable server
+:class:`ModelServerUnavailable` (start-up waits for it).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
-from types import MappingProxyType
+from dataclasses import replace
 from typing import Any, Final
 
 from tritonclient.utils import InferenceServerException
 
-#: Bytes of one element, per KServe v2 datatype (BYTES is variable: see ``bytes_estimate``).
-DTYPE_SIZES: Final[Mapping[str, int]] = MappingProxyType(
-    {
-        "BOOL": 1,
-        "UINT8": 1,
-        "INT8": 1,
-        "UINT16": 2,
-        "INT16": 2,
-        "FP16": 2,
-        "BF16": 2,
-        "UINT32": 4,
-        "INT32": 4,
-        "FP32": 4,
-        "UINT64": 8,
-        "INT64": 8,
-        "FP64": 8,
-    }
+from consumer.model.configured_spec import ConfiguredSpec, ConfiguredSpecMismatch
+from consumer.model.metadata_spec import MetadataUnusable, latest_version, spec_from_metadata
+from consumer.model.server_kind import DEFAULT_BATCH_SIZE, default_in_flight, target_batch_size
+from consumer.model.spec import (
+    DATATYPES,
+    DTYPE_SIZES,
+    ModelConfigError,
+    ModelSpec,
+    SpecSource,
+    TensorSpec,
 )
+
+__all__ = [
+    "DATATYPES",
+    "DEFAULT_BATCH_SIZE",
+    "DEFAULT_BYTES_ESTIMATE",
+    "DEFAULT_VARIABLE_DIM_ESTIMATE",
+    "DTYPE_SIZES",
+    "ConfiguredSpec",
+    "ConfiguredSpecMismatch",
+    "ModelConfigError",
+    "ModelConfigUnavailable",
+    "ModelDiscoveryError",
+    "ModelNotFound",
+    "ModelServerUnavailable",
+    "ModelSpec",
+    "SpecSource",
+    "TensorSpec",
+    "default_in_flight",
+    "discover_model",
+    "input_bytes_per_row",
+    "output_bytes_per_row",
+    "spec_from_config",
+    "target_batch_size",
+    "tensor_bytes_per_row",
+]
+
+log = logging.getLogger(__name__)
 
 #: Default guess for one BYTES element (4-byte length prefix included), for byte budgets.
 DEFAULT_BYTES_ESTIMATE: Final = 256
 #: Default guess for a variable (``-1``) dimension, for byte budgets.
 DEFAULT_VARIABLE_DIM_ESTIMATE: Final = 1
+
+_UNREACHABLE: Final = ("UNAVAILABLE", "DEADLINE_EXCEEDED")
 
 
 class ModelDiscoveryError(RuntimeError):
@@ -47,7 +79,8 @@ class ModelDiscoveryError(RuntimeError):
 
 
 class ModelConfigUnavailable(ModelDiscoveryError):
-    """The server has no ModelConfig RPC (e.g. MLServer): configure the spec yourself."""
+    """The server has no ModelConfig RPC, its ModelMetadata does not describe the model, and no
+    tensor specs are configured (``model.inputs`` / ``model.outputs``)."""
 
 
 class ModelNotFound(ModelDiscoveryError):
@@ -56,55 +89,6 @@ class ModelNotFound(ModelDiscoveryError):
 
 class ModelServerUnavailable(ModelDiscoveryError):
     """The server could not be reached (down, wrong address, not ready)."""
-
-
-class ModelConfigError(ValueError):
-    """A model config or a configured override that the consumer cannot work with."""
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    """One model input or output as the client sees it."""
-
-    name: str
-    datatype: str
-    """KServe v2 datatype: ``FP32``, ``INT64``, ``BYTES``, ``BOOL``..."""
-    dims: tuple[int, ...]
-    """Shape of one row, without the batch dimension; ``-1`` marks a variable dimension."""
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "dims", tuple(int(d) for d in self.dims))
-
-    def __str__(self) -> str:
-        return f"{self.name} ({self.datatype} {list(self.dims)})"
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """A model's interface and batching hints, from the server's config or from configuration."""
-
-    name: str
-    version: str
-    """The version requests go to; ``""`` lets the server pick (the latest ready one)."""
-    inputs: tuple[TensorSpec, ...]
-    outputs: tuple[TensorSpec, ...]
-    max_batch_size: int
-    """0: the model does not batch; its config's first dim is then taken as the row axis."""
-    preferred_batch_sizes: tuple[int, ...] = ()
-    """``dynamic_batching.preferred_batch_size`` in config order; empty when not set."""
-    instance_count: int = 1
-    """Model instances the server runs (sum of ``instance_group`` counts)."""
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "inputs", tuple(self.inputs))
-        object.__setattr__(self, "outputs", tuple(self.outputs))
-        object.__setattr__(self, "preferred_batch_sizes", tuple(self.preferred_batch_sizes))
-
-    def input(self, name: str) -> TensorSpec | None:
-        return next((t for t in self.inputs if t.name == name), None)
-
-    def output(self, name: str) -> TensorSpec | None:
-        return next((t for t in self.outputs if t.name == name), None)
 
 
 # --- discovery -------------------------------------------------------------------------------
@@ -154,44 +138,106 @@ async def discover_model(
     *,
     server: str = "the inference server",
     client_timeout: float | None = 30.0,
+    configured: ConfiguredSpec | None = None,
 ) -> ModelSpec:
-    """Reads ``name``'s config from the server behind ``client`` (a
-    ``tritonclient.grpc.aio.InferenceServerClient``). ``server`` (its URL) names it in errors.
+    """Reads ``name``'s spec from the server behind ``client`` (a
+    ``tritonclient.grpc.aio.InferenceServerClient``): ModelConfig, else ModelMetadata, else
+    ``configured``. ``server`` (its URL) names it in errors.
 
-    Raises :class:`ModelConfigUnavailable` (no ModelConfig RPC), :class:`ModelNotFound`, or
-    :class:`ModelServerUnavailable`; other server errors as :class:`ModelDiscoveryError`.
-    """
+    Raises :class:`ModelNotFound`, :class:`ModelServerUnavailable`,
+    :class:`ModelConfigUnavailable` (nothing describes the model),
+    :class:`ConfiguredSpecMismatch` (``configured`` differs from the server's spec); other
+    server errors as :class:`ModelDiscoveryError`."""
     what = f"model {name!r}" + (f" version {version!r}" if version else "")
     try:
         response = await client.get_model_config(
             name, version, as_json=True, client_timeout=client_timeout
         )
     except InferenceServerException as exc:
+        if _status(exc) != "UNIMPLEMENTED":
+            raise _config_error(exc, server, what) from exc
+        spec = await _spec_without_config(
+            client,
+            name,
+            version,
+            server=server,
+            what=what,
+            client_timeout=client_timeout,
+            configured=configured,
+            no_config=exc,
+        )
+    else:
+        config = response.get("config", response) if isinstance(response, Mapping) else {}
+        spec = spec_from_config(config, version)
+        if not spec.inputs or not spec.outputs:
+            raise ModelDiscoveryError(
+                f"{server} returned a config for {what} without inputs or outputs: {config!r:.300}"
+            )
+        resolved = version or await _latest_version(client, name, client_timeout)
+        spec = replace(spec, name=spec.name or name, version=resolved)
+    server_name, server_version = await _server_metadata(client, server, client_timeout)
+    spec = replace(spec, server_name=server_name, server_version=server_version)
+    if configured is not None and spec.source != "configured":
+        configured.check_agrees(spec, server)
+    return spec
+
+
+def _config_error(exc: InferenceServerException, server: str, what: str) -> ModelDiscoveryError:
+    status = _status(exc)
+    if status == "NOT_FOUND":
+        return ModelNotFound(f"{server} does not serve {what}: {exc.message()}")
+    if status in _UNREACHABLE:
+        return ModelServerUnavailable(
+            f"cannot reach {server} to read the config of {what} ({status}): {exc.message()}"
+        )
+    return ModelDiscoveryError(
+        f"{server} failed to return the config of {what} ({status or 'no status'}): {exc.message()}"
+    )
+
+
+async def _spec_without_config(
+    client: Any,
+    name: str,
+    version: str,
+    *,
+    server: str,
+    what: str,
+    client_timeout: float | None,
+    configured: ConfiguredSpec | None,
+    no_config: InferenceServerException,
+) -> ModelSpec:
+    """The spec from ModelMetadata, else from ``configured``, for a server without
+    ModelConfig."""
+    try:
+        metadata = await client.get_model_metadata(
+            name, version, as_json=True, client_timeout=client_timeout
+        )
+    except InferenceServerException as exc:
         status = _status(exc)
-        if status == "UNIMPLEMENTED":
-            raise ModelConfigUnavailable(
-                f"{server} has no ModelConfig RPC (e.g. MLServer), so the spec of {what} cannot "
-                "be discovered: configure batch_size and the model's input/output tensor specs "
-                f"(name, datatype, dims) yourself ({exc.message()})"
-            ) from exc
         if status == "NOT_FOUND":
             raise ModelNotFound(f"{server} does not serve {what}: {exc.message()}") from exc
-        if status in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
+        if status in _UNREACHABLE:
             raise ModelServerUnavailable(
-                f"cannot reach {server} to read the config of {what} ({status}): {exc.message()}"
+                f"cannot reach {server} to read the metadata of {what} ({status}): {exc.message()}"
             ) from exc
-        raise ModelDiscoveryError(
-            f"{server} failed to return the config of {what} ({status or 'no status'}): "
-            f"{exc.message()}"
-        ) from exc
-    config = response.get("config", response) if isinstance(response, Mapping) else {}
-    spec = spec_from_config(config, version)
-    if not spec.inputs or not spec.outputs:
-        raise ModelDiscoveryError(
-            f"{server} returned a config for {what} without inputs or outputs: {config!r:.300}"
-        )
-    resolved = version or await _latest_version(client, name, client_timeout)
-    return replace(spec, name=spec.name or name, version=resolved)
+        problem = f"its ModelMetadata RPC failed ({status or 'no status'}: {exc.message()})"
+    else:
+        try:
+            spec = spec_from_metadata(metadata or {}, name, version)
+        except MetadataUnusable as exc:
+            problem = f"its ModelMetadata does not describe it: {exc}"
+        else:
+            return spec
+    if configured is not None:
+        log.info("%s: using model.inputs/model.outputs for %s, since %s", server, what, problem)
+        return configured.spec(name, version)
+    raise ModelConfigUnavailable(
+        f"{server} has no ModelConfig RPC ({no_config.message()}) and {problem}, so the spec of "
+        f"{what} cannot be discovered: declare its inputs and outputs on the server with a "
+        "leading -1 (the batch axis) in each shape, or configure the tensor specs yourself: "
+        "model.inputs and model.outputs ([[model.inputs]] tables of name, datatype and dims, "
+        "dims without the batch axis)"
+    ) from no_config
 
 
 async def _latest_version(client: Any, name: str, client_timeout: float | None) -> str:
@@ -203,46 +249,25 @@ async def _latest_version(client: Any, name: str, client_timeout: float | None) 
         )
     except InferenceServerException:
         return ""
-    versions = [str(v) for v in (metadata or {}).get("versions", ())]
-    numeric = [v for v in versions if v.isdigit()]
-    return max(numeric, key=int) if numeric else ""
+    return latest_version(metadata or {})
 
 
-# --- batch size ------------------------------------------------------------------------------
-
-
-def target_batch_size(spec: ModelSpec, override: int | None = None) -> int:
-    """Rows per request: ``override`` if given, else the largest preferred batch size, else
-    ``max_batch_size``. Raises :class:`ModelConfigError` when neither the server nor the
-    configuration says, or when the override exceeds the model's ``max_batch_size``."""
-    if override is not None:
-        if override < 1:
-            raise ModelConfigError(f"batch_size must be >= 1, not {override}")
-        if spec.max_batch_size > 0 and override > spec.max_batch_size:
-            raise ModelConfigError(
-                f"batch_size {override} exceeds model {spec.name!r}'s max_batch_size "
-                f"{spec.max_batch_size}"
-            )
-        return override
-    if spec.preferred_batch_sizes:
-        return max(spec.preferred_batch_sizes)
-    if spec.max_batch_size > 0:
-        return spec.max_batch_size
-    raise ModelConfigError(
-        f"model {spec.name!r} has max_batch_size 0 (no batching) and no preferred batch size: "
-        "configure batch_size"
-    )
-
-
-def default_in_flight(spec: ModelSpec, target: int) -> int:
-    """Batches to keep in flight when ``max_in_flight`` is not configured: enough that every
-    model instance can run one execution of the size Triton's dynamic batcher may merge
-    requests into (``max_batch_size``) while another as large waits in its queue. With fewer,
-    the batcher merges everything queued into one execution and the instance idles while the
-    answers travel back and the next requests come in. At least 2 per instance."""
-    instances = max(spec.instance_count, 1)
-    merged = max(spec.max_batch_size, target)
-    return max(2 * instances, -(-2 * instances * merged // max(target, 1)))
+async def _server_metadata(
+    client: Any, server: str, client_timeout: float | None
+) -> tuple[str, str]:
+    """The server's name and version from ServerMetadata; ``("", "")`` when it does not say."""
+    try:
+        answer = await client.get_server_metadata(as_json=True, client_timeout=client_timeout)
+    except InferenceServerException as exc:
+        status = _status(exc)
+        if status in _UNREACHABLE:
+            raise ModelServerUnavailable(
+                f"cannot reach {server} to read its metadata ({status}): {exc.message()}"
+            ) from exc
+        log.debug("%s answered no ServerMetadata (%s): %s", server, status, exc.message())
+        return "", ""
+    answer = answer if isinstance(answer, Mapping) else {}
+    return str(answer.get("name") or ""), str(answer.get("version") or "")
 
 
 # --- bytes per row ---------------------------------------------------------------------------

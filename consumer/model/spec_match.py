@@ -1,13 +1,15 @@
 """Whether several model servers serve the same model: the parts of the spec a request depends
-on (inputs and outputs with their datatypes and dims, ``max_batch_size``) must be equal on every
-endpoint; a difference is named with both endpoints."""
+on (inputs and outputs with their datatypes and dims, and ``max_batch_size`` where both specs
+come from ModelConfig) must be equal on every endpoint; a difference is named with both
+endpoints. Specs from ModelMetadata or configuration know no ``max_batch_size``, so theirs is
+not compared."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
 
-from consumer.model.discovery import ModelConfigError, ModelSpec, TensorSpec
+from consumer.model.spec import ModelConfigError, ModelSpec, TensorSpec
 
 log = logging.getLogger(__name__)
 
@@ -19,16 +21,19 @@ class EndpointSpecMismatch(ModelConfigError):
 def spec_differences(a: ModelSpec, b: ModelSpec) -> list[str]:
     """What differs between ``a`` and ``b`` in what requests depend on, each as ``what: a vs
     b``; empty when they match."""
-    found = _tensor_differences("input", a.inputs, b.inputs)
-    found += _tensor_differences("output", a.outputs, b.outputs)
-    if a.max_batch_size != b.max_batch_size:
+    found = tensor_differences("input", a.inputs, b.inputs)
+    found += tensor_differences("output", a.outputs, b.outputs)
+    both_configs = a.source == b.source == "model_config"
+    if both_configs and a.max_batch_size != b.max_batch_size:
         found.append(f"max_batch_size: {a.max_batch_size} vs {b.max_batch_size}")
     return found
 
 
-def _tensor_differences(
+def tensor_differences(
     kind: str, a: tuple[TensorSpec, ...], b: tuple[TensorSpec, ...]
 ) -> list[str]:
+    """Each ``kind`` tensor that is in only one of ``a`` and ``b``, or differs in datatype or
+    dims, as ``kind name: a's vs b's``."""
     mine = {t.name: t for t in a}
     theirs = {t.name: t for t in b}
     found: list[str] = []
@@ -72,6 +77,17 @@ def same_spec(specs: Mapping[str, ModelSpec]) -> ModelSpec:
                 reference.version,
                 spec.version,
                 reference.version,
+            )
+        if (spec.server, spec.source) != (reference.server, reference.source):
+            log.warning(
+                "inference endpoints %s and %s are %s (spec from %s) and %s (spec from %s); "
+                "each gets the in-flight default of its own kind",
+                first,
+                endpoint,
+                reference.server,
+                reference.source,
+                spec.server,
+                spec.source,
             )
         if spec.preferred_batch_sizes != reference.preferred_batch_sizes:
             log.warning(

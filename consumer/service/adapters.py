@@ -33,6 +33,7 @@ from consumer.service.startup import StartupError, StillUnavailable, wait_for
 from consumer.sinks.base import ColumnSpec, Sink, SinkUnavailable, TableSpec
 from consumer.sources.base import Source
 from wire.columns import ColumnType
+from wire.pubsub_env import project_of
 
 if TYPE_CHECKING:
     from consumer.sources.kafka import KafkaSourceConfig
@@ -137,6 +138,16 @@ def make_source(
     if signal is None and metrics is not None:
         signal = scaling_signal(settings, metrics)
     return KafkaSource(config, registry=registry, on_dead_letter=on_dead_letter, signal=signal)
+
+
+def check_source_credentials(settings: SourceSettings) -> None:
+    """Pub/Sub without the emulator: ``PubSubCredentialsError`` (a configuration error) when
+    no Google credentials are found, so start-up says so at once instead of after waiting for
+    the model server and the sink. Blocking (google-auth may ask the GCE metadata server)."""
+    if isinstance(settings, PubSubSettings):
+        from consumer.sources.pubsub import check_credentials  # noqa: PLC0415
+
+        check_credentials(project_of(settings.subscription))
 
 
 def kafka_source_config(settings: KafkaSettings) -> KafkaSourceConfig:

@@ -33,6 +33,7 @@ from consumer.sources.kafka.admin import AioKafkaAdmin, TopicSpec
 from consumer.sources.kafka.admin import ensure as ensure_kafka
 from consumer.sources.pubsub.admin import GooglePubSubAdmin, PubSubLayout, SubscriptionSpec
 from consumer.sources.pubsub.admin import ensure as ensure_pubsub
+from wire.pubsub_env import project_of
 
 EXIT_OK = 0
 EXIT_REFUSED = 1
@@ -67,7 +68,7 @@ def pubsub_layout(settings: PubSubSettings) -> PubSubLayout:
 
 def _ensure_pubsub(settings: PubSubSettings, *, dry_run: bool, timeout_s: float) -> Plan:
     layout = pubsub_layout(settings)
-    admin = GooglePubSubAdmin(timeout_s=timeout_s)
+    admin = GooglePubSubAdmin(timeout_s=timeout_s, project=project_of(settings.subscription))
     try:
         return ensure_pubsub(admin, layout, dry_run=dry_run)
     finally:

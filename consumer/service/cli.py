@@ -1,14 +1,6 @@
-"""``python -m consumer`` / ``rowbatch-consumer``: run the subscriber service.
-
-    rowbatch-consumer run --config consumer.toml      consume until SIGTERM/SIGINT
-    rowbatch-consumer check --config consumer.toml    validate the config, print the model spec
-    rowbatch-consumer admin ensure --config consumer.toml [--dry-run]
-        create the topics/subscriptions the config needs, check existing ones (exit codes:
-        ``consumer/service/admin.py``; 3 when something exists but differs)
-
-Every config field can come from the environment: ``ROWBATCH_<SECTION>__<FIELD>``.
-Exit codes: 0 clean stop; 2 bad configuration or a failed start-up check; 1 anything else.
-"""
+"""The rowbatch-consumer command (also python -m consumer): run the subscriber service, check
+its configuration, or create what it needs on the broker. The help text (DESCRIPTION, EPILOG)
+says how; the exit codes of admin ensure are consumer/service/admin.py's."""
 
 from __future__ import annotations
 
@@ -21,10 +13,11 @@ from pathlib import Path
 
 from consumer.engine.pipeline import PipelineFailed
 from consumer.model.binding import Binding, BindingError, check_binding
-from consumer.model.discovery import ModelConfigError, ModelDiscoveryError, target_batch_size
+from consumer.model.discovery import ModelConfigError, ModelDiscoveryError
 from consumer.service import admin, logs
+from consumer.service.adapters import check_source_credentials
 from consumer.service.config import ConfigError, ConsumerConfig, load_config
-from consumer.service.model_wiring import check_endpoints
+from consumer.service.model_wiring import check_endpoints, describe_batching, describe_origin
 from consumer.service.runner import run_consumer
 from consumer.service.shutdown import (
     CLOSE_MARGIN_S,
@@ -38,6 +31,71 @@ from consumer.sinks.base import SinkError
 from consumer.sources.base import SourceConfigError, SourceUnreachable
 
 log = logging.getLogger("consumer")
+
+DESCRIPTION = """\
+Run the rowbatch consumer: read row chunks from Pub/Sub or Kafka, run them through a model
+on an inference server, and write the results to a table."""
+EPILOG = """\
+commands:
+  run --config FILE           consume until SIGTERM or SIGINT
+  check --config FILE         validate the configuration, reach the model server and print
+                              the model's inputs, outputs and batch size
+  admin ensure --config FILE  create the topics and subscriptions the configuration needs
+                              and check the existing ones (--dry-run: change nothing)
+
+Every configuration field can also come from the environment, ROWBATCH_<SECTION>__<FIELD>
+(e.g. ROWBATCH_SOURCE__SUBSCRIPTION), which overrides the file. Pub/Sub needs Google
+credentials (GOOGLE_APPLICATION_CREDENTIALS, or gcloud auth application-default login) unless
+PUBSUB_EMULATOR_HOST=host:port names an emulator.
+
+exit codes:
+  run, check    0 clean stop; 1 failed while running; 2 bad configuration or a failed
+                start-up check
+  admin ensure  0 everything exists as configured (or was created); 1 the broker refused a
+                call; 2 bad configuration; 3 something exists but differs; 4 the broker did
+                not answer
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: one positional command (and admin's action) and the options."""
+    parser = argparse.ArgumentParser(
+        prog="rowbatch-consumer",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "command",
+        choices=["run", "check", "admin"],
+        help="run: consume; check: validate and print the model spec; admin: see ACTION",
+    )
+    parser.add_argument(
+        "action",
+        nargs="?",
+        choices=["ensure"],
+        help="with admin only: ensure (create or check the broker's topics and subscriptions)",
+    )
+    parser.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="the TOML configuration file (ROWBATCH_* environment variables override it)",
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="admin ensure: show what would be created, change nothing",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="admin ensure: how long to wait for the broker to answer (default 30)",
+    )
+    return parser
+
 
 _STARTUP_ERRORS = (
     ConfigError,
@@ -72,23 +130,18 @@ async def _check(config: ConsumerConfig) -> None:
     )
     check_binding(spec, binding)
     where = ", ".join(specs)
-    print(f"model {spec.name} version {spec.version or '(server default)'} on {where}")
+    version = spec.version or "(server default; rows carry each answer's version)"
+    print(f"model {spec.name} version {version} on {where}")
+    print(f"  {describe_origin(spec)}")
     for tensor in spec.inputs:
         print(f"  input  {tensor}")
     for tensor in spec.outputs:
         print(f"  output {tensor}")
-    print(f"batch size {target_batch_size(spec, config.model.batch_size)}; binding OK")
+    print(f"{describe_batching(spec, config.model)}; binding OK")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="rowbatch-consumer", description=__doc__.split("\n")[0])
-    parser.add_argument("command", choices=["run", "check", "admin"])
-    parser.add_argument("action", nargs="?", choices=["ensure"], help="with admin: ensure")
-    parser.add_argument("--config", type=Path, help="TOML file (env vars override it)")
-    parser.add_argument("--dry-run", action="store_true", help="admin ensure: change nothing")
-    parser.add_argument(
-        "--timeout", type=float, default=30.0, help="admin ensure: seconds to wait for the broker"
-    )
+    parser = build_parser()
     args = parser.parse_args(argv)
     if (args.command == "admin") != (args.action is not None) or (
         args.dry_run and args.command != "admin"
@@ -103,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logs.configure(config.log_format, config.log_level)
     try:
+        check_source_credentials(config.source)  # at once, before waiting for anything
         run_bounded(_run(config) if args.command == "run" else _check(config))
     except _STARTUP_ERRORS as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -27,7 +27,9 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from consumer.model.configured_spec import ConfiguredSpec
 from consumer.model.endpoints import Endpoints, EndpointSpecError, parse_endpoints
+from consumer.model.spec import DATATYPES, TensorSpec
 from consumer.model.tls import (
     TlsConfigError,
     TlsOptions,
@@ -59,13 +61,52 @@ __all__ = [
     "SinkSettings",
     "SourceSettings",
     "SqliteSinkSettings",
+    "TensorSettings",
     "load_config",
 ]
 
 
+class TensorSettings(Section):
+    """One model input or output, for ``model.inputs`` / ``model.outputs``."""
+
+    name: str = Field(min_length=1)
+    """The tensor's name on the server."""
+    datatype: str
+    """KServe v2 datatype: ``FP32``, ``INT64``, ``BYTES``, ``BOOL``... (see
+    :data:`consumer.model.spec.DATATYPES`)."""
+    dims: tuple[int, ...]
+    """One row's shape, *without* the batch axis (``[16]`` for a shape ``[-1, 16]`` on the
+    server; ``[]`` for one value per row); ``-1`` marks a variable dimension."""
+
+    @field_validator("datatype")
+    @classmethod
+    def _known_datatype(cls, value: str) -> str:
+        if value not in DATATYPES:
+            raise ValueError(
+                f"unknown datatype {value!r}: one of {', '.join(sorted(DATATYPES))} "
+                "(KServe v2 names, upper case)"
+            )
+        return value
+
+    @field_validator("dims")
+    @classmethod
+    def _dims_valid(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        bad = [d for d in value if d < 1 and d != -1]
+        if bad:
+            raise ValueError(
+                f"{bad[0]} is not a dimension: each is >= 1, or -1 for a variable one "
+                "(leave out the batch axis)"
+            )
+        return value
+
+    def tensor(self) -> TensorSpec:
+        return TensorSpec(self.name, self.datatype, self.dims)
+
+
 class ModelSettings(Section):
     url: str = "127.0.0.1:8001"
-    """Triton (KServe v2) gRPC address, ``host:port``; several servers as a list (in the
+    """KServe v2 / Open Inference Protocol gRPC address (Triton, MLServer, KServe),
+    ``host:port``; several servers as a list (in the
     environment: separated by commas, or a JSON list), ``dns:///name:port`` for every address
     of a name (a Kubernetes headless Service), or grpc's ``ipv4:a:p,b:p`` list. Each batch
     goes to the healthy server with the fewest requests outstanding."""
@@ -76,15 +117,20 @@ class ModelSettings(Section):
     version: str = ""
     """Empty: the server's choice (its version policy)."""
     batch_size: int | None = Field(default=None, ge=1)
-    """Override the batch size read from the server (largest preferred size, else
-    max_batch_size). Required for servers without a ModelConfig RPC."""
+    """Rows per request. Default per server kind (:mod:`consumer.model.server_kind`): Triton,
+    from its ModelConfig, the largest preferred batch size, else ``max_batch_size``; servers
+    without ModelConfig (MLServer, KServe, others) 256. Must not exceed a ModelConfig's
+    ``max_batch_size``; required for a Triton model that does not batch."""
     max_wait_ms: float = Field(default=100.0, ge=0)
     """Latency bound: a partial batch is sent once its oldest row has waited this long."""
     max_in_flight: int | None = Field(default=None, ge=1)
     """Batches in flight at once per server (the consumer keeps the sum over the servers
-    found at start). Default: per model instance, enough for two executions of the model's
-    ``max_batch_size`` (one running, one queued), at least 2: 4 for a model with preferred
-    size 128 and max_batch_size 256. The memory budget still bounds it."""
+    found at start). Default per server kind (:mod:`consumer.model.server_kind`): Triton, per
+    model instance, enough for two executions of the model's ``max_batch_size`` (one running,
+    one queued), at least 2: 4 for a model with preferred size 128 and max_batch_size 256;
+    MLServer 8 (its adaptive batching merges requests, so it needs several in flight: raise
+    this with its ``max_batch_size``); KServe and others 4. The memory budget still bounds
+    it."""
     timeout_s: float = Field(default=60.0, gt=0)
     """Per-request deadline."""
     backoff_initial_s: float = Field(default=0.1, gt=0)
@@ -92,6 +138,14 @@ class ModelSettings(Section):
     startup_wait_s: float = Field(default=300.0, ge=0)
     """How long start-up waits for an inference server that does not answer (retrying with
     backoff) before giving up with an error; an unknown model fails at once."""
+    inputs: tuple[TensorSettings, ...] | None = None
+    """The model's inputs (``[[model.inputs]]`` tables of ``name``, ``datatype``, ``dims``; in
+    the environment a JSON list), for a server that describes neither in ModelConfig nor in
+    ModelMetadata (KServe's default, an MLServer model without tensors in its
+    model-settings.json, a shape without the leading -1 batch axis). With ``outputs``; when the
+    server describes the model too, both must agree (start-up names any difference)."""
+    outputs: tuple[TensorSettings, ...] | None = None
+    """The model's outputs, as ``inputs``."""
     tls: bool = False
     """gRPC over TLS to the model server."""
     tls_ca_file: Path | None = None
@@ -155,6 +209,38 @@ class ModelSettings(Section):
         if value is not None:
             _tls_check(check_key_file, value)
         return value
+
+    @field_validator("inputs", "outputs")
+    @classmethod
+    def _tensors_valid(
+        cls, value: tuple[TensorSettings, ...] | None
+    ) -> tuple[TensorSettings, ...] | None:
+        if value is None:
+            return value
+        if not value:
+            raise ValueError("is empty: list the model's tensors, or leave the field out")
+        names = [t.name for t in value]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"tensor name(s) {twice} appear more than once")
+        return value
+
+    @model_validator(mode="after")
+    def _tensors_together(self) -> ModelSettings:
+        if (self.inputs is None) != (self.outputs is None):
+            given, missing = ("outputs", "inputs") if self.inputs is None else ("inputs", "outputs")
+            raise ValueError(
+                f"model.{given} is set but model.{missing} is not: configure both (or neither)"
+            )
+        return self
+
+    def configured_spec(self) -> ConfiguredSpec | None:
+        """``inputs`` and ``outputs`` as tensor specs; ``None`` when not configured."""
+        if self.inputs is None or self.outputs is None:
+            return None
+        return ConfiguredSpec(
+            tuple(t.tensor() for t in self.inputs), tuple(t.tensor() for t in self.outputs)
+        )
 
     @model_validator(mode="after")
     def _tls_consistent(self) -> ModelSettings:

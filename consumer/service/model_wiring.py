@@ -1,7 +1,7 @@
 """The model side of the wiring: clients for the model-server endpoints, discovering the model
 on each (waiting while none is up yet), the in-flight limit per endpoint, the per-message check
 of a chunk against the model binding, and the batch runner that builds tensors and calls the
-retrying inference client."""
+retrying inference client (its answers keep the model version the server named)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,10 @@ from consumer.model.inference import (
     RetryingInferencer,
     RetryPolicy,
 )
+from consumer.model.inference.client import Answer
 from consumer.model.mismatch import SchemaMismatch
+from consumer.model.server_kind import describe_defaults
+from consumer.model.spec import SOURCE_NAMES
 from consumer.model.spec_match import same_spec
 from consumer.model.tensors import build_inputs
 from consumer.service.config import (
@@ -48,13 +51,16 @@ def connector(settings: ModelSettings, membership: Membership) -> Callable[[str]
     """A client for one endpoint address. With TLS and no ``tls_server_name``, an address
     found under a DNS name checks the server's certificate against that name."""
     tls = settings.tls_options()
+    configured = settings.configured_spec()
 
     def connect(address: str) -> InferenceClient:
         own = tls
         name = membership.name_of(address)
         if tls is not None and tls.server_name is None and name is not None:
             own = replace(tls, server_name=name)
-        return InferenceClient(address, settings.name, settings.version, tls=own)
+        return InferenceClient(
+            address, settings.name, settings.version, tls=own, configured=configured
+        )
 
     return connect
 
@@ -135,12 +141,28 @@ def health_timing(settings: ModelSettings) -> HealthTiming:
 
 def per_endpoint_limit(settings: ModelSettings, target: int) -> Callable[[ModelSpec], int]:
     """Requests in flight per endpoint: ``model.max_in_flight``, else what the endpoint's own
-    model config calls for (:func:`consumer.model.discovery.default_in_flight`)."""
+    model config or its server kind calls for (:func:`consumer.model.discovery.default_in_flight`,
+    :mod:`consumer.model.server_kind`)."""
 
     def limit(spec: ModelSpec) -> int:
         return settings.max_in_flight or default_in_flight(spec, target)
 
     return limit
+
+
+def describe_origin(spec: ModelSpec) -> str:
+    """Where the spec came from, for ``rowbatch-consumer check``: ``server mlserver 1.7.1;
+    spec from its ModelMetadata``."""
+    source = SOURCE_NAMES[spec.source]
+    return f"server {spec.server}; spec from " + (
+        source if spec.source == "configured" else f"its {source}"
+    )
+
+
+def describe_batching(spec: ModelSpec, settings: ModelSettings) -> str:
+    """The batch size and requests in flight per server, each with where it comes from
+    (configured, the model config, or the server kind's default)."""
+    return describe_defaults(spec, settings.batch_size, settings.max_in_flight)
 
 
 def make_check(
@@ -183,10 +205,13 @@ def make_run_batch(inferencer: RetryingInferencer, spec: ModelSpec, binding: Bin
         inputs = build_inputs(spec, binding, batch.columns, batch.nulls)
         answer = await inferencer.infer(inputs, outputs)
         rows = len(batch)
-        return {
-            name: a.reshape(rows) if a.size == rows else a.reshape(rows, -1)
-            for name, a in answer.items()
-        }
+        return Answer(
+            {
+                name: a.reshape(rows) if a.size == rows else a.reshape(rows, -1)
+                for name, a in answer.items()
+            },
+            getattr(answer, "model_version", ""),
+        )
 
     return run
 
@@ -198,5 +223,7 @@ def is_poison(exc: BaseException) -> bool:
 async def isolate_batch(
     batch: Batch, run: RunBatch
 ) -> tuple[list[tuple[Batch, Mapping[str, NDArray[Any]]]], list[tuple[Segment, BaseException]]]:
-    found = await isolate(list(batch.segments), lambda segs: run(batch.select(segs)), is_poison)
+    found = await isolate(
+        list(batch.segments), lambda segs: run(batch.select(segs)), is_poison, confirm=True
+    )
     return [(batch.select(segs), out) for segs, out in found.good], found.bad

@@ -178,9 +178,12 @@ async def run_consumer(
             signal=signal,
         )
         log.info(
-            "consuming: model %s v%s, batch size %d, %d in flight (%s), budget %d bytes",
+            "consuming: model %s v%s on %s (spec from %s), batch size %d, %d in flight (%s), "
+            "budget %d bytes",
             spec.name,
-            spec.version or "?",
+            spec.version or " as each answer names it",
+            spec.server,
+            spec.source,
             target,
             in_flight,
             ", ".join(f"{ep.address}: {ep.limit}" for ep in balancer.endpoints),

@@ -11,7 +11,8 @@ command line and ``main`` runs it.
 
 Progress goes to stderr (a bar on a terminal: rows, rows/s, ETA); the summary line (rows,
 chunks, bytes, seconds, rows/s) to stdout. Errors are one line on stderr naming the file/row/
-column/topic; the exit status is 1 (2 for a bad command line).
+column/topic; the exit status is 1 (2 for a bad command line or set-up, e.g. no Google
+credentials for Pub/Sub).
 
 Chunk ids are ``<id prefix>:<chunk number>`` (``.<part>`` appended when a chunk is split). For
 a file the default prefix is derived from the file (path, size, modification time) and the

@@ -18,7 +18,7 @@ from producer.cli.parser import PROG, build_parser
 from producer.cli.publish import run_publish
 from producer.cli.report import report, write_manifest
 from producer.cli.running import Outcome, RunFailed, Sleep, UsageError
-from producer.publishers import PublishError
+from producer.publishers import PublisherConfigError, PublishError
 from producer.readers import InputError
 
 
@@ -82,7 +82,7 @@ def main(
         return 2
     except (InputError, PublishError) as exc:
         print(f"{PROG} {opts.command}: error: {exc}", file=stderr)
-        return 1
+        return 2 if isinstance(exc, PublisherConfigError) else 1
     except RunFailed as failed:
         print(f"{PROG} {opts.command}: error: {failed.cause}", file=stderr)
         partial = failed.outcome
@@ -91,7 +91,8 @@ def main(
             report(partial, stdout)
         if opts.manifest is not None:
             write_manifest(opts.manifest, partial)
-        return 1
+        # Set up wrongly (no credentials, say): 2, like a bad command line.
+        return 2 if isinstance(failed.cause, PublisherConfigError) else 1
     except KeyboardInterrupt:
         print(f"{PROG} {opts.command}: interrupted", file=stderr)
         return 130

@@ -25,6 +25,7 @@ from producer.publishers.base import Publisher, StartClose
 from producer.publishers.errors import (
     BrokerUnavailable,
     MessageTooLarge,
+    PublisherConfigError,
     PublishError,
     PublishFailed,
     TopicNotFound,
@@ -62,6 +63,7 @@ __all__ = [
     "PublishWindow",
     "PublishedChunk",
     "Publisher",
+    "PublisherConfigError",
     "RawMessage",
     "RetryPolicy",
     "Sleep",

@@ -18,6 +18,11 @@ class PublishError(Exception):
         self.address = address
 
 
+class PublisherConfigError(PublishError):
+    """The publisher cannot work as set up: no Google credentials and no Pub/Sub emulator
+    named, say. The message says what to set (the command line exits 2)."""
+
+
 class TopicNotFound(PublishError):
     """The topic does not exist (create it first; rowbatch never creates topics)."""
 

@@ -14,6 +14,7 @@ from typing import Any, Final
 
 import grpc
 from google.api_core import exceptions as gexc
+from google.auth.exceptions import DefaultCredentialsError
 from google.cloud import pubsub_v1
 from google.cloud.pubsub_v1 import types as pubsub_types
 from google.cloud.pubsub_v1.publisher import exceptions as pubsub_exceptions
@@ -30,6 +31,7 @@ from producer.publishers.base import StartClose
 from producer.publishers.errors import (
     BrokerUnavailable,
     MessageTooLarge,
+    PublisherConfigError,
     PublishError,
     PublishFailed,
     TopicNotFound,
@@ -42,6 +44,15 @@ from producer.publishers.messages import Message, chunk_id_of, message_size
 from producer.publishers.retry import RetryPolicy, Sleep, make_retrying
 from wire.chunks import PUBSUB_MAX_MESSAGE_BYTES
 from wire.headers import H_ORDERING_KEY
+from wire.pubsub_env import (
+    CredentialsLookup,
+    credentials_message,
+    emulator_host,
+    google_default_credentials,
+    missing_credentials,
+    project_of,
+    pubsub_address,
+)
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +134,8 @@ class PubSubPublisher(StartClose):
     ``client``: a ``PublisherClient`` to use (the caller keeps ownership and its settings);
     otherwise one is made with ``batch`` and ``flow_control``, talking to ``emulator_host``
     when given (else wherever ``$PUBSUB_EMULATOR_HOST`` or the default credentials point).
+    Without an emulator and without Google credentials ``start`` raises
+    ``PublisherConfigError`` naming what to set; ``credentials`` looks them up (tests).
     ``ordering``: enable ordering keys (needed to publish with ``key``). The client's blocking
     calls (publish under flow control, get_topic, stop) run in worker threads; its futures are
     bridged into asyncio.
@@ -145,6 +158,7 @@ class PubSubPublisher(StartClose):
         connect_timeout_s: float = 10.0,
         rpc_timeout_s: float = 60.0,
         sleep: Sleep = asyncio.sleep,
+        credentials: CredentialsLookup = google_default_credentials,
     ) -> None:
         if not 0 < max_message_bytes <= PUBSUB_MAX_MESSAGE_BYTES:
             raise ValueError(
@@ -163,6 +177,7 @@ class PubSubPublisher(StartClose):
         self._connect_timeout_s = connect_timeout_s
         self._rpc_timeout_s = rpc_timeout_s
         self._sleep = sleep
+        self._credentials = credentials
         # One thread: publish calls reach the client in the order they were made (ordering
         # keys) and a call blocked by flow control holds back the ones behind it.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pubsub-publish")
@@ -185,11 +200,11 @@ class PubSubPublisher(StartClose):
     def address(self) -> str:
         if self._emulator_host:
             return self._emulator_host
-        env_host = os.environ.get("PUBSUB_EMULATOR_HOST")
+        env_host = emulator_host()
         if self._owns_client and env_host:
             return env_host
         endpoint = getattr(self._client, "api_endpoint", None)
-        return str(endpoint) if isinstance(endpoint, str) else "pubsub.googleapis.com"
+        return str(endpoint) if isinstance(endpoint, str) else pubsub_address()
 
     @property
     def max_message_bytes(self) -> int:
@@ -223,7 +238,16 @@ class PubSubPublisher(StartClose):
         if self._emulator_host:
             channel = grpc.insecure_channel(self._emulator_host, options=_GRPC_UNLIMITED)
             kwargs["transport"] = PublisherGrpcTransport(channel=channel)
-        return pubsub_v1.PublisherClient(**kwargs)
+            return pubsub_v1.PublisherClient(**kwargs)
+        # Up front, so a missing key file is one line of ours, not google-auth's traceback.
+        project = project_of(self._topic)
+        problem = missing_credentials(project, lookup=self._credentials)
+        if problem is None:
+            try:
+                return pubsub_v1.PublisherClient(**kwargs)
+            except DefaultCredentialsError as exc:
+                problem = credentials_message(project, exc)
+        raise PublisherConfigError(problem, topic=self._topic, address=self.address)
 
     async def start(self) -> None:
         if self._closed:

@@ -98,7 +98,7 @@ def scorer_chunks(
     chunks: list[EncodedChunk] = []
     start = 0
     while start < total:
-        size = int(min(total - start, rng.integers(1, max_rows + 1)))
+        size = min(total - start, int(rng.integers(1, max_rows + 1)))
         sl = slice(start, start + size)
         cols = {
             "id": np.arange(start, start + size, dtype=np.int64),

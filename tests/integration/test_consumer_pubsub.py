@@ -68,7 +68,7 @@ def scorer_chunks(total: int, seed: int) -> tuple[list[EncodedChunk], dict[int, 
     expected = {i: (scores[i, 0], labels[i, 0]) for i in range(total)}
     chunks, start, n = [], 0, 0
     while start < total:
-        size = int(min(total - start, rng.integers(1, 3000)))
+        size = min(total - start, int(rng.integers(1, 3000)))
         sl = slice(start, start + size)
         cols = {
             "id": np.arange(start, start + size, dtype=np.int64),

@@ -480,7 +480,7 @@ def _chunks(total_one_row: int, total_mixed: int, seed: int) -> tuple[list[Encod
     chunks: list[EncodedChunk] = []
     start = 0
     while start < total:
-        size = 1 if start < total_one_row else int(min(total - start, rng.integers(1, 500)))
+        size = 1 if start < total_one_row else min(total - start, int(rng.integers(1, 500)))
         sl = slice(start, start + size)
         cols = {
             "id": np.arange(start, start + size, dtype=np.int64),

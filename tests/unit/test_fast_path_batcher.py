@@ -15,7 +15,10 @@ from consumer.engine.batcher import Batch, Batcher, Segment
 
 def message(key: int, rows: int, nulls: bool) -> tuple[dict[str, NDArray[Any]], dict[str, Any]]:
     ids = np.arange(rows, dtype=np.int64) + 1000 * key
-    columns = {"id": ids, "v": np.repeat(ids[:, None], 3, axis=1).astype(np.float32)}
+    columns: dict[str, NDArray[Any]] = {
+        "id": ids,
+        "v": np.repeat(ids[:, None], 3, axis=1).astype(np.float32),
+    }
     masks = {"id": (ids % 3 == 0)} if nulls else {}
     return columns, masks
 

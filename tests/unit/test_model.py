@@ -1,5 +1,5 @@
-"""Model specs from the server's config (as tritonclient's JSON renders it), discovery errors,
-the target batch size and bytes per row."""
+"""Model specs from the server's config (as tritonclient's JSON renders it), the target batch
+size, the in-flight default and bytes per row (discovery itself: test_discovery.py)."""
 
 from __future__ import annotations
 
@@ -7,19 +7,13 @@ import dataclasses
 from typing import Any
 
 import pytest
-from tritonclient.utils import InferenceServerException
 
 from consumer.model.discovery import (
     DEFAULT_BYTES_ESTIMATE,
     ModelConfigError,
-    ModelConfigUnavailable,
-    ModelDiscoveryError,
-    ModelNotFound,
-    ModelServerUnavailable,
     ModelSpec,
     TensorSpec,
     default_in_flight,
-    discover_model,
     input_bytes_per_row,
     output_bytes_per_row,
     spec_from_config,
@@ -99,80 +93,6 @@ def test_tensor_spec_str_and_lookup() -> None:
     assert EMBEDDER.input("TEXT") is EMBEDDER.inputs[0]
     assert EMBEDDER.input("EMBEDDING") is None
     assert EMBEDDER.output("EMBEDDING") is EMBEDDER.outputs[0]
-
-
-class FakeClient:
-    """Answers get_model_config / get_model_metadata like tritonclient.grpc.aio."""
-
-    def __init__(
-        self,
-        config: dict[str, Any] | None = None,
-        error: InferenceServerException | None = None,
-        metadata: dict[str, Any] | InferenceServerException | None = None,
-    ) -> None:
-        self.config = config
-        self.error = error
-        self.metadata = metadata
-        self.calls: list[tuple[str, str]] = []
-
-    async def get_model_config(
-        self, name: str, version: str = "", *, as_json: bool, client_timeout: float | None
-    ) -> dict[str, Any]:
-        assert as_json
-        self.calls.append((name, version))
-        if self.error is not None:
-            raise self.error
-        assert self.config is not None
-        return {"config": self.config}
-
-    async def get_model_metadata(
-        self, name: str, *, as_json: bool, client_timeout: float | None
-    ) -> dict[str, Any]:
-        if isinstance(self.metadata, InferenceServerException):
-            raise self.metadata
-        return self.metadata or {}
-
-
-def error(status: str, message: str = "boom") -> InferenceServerException:
-    return InferenceServerException(msg=message, status=f"StatusCode.{status}")
-
-
-async def test_discover_resolves_the_latest_version() -> None:
-    client = FakeClient(SCORER_CONFIG, metadata={"name": "scorer", "versions": ["2", "10", "3"]})
-    spec = await discover_model(client, "scorer")
-    assert spec.version == "10"
-    assert client.calls == [("scorer", "")]
-    assert (await discover_model(client, "scorer", "2")).version == "2"
-
-
-async def test_discover_without_metadata_keeps_empty_version() -> None:
-    spec = await discover_model(FakeClient(SCORER_CONFIG, metadata=error("UNIMPLEMENTED")), "s")
-    assert spec.version == ""
-    assert spec.name == "scorer"
-    unnamed = {k: v for k, v in SCORER_CONFIG.items() if k != "name"}
-    assert (await discover_model(FakeClient(unnamed), "mine")).name == "mine"
-
-
-@pytest.mark.parametrize(
-    ("status", "exc_type", "words"),
-    [
-        ("UNIMPLEMENTED", ModelConfigUnavailable, ["batch_size", "tensor specs", "ModelConfig"]),
-        ("NOT_FOUND", ModelNotFound, ["'nope'", "grpc://h:1"]),
-        ("UNAVAILABLE", ModelServerUnavailable, ["cannot reach", "grpc://h:1"]),
-        ("INTERNAL", ModelDiscoveryError, ["INTERNAL", "boom"]),
-    ],
-)
-async def test_discover_errors(status: str, exc_type: type[Exception], words: list[str]) -> None:
-    client = FakeClient(error=error(status))
-    with pytest.raises(exc_type) as caught:
-        await discover_model(client, "nope", server="grpc://h:1")
-    for word in words:
-        assert word in str(caught.value)
-
-
-async def test_discover_refuses_a_config_without_tensors() -> None:
-    with pytest.raises(ModelDiscoveryError, match="without inputs or outputs"):
-        await discover_model(FakeClient({"name": "x", "max_batch_size": 8}), "x")
 
 
 def test_target_batch_size() -> None:

@@ -148,3 +148,51 @@ async def test_cancellation_propagates() -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+class MergingModel(Model):
+    """A server that merges requests: the attempts numbered in ``spoiled`` fail as if merged
+    with someone else's poison request, whatever they hold."""
+
+    def __init__(self, poison: set[int], spoiled: set[int]) -> None:
+        super().__init__(poison)
+        self.spoiled = spoiled
+
+    async def __call__(self, groups: Sequence[int]) -> int:
+        if len(self.attempts) + 1 in self.spoiled:
+            self.attempts.append(list(groups))
+            raise Poison(f"groups {sorted(self.poison)} (merged)")
+        return await super().__call__(groups)
+
+
+async def test_confirm_keeps_a_good_group_that_failed_for_a_merged_neighbour() -> None:
+    # The only group of a batch failed because the server merged it with a poison request:
+    # tried again alone, it is answered, not dead-lettered.
+    model = MergingModel(poison=set(), spoiled={1})
+    found = await isolate([7], model, is_poison, confirm=True)
+    assert found.bad == []
+    assert found.good == [([7], 7)]
+    assert model.attempts == [[7], [7]]
+
+
+async def test_without_confirm_a_spoiled_single_attempt_is_called_poison() -> None:
+    model = MergingModel(poison=set(), spoiled={1})
+    found = await isolate([7], model, is_poison)
+    assert [g for g, _ in found.bad] == [7]  # what confirm exists to prevent
+
+
+async def test_confirm_calls_poison_what_fails_alone_twice_and_costs_one_attempt_more() -> None:
+    groups = list(range(8))
+    model = Model({5})
+    found = await isolate(groups, model, is_poison, confirm=True)
+    check(found, groups, {5})
+    assert model.attempts.count([5]) == 2
+    assert len(model.attempts) <= bound(8, 1) + 1
+
+
+async def test_confirm_with_a_spoiled_bisection_step_still_finds_exactly_the_poison() -> None:
+    groups = list(range(8))
+    model = MergingModel(poison={2}, spoiled={3})  # the second half's attempt is spoiled
+    found = await isolate(groups, model, is_poison, confirm=True)
+    assert [g for g, _ in found.bad] == [2]
+    assert sorted(g for part, _ in found.good for g in part) == [0, 1, 3, 4, 5, 6, 7]

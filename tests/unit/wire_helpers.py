@@ -26,8 +26,8 @@ SCALAR_TYPES = (INT64, FLOAT32, FLOAT64, BOOL, STRING, BYTES)
 
 
 def masked(data: Any, mask: Any) -> NDArray[Any]:
-    """``np.ma.masked_array`` (untyped in numpy 1.26's stubs)."""
-    out: NDArray[Any] = np.ma.masked_array(data, mask=mask)  # type: ignore[no-untyped-call]
+    """``np.ma.masked_array``, typed as the plain array it is to callers."""
+    out: NDArray[Any] = np.ma.masked_array(data, mask=mask)
     return out
 
 

@@ -253,7 +253,7 @@ def _from_ndarray(
                 expected="whole-row mask",
                 found="partial mask",
             )
-        mask = row_mask
+        mask = np.asarray(row_mask)
     inferred = _dtype_type(name, arr)
     if ctype is None:
         ctype = inferred

@@ -1,11 +1,12 @@
 """Talking to one KServe v2 gRPC inference server (``tritonclient.grpc.aio``) about one model:
-the channel settings, discovery, one request at a time, and the readiness probe. Failures come
-out classified (:mod:`consumer.model.inference.errors`); retries are the caller's.
+the channel settings, discovery, one request at a time (its answer carrying the model version
+the response names), and the readiness probe. Failures come out classified
+(:mod:`consumer.model.inference.errors`); retries are the caller's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -16,6 +17,7 @@ from numpy.typing import NDArray
 from tritonclient.utils import InferenceServerException
 
 from consumer.model.discovery import (
+    ConfiguredSpec,
     ModelDiscoveryError,
     ModelServerUnavailable,
     ModelSpec,
@@ -61,13 +63,33 @@ class ChannelOptions:
         ]
 
 
+class Answer(dict[str, NDArray[Any]]):
+    """The requested outputs by name, and the version of the model that answered (the
+    response's ``model_version``; ``""`` when the server does not say)."""
+
+    __slots__ = ("model_version",)
+
+    def __init__(self, arrays: Mapping[str, NDArray[Any]] | None = None, model_version: str = ""):
+        super().__init__(arrays or {})
+        self.model_version = model_version
+
+
+def _answered_version(result: Any) -> str:
+    """The ``model_version`` of an ``InferResult``'s response (a field read per request)."""
+    try:
+        return str(result.get_response().model_version)
+    except AttributeError:  # a stand-in result without a response
+        return ""
+
+
 class InferenceClient:
     """One model on one KServe v2 gRPC server. ``infer`` raises only :class:`InferenceError`
     subclasses for server and connection failures.
 
     ``tls``: TLS (or mutual TLS) to the server; its files are read here, so an unreadable one
-    raises :class:`consumer.model.tls.TlsConfigError` at once. ``client`` replaces the
-    ``tritonclient.grpc.aio.InferenceServerClient`` (tests)."""
+    raises :class:`consumer.model.tls.TlsConfigError` at once. ``configured``: the tensor
+    specs from configuration (``model.inputs`` / ``model.outputs``), for discovery. ``client``
+    replaces the ``tritonclient.grpc.aio.InferenceServerClient`` (tests)."""
 
     def __init__(
         self,
@@ -77,12 +99,14 @@ class InferenceClient:
         *,
         channel: ChannelOptions | None = None,
         tls: TlsOptions | None = None,
+        configured: ConfiguredSpec | None = None,
         client: Any = None,
     ) -> None:
         self.url = url
         self.model = model
         self.version = version
         self.tls = tls
+        self.configured = configured
         self._served = False
         """Set once the model was discovered or answered: from then on NOT_FOUND means the
         server is unloading or restarting it (transient), not that it does not exist."""
@@ -113,6 +137,7 @@ class InferenceClient:
                 self.version,
                 server=f"inference server {self.url}",
                 client_timeout=client_timeout,
+                configured=self.configured,
             )
         except ModelServerUnavailable as exc:
             described = describe_handshake_failure(self.url, str(exc), self.tls)
@@ -124,9 +149,10 @@ class InferenceClient:
 
     async def infer(
         self, inputs: Sequence[Any], outputs: Sequence[str], *, client_timeout: float | None = None
-    ) -> dict[str, NDArray[Any]]:
+    ) -> Answer:
         """Runs one request; returns each requested output as a numpy array (BYTES outputs as
-        object arrays of ``bytes``). ``client_timeout`` bounds the request in seconds."""
+        object arrays of ``bytes``) and the version that answered. ``client_timeout`` bounds
+        the request in seconds."""
         requested = [grpcclient.InferRequestedOutput(name) for name in outputs]
         try:
             result = await self._client.infer(
@@ -138,7 +164,7 @@ class InferenceClient:
             )
         except (InferenceServerException, OSError) as exc:
             raise classify(exc, model=self.model, served=self._served) from exc
-        arrays: dict[str, NDArray[Any]] = {}
+        arrays = Answer(model_version=_answered_version(result))
         for name in outputs:
             array = result.as_numpy(name)
             if array is None:

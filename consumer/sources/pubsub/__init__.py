@@ -2,10 +2,12 @@
 streaming pull (``PubSubSource``), with lease extension and dead letters published with their
 reason."""
 
+from consumer.sources.pubsub.clients import check_credentials
 from consumer.sources.pubsub.config import PubSubPullSourceConfig, PubSubSourceConfig
 from consumer.sources.pubsub.errors import (
     DeadLetterFailed,
     PubSubConfigError,
+    PubSubCredentialsError,
     PubSubPullError,
     PubSubSourceError,
     PubSubStreamError,
@@ -17,6 +19,7 @@ from consumer.sources.pubsub.streaming import PubSubSource
 __all__ = [
     "DeadLetterFailed",
     "PubSubConfigError",
+    "PubSubCredentialsError",
     "PubSubPullError",
     "PubSubPullSource",
     "PubSubPullSourceConfig",
@@ -25,4 +28,5 @@ __all__ = [
     "PubSubSourceError",
     "PubSubStreamError",
     "PubSubUnreachable",
+    "check_credentials",
 ]

@@ -6,7 +6,6 @@ creates through the ``PubSubAdmin`` protocol; ``GooglePubSubAdmin`` is the real 
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -14,7 +13,6 @@ from typing import Any, Protocol, TypeVar
 
 from google.api_core import exceptions as gexc
 from google.api_core.retry import Retry, if_exception_type
-from google.auth.exceptions import DefaultCredentialsError
 from google.pubsub_v1 import types as pstypes
 
 from consumer.sources.admin_plan import (
@@ -28,8 +26,9 @@ from consumer.sources.admin_plan import (
     step,
 )
 from consumer.sources.pubsub.clients import default_publisher, default_subscriber
+from wire.pubsub_env import GOOGLE_PUBSUB_ADDRESS, pubsub_address
 
-GOOGLE_ADDRESS = "pubsub.googleapis.com"
+GOOGLE_ADDRESS = GOOGLE_PUBSUB_ADDRESS
 
 T = TypeVar("T")
 
@@ -190,17 +189,16 @@ def ensure(admin: PubSubAdmin, layout: PubSubLayout, *, dry_run: bool = False) -
 
 
 class GooglePubSubAdmin:
-    """``PubSubAdmin`` on Google Cloud Pub/Sub, or on the emulator ``PUBSUB_EMULATOR_HOST``
-    names. Calls are retried while the server is unavailable, for up to ``timeout_s``."""
+    """``PubSubAdmin`` on Google Cloud Pub/Sub, or on the emulator PUBSUB_EMULATOR_HOST
+    names. Calls are retried while the server is unavailable, for up to ``timeout_s``.
+    Without the emulator and without Google credentials: ``PubSubCredentialsError`` (a
+    configuration error) naming ``project`` and what to set."""
 
-    def __init__(self, timeout_s: float = 30.0) -> None:
-        self._address = os.environ.get("PUBSUB_EMULATOR_HOST") or GOOGLE_ADDRESS
+    def __init__(self, timeout_s: float = 30.0, *, project: str | None = None) -> None:
+        self._address = pubsub_address()
         self._timeout_s = timeout_s
-        try:
-            self._publisher = default_publisher()
-            self._subscriber = default_subscriber()
-        except DefaultCredentialsError as exc:
-            raise AdminFailed(f"Pub/Sub at {self._address}: no credentials: {exc}") from exc
+        self._publisher = default_publisher(project)
+        self._subscriber = default_subscriber(project)
         self._retry = Retry(
             predicate=if_exception_type(gexc.ServiceUnavailable, gexc.DeadlineExceeded),
             initial=0.2,

@@ -28,6 +28,7 @@ from wire.dead_letter import (
     ATTR_SOURCE,
     ATTR_TIME,
 )
+from wire.pubsub_env import project_of
 
 _LOG = logging.getLogger(__name__)
 
@@ -133,7 +134,7 @@ class DeadLetters:
         self._timeout_s = timeout_s
         self._owned = publisher is None and topic is not None
         if self._owned:
-            publisher = default_publisher()
+            publisher = default_publisher(project_of(topic))
         self._publisher = publisher
         self.api: GapicPublisherClient | None = (
             GapicPublisherClient(transport=publisher.transport) if publisher is not None else None

@@ -17,6 +17,10 @@ class PubSubConfigError(PubSubSourceError, SourceConfigError):
     """The configuration, or the subscription/topic it names, cannot work."""
 
 
+class PubSubCredentialsError(PubSubConfigError):
+    """No Google credentials and no emulator named: the message says what to set."""
+
+
 class PubSubUnreachable(PubSubSourceError, SourceUnreachable):
     """The Pub/Sub service (or emulator) did not answer."""
 

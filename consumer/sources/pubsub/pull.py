@@ -36,7 +36,7 @@ from google.cloud import pubsub_v1
 from google.pubsub_v1.services.subscriber import SubscriberAsyncClient
 
 from consumer.sources.base import DeadLetterReason, Delivery, DeliveryIterator
-from consumer.sources.pubsub.clients import default_subscriber
+from consumer.sources.pubsub.clients import client_address, default_subscriber
 from consumer.sources.pubsub.config import PubSubPullSourceConfig
 from consumer.sources.pubsub.dead_letters import DeadLetters
 from consumer.sources.pubsub.errors import PubSubPullError, not_held, warn_lease_lapsed
@@ -47,6 +47,7 @@ from consumer.sources.pubsub.pull_rpc import RPC_TIMEOUT_S, PullRpc, ReceivedMes
 from consumer.sources.pubsub.pulling import PullFlow, pull_loop
 from consumer.sources.pubsub.source_base import PubSubSourceBase
 from consumer.sources.pubsub.tasks import Clock, Sleep, stop_tasks
+from wire.pubsub_env import project_of
 
 _LOG = logging.getLogger(__name__)
 
@@ -85,7 +86,7 @@ class PubSubPullSource(PubSubSourceBase):
         self._owns_subscriber = subscriber is None and rpc is None
         self._subscriber = subscriber
         if subscriber is None and rpc is None:
-            self._subscriber = default_subscriber()
+            self._subscriber = default_subscriber(project_of(config.subscription))
         self._async_subscriber = async_subscriber
         self._rpc: PullRpc | None = rpc
         self._dead_letters = DeadLetters(
@@ -94,8 +95,8 @@ class PubSubPullSource(PubSubSourceBase):
             consumer_version=config.consumer_version,
             timeout_s=config.dead_letter_timeout_s,
         )
-        target = self._subscriber.target if self._subscriber is not None else "(test)"
-        self.host = host if host is not None else str(target)
+        target = client_address(self._subscriber) if self._subscriber is not None else "(test)"
+        self.host = host if host is not None else target
 
         self._changed = asyncio.Event()
         """Something to yield (or an error, or close)."""

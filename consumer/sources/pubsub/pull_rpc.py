@@ -13,6 +13,7 @@ from google.pubsub_v1.services.subscriber import SubscriberAsyncClient
 from google.pubsub_v1.types import PullResponse
 
 from consumer.sources.pubsub.clients import default_async_subscriber
+from wire.pubsub_env import project_of
 
 PULL_TIMEOUT_S = 10.0
 """Client deadline of one Pull (a long poll on an empty subscription)."""
@@ -109,5 +110,7 @@ def open_rpc(
         assert subscriber is not None
         return ThreadedClientRpc(subscriber, subscription)
     if async_subscriber is None:
-        return AsyncClientRpc(default_async_subscriber(), subscription, owned=True)
+        return AsyncClientRpc(
+            default_async_subscriber(project_of(subscription)), subscription, owned=True
+        )
     return AsyncClientRpc(async_subscriber, subscription, owned=False)

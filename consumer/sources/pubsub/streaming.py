@@ -65,12 +65,13 @@ from typing import Any
 from google.cloud import pubsub_v1
 
 from consumer.sources.base import DeadLetterReason, Delivery, DeliveryIterator
-from consumer.sources.pubsub.clients import default_subscriber
+from consumer.sources.pubsub.clients import client_address, default_subscriber
 from consumer.sources.pubsub.config import PubSubSourceConfig
 from consumer.sources.pubsub.dead_letters import DeadLetters
 from consumer.sources.pubsub.errors import PubSubStreamError, not_held, warn_lease_lapsed
 from consumer.sources.pubsub.source_base import PubSubSourceBase
 from consumer.sources.pubsub.streaming_shutdown import nack_after_close, stop_streaming_pull
+from wire.pubsub_env import project_of
 
 _LOG = logging.getLogger(__name__)
 
@@ -112,14 +113,18 @@ class PubSubSource(PubSubSourceBase):
         same hook as ``KafkaSource``'s). This source sends none today: every dead letter
         comes from the pipeline's ``dead_letter`` call, which the pipeline counts itself."""
         self._owns_subscriber = subscriber is None
-        self._subscriber = subscriber if subscriber is not None else default_subscriber()
+        self._subscriber = (
+            subscriber
+            if subscriber is not None
+            else default_subscriber(project_of(config.subscription))
+        )
         self._dead_letters = DeadLetters(
             publisher,
             topic=config.dead_letter_topic,
             consumer_version=config.consumer_version,
             timeout_s=config.dead_letter_timeout_s,
         )
-        self.host = host if host is not None else str(self._subscriber.target)
+        self.host = host if host is not None else client_address(self._subscriber)
 
         self._lock = threading.Lock()
         # Guarded by _lock (touched by the client's callback threads):

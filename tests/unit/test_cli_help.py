@@ -1,0 +1,142 @@
+"""Every command line's --help is plain text: no reST markup (double backquotes, roles such as
+:func:) that a terminal would show literally, a description, and, for the commands a user
+runs (rowbatch-consumer, rowbatch-producer and its subcommands, python -m harness), help for
+every argument."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Callable
+
+import pytest
+
+from bench.help_text import description
+
+MARKUP = re.compile(r"``|:[a-z]+:`")
+
+
+def help_of(call: Callable[[], object], capsys: pytest.CaptureFixture[str]) -> str:
+    """What ``call`` prints for --help (it exits 0)."""
+    with pytest.raises(SystemExit) as done:
+        call()
+    assert done.value.code == 0
+    return capsys.readouterr().out
+
+
+def assert_plain(text: str, name: str) -> None:
+    assert text.strip(), f"{name}: no help"
+    found = MARKUP.findall(text)
+    assert not found, f"{name} --help shows markup {found}:\n{text}"
+
+
+def _consumer_parser() -> argparse.ArgumentParser:
+    from consumer.service.cli import build_parser
+
+    return build_parser()
+
+
+def _producer_parsers() -> dict[str, argparse.ArgumentParser]:
+    from producer.cli import build_parser
+
+    parser = build_parser()
+    found = {"rowbatch-producer": parser}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found[f"rowbatch-producer {name}"] = sub
+    return found
+
+
+def _user_parsers() -> dict[str, argparse.ArgumentParser]:
+    return {"rowbatch-consumer": _consumer_parser(), **_producer_parsers()}
+
+
+@pytest.mark.parametrize("name", sorted(_user_parsers()))
+def test_user_commands_help_is_plain_with_help_for_every_argument(name: str) -> None:
+    parser = _user_parsers()[name]
+    text = parser.format_help()
+    assert_plain(text, name)
+    assert parser.description, f"{name}: no description"
+    silent = [
+        "/".join(a.option_strings) or a.dest
+        for a in parser._actions
+        if not isinstance(a, argparse._HelpAction | argparse._SubParsersAction) and not a.help
+    ]
+    assert not silent, f"{name}: arguments without help: {silent}"
+
+
+def test_consumer_help_lists_the_commands_and_exit_codes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from consumer.service.cli import main
+
+    text = help_of(lambda: main(["--help"]), capsys)
+    assert_plain(text, "rowbatch-consumer")
+    for needle in ("run --config FILE", "check --config FILE", "admin ensure --config FILE"):
+        assert needle in text
+    assert "exit codes:" in text
+    assert "PUBSUB_EMULATOR_HOST" in text
+    # the command positional's help shows with either word order (argparse re-parses)
+    assert help_of(lambda: main(["run", "--help"]), capsys) == text
+
+
+def test_harness_help_is_plain(capsys: pytest.CaptureFixture[str]) -> None:
+    from harness.__main__ import main
+
+    text = help_of(lambda: main(["--help"]), capsys)
+    assert_plain(text, "python -m harness")
+    assert "up" in text and "demo" in text
+
+
+def _bench_helps() -> dict[str, Callable[[], object]]:
+    from bench import chaos, cli, multi_endpoint, naive, pubsub_intake, reference
+    from bench.autoscale import cli as autoscale
+    from bench.autoscale_real import cli as autoscale_real
+
+    return {
+        "python -m bench": lambda: cli.parse_args(["--help"]),
+        "python -m bench chaos": lambda: chaos.parse_args(["--help"]),
+        "python -m bench autoscale": lambda: autoscale.parse_args(["--help"]),
+        "python -m bench autoscale_real": lambda: autoscale_real.main(["--help"]),
+        "python -m bench multi_endpoint": lambda: multi_endpoint.main(["--help"]),
+        "python -m bench.naive": lambda: naive.main(["--help"]),
+        "python -m bench.pubsub_intake": lambda: pubsub_intake.main(["--help"]),
+        "python -m bench.reference": lambda: reference.main(["--help"]),
+    }
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "python -m bench",
+        "python -m bench chaos",
+        "python -m bench autoscale",
+        "python -m bench autoscale_real",
+        "python -m bench multi_endpoint",
+        "python -m bench.naive",
+        "python -m bench.pubsub_intake",
+        "python -m bench.reference",
+    ],
+)
+def test_bench_help_is_plain(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert_plain(help_of(_bench_helps()[name], capsys), name)
+
+
+def test_bench_hot_path_help_is_plain(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bench.hot_path import cli
+
+    monkeypatch.setattr(sys, "argv", ["python -m bench.hot_path", "--help"])
+    assert_plain(help_of(cli.main, capsys), "python -m bench.hot_path")
+
+
+def test_descriptions_from_docstrings_drop_the_markup() -> None:
+    doc = """``python -m bench x``: runs :func:`bench.x.run` on
+    ``rowbatch-consumer run``.
+
+    More detail."""
+    assert description(doc) == "python -m bench x: runs bench.x.run on rowbatch-consumer run."
+    assert description(None) == ""
