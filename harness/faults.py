@@ -22,12 +22,13 @@ from typing import TypeVar
 import psycopg
 
 from harness.kafka import KafkaService
+from harness.oip_ready import ReadyCheck
 from harness.postgres import PostgresEndpoint, PostgresService
 from harness.proc import ServiceProcess
 from harness.pubsub import PubSubService
 from harness.service import ManagedService, RunDir
 from harness.stack import StackEndpoints
-from harness.triton import READY_TIMEOUT_S, TritonEndpoint, TritonService, _ReadyCheck
+from harness.triton import READY_TIMEOUT_S, TritonEndpoint, TritonService
 
 _EXIT_TIMEOUT_S = 60.0
 T = TypeVar("T")
@@ -91,7 +92,7 @@ class RestartableTriton(TritonService):
         started = time.monotonic()
         self._process = _again(self._process)
         models = sorted(p.parent.name for p in self.model_repository.glob("*/config.pbtxt"))
-        self._process.wait_ready(_ReadyCheck(self.endpoint.grpc_url, models), READY_TIMEOUT_S, 0.25)
+        self._process.wait_ready(ReadyCheck(self.endpoint.grpc_url, models), READY_TIMEOUT_S, 0.25)
         return time.monotonic() - started
 
 

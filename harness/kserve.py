@@ -11,19 +11,14 @@ latency log off. The server runs in a session of its own and is stopped by its p
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import signal
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import tritonclient.grpc as grpcclient
-from tritonclient.utils import InferenceServerException
-
 from harness.errors import PrerequisiteMissing
+from harness.oip_ready import ReadyCheck
 from harness.proc import LOOPBACK, ServiceProcess, free_port
 from harness.server_venv import SERVER_VENVS, ServerVenv
 from harness.service import REPO_ROOT, ManagedService, RunDir
@@ -174,30 +169,5 @@ class KServeService(ManagedService[KServeEndpoint]):
         """SIGKILL the server (its process group), as a crash would; :meth:`start` brings it
         back on the same ports."""
         process, self._process = self._process, None
-        if process is None:
-            return
-        if process.pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-        process.stop()
-
-
-class ReadyCheck:
-    """True once a real gRPC client sees the server ready and every model ready (KServe
-    answers NOT_FOUND for a model it does not serve, which counts as not ready)."""
-
-    def __init__(self, grpc_url: str, models: Sequence[str]) -> None:
-        self.grpc_url = grpc_url
-        self.models = list(models)
-
-    def __call__(self) -> bool:
-        client = grpcclient.InferenceServerClient(self.grpc_url)
-        try:
-            return bool(client.is_server_ready(client_timeout=2.0)) and all(
-                client.is_model_ready(m, client_timeout=2.0) for m in self.models
-            )
-        except InferenceServerException:
-            return False
-        finally:
-            with contextlib.suppress(Exception):
-                client.close()
+        if process is not None:
+            process.kill()

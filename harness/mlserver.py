@@ -19,15 +19,13 @@ import os
 import shutil
 import signal
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import tritonclient.grpc as grpcclient
-from tritonclient.utils import InferenceServerException
-
 from harness.errors import PrerequisiteMissing
+from harness.oip_ready import ReadyCheck
 from harness.proc import LOOPBACK, ServiceProcess, free_port
 from harness.server_venv import SERVER_VENVS, ServerVenv
 from harness.service import REPO_ROOT, ManagedService, RunDir
@@ -210,29 +208,5 @@ class MLServerService(ManagedService[MLServerEndpoint]):
     def kill(self) -> None:
         """SIGKILL the server and its workers (its process group), as a crash would."""
         process, self._process = self._process, None
-        if process is None:
-            return
-        if process.pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-        process.stop()
-
-
-class ReadyCheck:
-    """True once a real gRPC client sees the server ready and every model ready."""
-
-    def __init__(self, grpc_url: str, models: Sequence[str]) -> None:
-        self.grpc_url = grpc_url
-        self.models = list(models)
-
-    def __call__(self) -> bool:
-        client = grpcclient.InferenceServerClient(self.grpc_url)
-        try:
-            return bool(client.is_server_ready(client_timeout=2.0)) and all(
-                client.is_model_ready(m, client_timeout=2.0) for m in self.models
-            )
-        except InferenceServerException:
-            return False
-        finally:
-            with contextlib.suppress(Exception):
-                client.close()
+        if process is not None:
+            process.kill()

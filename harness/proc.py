@@ -102,6 +102,14 @@ class ServiceProcess:
                 raise self.fail(f"not ready after {timeout_s:.0f} s")
             time.sleep(interval_s)
 
+    def kill(self) -> None:
+        """SIGKILL the whole process group (the server and any workers or stubs it started), as
+        a crash would, then reap it and close the log."""
+        if self._proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._proc.pid, signal.SIGKILL)
+        self.stop()
+
     def stop(self, grace_s: float = 10.0) -> None:
         """SIGTERM the process group we started (by our child's pid), SIGKILL after grace."""
         proc = self._proc

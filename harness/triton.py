@@ -14,22 +14,18 @@ so the stub imports numpy from it. Ports are picked free at start; everything bi
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import shutil
-import signal
 import subprocess
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import tritonclient.grpc as grpcclient
-from tritonclient.utils import InferenceServerException
-
 from harness.chaos import CONTROL_ENV, ChaosControl
 from harness.errors import PrerequisiteMissing
+from harness.oip_ready import ReadyCheck
 from harness.proc import LOOPBACK, ServiceProcess, free_port
 from harness.server_venv import SERVER_PYTHON_ENV, TRITON_VENV, ServerVenv
 from harness.service import REPO_ROOT, ManagedService, RunDir
@@ -265,7 +261,7 @@ class TritonService(ManagedService[TritonEndpoint]):
         started = time.monotonic()
         self._process.start()
         grpc_url = f"{LOOPBACK}:{grpc_port}"
-        self._process.wait_ready(_ReadyCheck(grpc_url, models, self.tls), READY_TIMEOUT_S, 0.25)
+        self._process.wait_ready(ReadyCheck(grpc_url, models, self.tls), READY_TIMEOUT_S, 0.25)
         log.info(
             "triton ready in %.1f s on %s (models %s)", time.monotonic() - started, grpc_url, models
         )
@@ -287,40 +283,5 @@ class TritonService(ManagedService[TritonEndpoint]):
         """SIGKILL the server and its backend stubs (its process group), as a crash would;
         :meth:`start` brings it back on the same ports."""
         process, self._process = self._process, None
-        if process is None:
-            return
-        if process.pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-        process.stop()  # reaps it and closes the log
-
-
-class _ReadyCheck:
-    """True once a real gRPC client sees the server ready and every model ready."""
-
-    def __init__(self, grpc_url: str, models: list[str], tls: TritonTls | None = None) -> None:
-        self.grpc_url = grpc_url
-        self.models = models
-        self.tls = tls
-
-    def __call__(self) -> bool:
-        tls = self.tls
-        if tls is None:
-            client = grpcclient.InferenceServerClient(self.grpc_url)
-        else:
-            client = grpcclient.InferenceServerClient(
-                self.grpc_url,
-                ssl=True,
-                root_certificates=str(tls.ca_cert),
-                private_key=str(tls.client_key) if tls.mutual else None,
-                certificate_chain=str(tls.client_cert) if tls.mutual else None,
-            )
-        try:
-            return bool(client.is_server_ready(client_timeout=2.0)) and all(
-                client.is_model_ready(m, client_timeout=2.0) for m in self.models
-            )
-        except InferenceServerException:
-            return False
-        finally:
-            with contextlib.suppress(Exception):
-                client.close()
+        if process is not None:
+            process.kill()
