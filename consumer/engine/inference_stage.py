@@ -1,6 +1,8 @@
 """The inference stage: the flusher turns queued rows into batches (full, or partial after
 ``max_wait``), and each inference worker keeps one batch at the model server and hands the
-answers to the writers at once; rows the server rejects are isolated and failed alone."""
+answers to the writers at once; rows the server rejects are isolated and failed alone, and
+messages failing a batch for good (a model raising on some rows: INTERNAL) are isolated too
+and nacked alone, so their batch-mates are written once and not redelivered with them."""
 
 from __future__ import annotations
 
@@ -35,13 +37,17 @@ class Isolate(Protocol):
     async def __call__(
         self, batch: Batch, run: RunBatch
     ) -> tuple[list[tuple[Batch, Mapping[str, NDArray[Any]]]], list[tuple[Segment, BaseException]]]:
-        """Split a batch the server rejected into sub-batches that succeed (with their
-        outputs) and single segments that fail alone."""
+        """Split a batch that failed (poison or fatal) into sub-batches that succeed (with
+        their outputs) and the segments that failed, with their error: poison ones (failed
+        alone), and the others (to nack: failed alone fatally, or left untried when the
+        isolation stopped because the server seems to fail everything). Errors it cannot
+        isolate propagate."""
 
 
 class InferenceStage:
     """Batches from the batcher (``flush``) through ``run_batch`` (``work``, one task per
-    request in flight) into ``answered``; a batch that fails for good is nacked."""
+    request in flight) into ``answered``; a batch that fails is isolated (one isolation at a
+    time), and the messages failing for good are nacked."""
 
     def __init__(
         self,
@@ -109,27 +115,52 @@ class InferenceStage:
                 self._answered.put_nowait(item)
 
     async def _infer(self, batch: Batch) -> list[Answered]:
-        """The batch's answers, as parts for the writer (several when poison was isolated);
-        poison segments are failed here, and a batch failing for good is nacked."""
+        """The batch's answers, as parts for the writer (several when a failure was isolated);
+        poison segments are failed here, and those failing for good are nacked."""
         size = len(batch)
         self._metrics.batch_size.observe(size)
         self._metrics.batch_fill.observe(size / self._target_batch_size)
         try:
             outputs = await self._timed_run(batch)
         except Exception as exc:
-            if not self._is_poison(exc):
+            if not self._is_poison(exc) and len(batch.segments) == 1:
                 log.exception("inference failed for good; nacking the batch's messages")
                 await self._abandon(batch.segments)
                 return []
-            # One isolation at a time: a server that merges concurrent requests (MLServer's
-            # adaptive batching) would fail one bisection's attempts for another's poison.
+            return await self._isolated(batch)
+        return [Answered(batch, outputs, answered_version(outputs))]
+
+    async def _isolated(self, batch: Batch) -> list[Answered]:
+        """Bisects a failed batch: answers what succeeds, fails the poison segments, nacks
+        those failing for good (a model raising on their rows may be the server's fault, so
+        they are redelivered, and dead-lettered as ``too-many-attempts`` if they never pass)."""
+        # One isolation at a time: a server that merges concurrent requests (MLServer's
+        # adaptive batching) would fail one bisection's attempts for another's poison.
+        try:
             async with self._isolating:
                 good, bad = await self._isolate(batch, self._timed_run)
-            for segment, error in bad:
+        except Exception:
+            log.exception("inference failed for good; nacking the batch's messages")
+            await self._abandon(batch.segments)
+            return []
+        nacked: list[Segment] = []
+        for segment, error in bad:
+            if self._is_poison(error):
                 reason = DeadLetterReason(ReasonClass.REJECTED_BY_MODEL, f"{error}")
                 await self._fail(segment, reason)
-            return [Answered(sub, out, answered_version(out)) for sub, out in good]
-        return [Answered(batch, outputs, answered_version(outputs))]
+            else:
+                nacked.append(segment)
+        if nacked:
+            log.warning(
+                "inference failed for good on %d of the batch's %d messages (isolated, %d "
+                "answered); nacking those: %s",
+                len(nacked),
+                len(batch.segments),
+                sum(len(sub.segments) for sub, _ in good),
+                next(error for _, error in bad if not self._is_poison(error)),
+            )
+            await self._abandon(nacked)
+        return [Answered(sub, out, answered_version(out)) for sub, out in good]
 
     async def _timed_run(self, batch: Batch) -> Mapping[str, NDArray[Any]]:
         started = self._clock()

@@ -28,6 +28,7 @@ from consumer.model.discovery import (
 from consumer.model.endpoint_probe import HealthTiming
 from consumer.model.endpoints import Membership
 from consumer.model.inference import (
+    FatalInferenceError,
     InferenceClient,
     PoisonInferenceError,
     RetryingInferencer,
@@ -220,10 +221,21 @@ def is_poison(exc: BaseException) -> bool:
     return isinstance(exc, PoisonInferenceError)
 
 
+def is_fatal(exc: BaseException) -> bool:
+    return isinstance(exc, FatalInferenceError)
+
+
 async def isolate_batch(
     batch: Batch, run: RunBatch
 ) -> tuple[list[tuple[Batch, Mapping[str, NDArray[Any]]]], list[tuple[Segment, BaseException]]]:
+    """Bisects a batch that failed with a poison or fatal error (see
+    :mod:`consumer.engine.poison`); the failed segments come back with their error, poison
+    (dead-letter) or fatal (nack)."""
     found = await isolate(
-        list(batch.segments), lambda segs: run(batch.select(segs)), is_poison, confirm=True
+        list(batch.segments),
+        lambda segs: run(batch.select(segs)),
+        is_poison,
+        is_fatal=is_fatal,
+        confirm=True,
     )
-    return [(batch.select(segs), out) for segs, out in found.good], found.bad
+    return [(batch.select(segs), out) for segs, out in found.good], found.bad + found.failed

@@ -503,11 +503,8 @@ async def test_a_model_that_raises_is_nacked_until_attempts_run_out_and_the_cons
     """A plain exception -> INTERNAL -> fatal class: the consumer logs "inference failed for
     good", nacks the batch's messages and keeps running. The broker redelivers; past
     ``source.max_delivery_attempts`` the message is dead-lettered as ``too-many-attempts``.
-    Messages published after it are written. (INTERNAL is not bisected: messages that share a
-    batch with the crashing one are nacked with it, and spend attempts too; seen with 10
-    messages published together and max_delivery_attempts 3: two good ones were dead-lettered
-    with it. So the crashing message is published alone here, and docs/model-servers.md tells
-    model authors to raise InvalidInput for bad rows.)"""
+    Messages published after it are written. (The crashing message is published alone here;
+    among others, the batch is bisected so that only it is nacked: the next test.)"""
     for key, value in pubsub.env().items():
         monkeypatch.setenv(key, value)
     topics = Topics.create(pubsub, policy_max_attempts=10)
@@ -551,5 +548,60 @@ async def test_a_model_that_raises_is_nacked_until_attempts_run_out_and_the_cons
         assert dead.attributes[ATTR_MESSAGE_ID] == crash_id
         ids = np.arange(100, 600)
         assert_exact(stored(postgres.dsn, table), features[100:], counts[100:], ids, "1")
+    finally:
+        topics.close()
+
+
+async def test_a_crashing_message_among_ten_is_isolated_and_only_it_dead_lettered(
+    pubsub: PubSubEndpoint,
+    kserve: KServeEndpoint,
+    postgres: PostgresEndpoint,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Ten messages published together, one with a row the model raises on (INTERNAL), in one
+    batch: the batch is bisected, the nine good messages written once and acked, the crashing
+    one nacked alone until ``max_delivery_attempts`` (3) runs out, then dead-lettered as
+    ``too-many-attempts``: no good message spends its attempts with it."""
+    for key, value in pubsub.env().items():
+        monkeypatch.setenv(key, value)
+    topics = Topics.create(pubsub, policy_max_attempts=10)
+    try:
+        features, counts = rows(200, seed=8)
+        counts[87, 0] = CRASH_COUNT  # message 4 (rows 80..99)
+        chunks = chunks_of(features, counts, 20, "ten")
+        table = f"kserve_ten_{topics.subscription.rsplit('-', 1)[1]}"
+        cfg = consumer_config(
+            topics,
+            kserve,
+            postgres,
+            table,
+            source={"max_delivery_attempts": 3},
+            # 200 rows < 256 a batch: wait long enough for all ten to share one.
+            model={"url": kserve.grpc_url, "name": MODEL, "max_wait_ms": 2000},
+        )
+        ids = topics.publish(chunks)
+        with caplog.at_level("WARNING", logger="consumer.engine.inference_stage"):
+            async with consumer_running(cfg) as run:
+                await wait_until(lambda: bool(run.running), 60, "consumer start", run.task)
+                registry = run.running[0].metrics.registry
+                await wait_until(
+                    lambda: (
+                        dead_lettered(registry) == {"too-many-attempts": 1}
+                        and counter(registry, "rowbatch_messages_acked_total") == 9
+                    ),
+                    180,
+                    "nine acked and the crashing message dead-lettered",
+                    run.task,
+                )
+                assert counter(registry, "rowbatch_rows_written_total") == 180  # once each
+                assert counter(registry, "rowbatch_messages_nacked_total") >= 2
+                await run.stop_and_wait()
+        assert "inference failed for good on 1 of the batch's" in caplog.text, caplog.text
+        [dead] = topics.dead_letters(expect=1)
+        assert dead.attributes[ATTR_REASON] == "too-many-attempts"
+        assert dead.attributes[ATTR_MESSAGE_ID] == ids[4]
+        good = np.array([i for i in range(200) if not 80 <= i < 100])
+        assert_exact(stored(postgres.dsn, table), features[good], counts[good], good, "1")
     finally:
         topics.close()

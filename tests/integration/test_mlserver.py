@@ -161,7 +161,8 @@ def test_model_errors_map_to_poison_and_other_exceptions_to_fatal(
     )
     poison = classify(model_error, model="scorer")
     assert isinstance(poison, PoisonInferenceError) and poison.status == "INVALID_ARGUMENT"
-    # Any other exception -> INTERNAL -> fatal: the consumer stops (see the process test).
+    # Any other exception -> INTERNAL -> fatal: bisected, and what fails alone is nacked (see
+    # the process test).
     assert str(crash.status()) == "StatusCode.INTERNAL"
     assert crash.message() == f"builtins.RuntimeError: scorer crashed on COUNT {CRASH_COUNT}"
     fatal = classify(crash, model="scorer")
@@ -461,6 +462,66 @@ async def test_an_internal_error_nacks_until_the_message_is_dead_lettered_as_too
     assert headers["rowbatch-dlq-reason"] == "too-many-attempts"
     assert headers["rowbatch-chunk-id"] == "crash"
     assert row_count(postgres.dsn, table) == 0
+
+
+@pytest.mark.timeout(300)
+async def test_a_crashing_message_among_ten_is_isolated_and_only_it_dead_lettered(
+    kafka: KafkaEndpoint,
+    postgres: PostgresEndpoint,
+    mlserver: MLServerEndpoint,
+    tmp_path: Path,
+) -> None:
+    """Ten messages in one batch, one with a row the model raises on (INTERNAL), adaptive
+    batching on: the batch is bisected (one isolation at a time, so its attempts are not
+    merged with each other), the nine good messages are written once, and only the crashing
+    one is nacked until ``max_delivery_attempts`` (3) runs out, then dead-lettered as
+    ``too-many-attempts``."""
+    features, count = rows(200, seed=4)
+    count[87, 0] = CRASH_COUNT  # message 4 (rows 80..99)
+    chunks = [
+        encode_chunk(
+            "events",
+            {
+                "id": np.arange(n * 20, n * 20 + 20, dtype=np.int64),
+                "features": features[n * 20 : n * 20 + 20],
+                "count": count[n * 20 : n * 20 + 20, 0],
+            },
+            "arrow",
+            f"ten-{n}",
+        )
+        for n in range(10)
+    ]
+    topics = await KafkaTopics.create(kafka, partitions=1)
+    await produce(kafka, topics.topic, [chunk_record(c) for c in chunks])
+    table = f"mlserver_ten_{int(time.time() * 1000) % 10**9}"
+    config = consumer_config(topics, mlserver, postgres, table)
+    config["source"] |= {"max_delivery_attempts": 3, "redelivery_backoff_s": 0.2}
+    config["model"]["max_wait_ms"] = 2000  # 200 rows < 256 a batch: all ten in one
+    proc = start_consumer(tmp_path, config, "ten")
+    try:
+        await asyncio.to_thread(
+            wait_for,
+            "nine written and the dead letter",
+            proc,
+            lambda: (
+                (proc.metric("rowbatch_messages_dead_lettered_total") or 0) >= 1
+                and (proc.metric("rowbatch_rows_written_total") or 0) >= 180
+            ),
+        )
+        written = proc.metric("rowbatch_rows_written_total")
+        assert proc.terminate(60) == 0, proc.log()
+        log = proc.log_path.read_text()
+    finally:
+        proc.stop()
+    assert written == 180, "each good row once"
+    assert "inference failed for good on 1 of the batch's 10 messages" in log, proc.log()
+    dead = await read_all(kafka, topics.dlq)
+    assert len(dead) == 1
+    headers = {k: v.decode() for k, v in dead[0].headers}
+    assert headers["rowbatch-dlq-reason"] == "too-many-attempts"
+    assert headers["rowbatch-chunk-id"] == "ten-4"
+    ids = [int(r[0]) for r in table_rows(postgres.dsn, table)]
+    assert ids == [i for i in range(200) if not 80 <= i < 100]
 
 
 def test_stop_ends_the_server_and_its_workers(run_dir: RunDir) -> None:

@@ -196,3 +196,125 @@ async def test_confirm_with_a_spoiled_bisection_step_still_finds_exactly_the_poi
     found = await isolate(groups, model, is_poison, confirm=True)
     assert [g for g, _ in found.bad] == [2]
     assert sorted(g for part, _ in found.good for g in part) == [0, 1, 3, 4, 5, 6, 7]
+
+
+# Fatal errors (``is_fatal``): bisected like poison, the groups failing alone reported in
+# ``failed`` (to retry later), and bounded when the server fails everything.
+
+
+class Fatal(Exception):
+    pass
+
+
+class CrashingModel(Model):
+    """Poison groups fail a request as INVALID_ARGUMENT would; failing that, ``crash`` groups
+    fail it as a model raising would (INTERNAL); ``broken`` fails every request so."""
+
+    def __init__(self, poison: set[int], crash: set[int], *, broken: bool = False) -> None:
+        super().__init__(poison)
+        self.crash = crash
+        self.broken = broken
+
+    async def __call__(self, groups: Sequence[int]) -> int:
+        answer = await super().__call__(groups)
+        hit = sorted(set(groups) & self.crash)
+        if self.broken or hit:
+            raise Fatal(f"internal error {hit}")
+        return answer
+
+
+def is_fatal(exc: BaseException) -> bool:
+    return isinstance(exc, Fatal)
+
+
+def fatal_bound(n: int) -> int:
+    """Attempts an isolation makes on a server failing everything."""
+    return 2 + math.ceil(math.log2(n))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(min_value=1, max_value=200), st.data(), st.booleans())
+async def test_one_crashing_group_is_failed_alone_and_every_other_answered_once(
+    n: int, data: st.DataObject, confirm: bool
+) -> None:
+    groups = list(range(n))
+    crash = data.draw(st.sampled_from(groups))
+    poison = set(data.draw(st.lists(st.sampled_from(groups), max_size=3))) - {crash}
+    model = CrashingModel(poison, {crash})
+    found = await isolate(groups, model, is_poison, is_fatal=is_fatal, confirm=confirm)
+    assert [g for g, _ in found.failed] == [crash]
+    assert all(isinstance(e, Fatal) for _, e in found.failed)
+    assert sorted(g for g, _ in found.bad) == sorted(poison)
+    good = [g for part, _ in found.good for g in part]
+    assert good == [g for g in groups if g != crash and g not in poison]  # once each, in order
+    for part, result in found.good:
+        assert result == sum(part)
+    if not poison:
+        assert len(model.attempts) <= bound(n, 1) + confirm
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(min_value=1, max_value=1000), st.booleans(), st.booleans())
+async def test_a_server_failing_everything_costs_at_most_2_plus_log2_n_attempts(
+    n: int, confirm: bool, known: bool
+) -> None:
+    groups = list(range(n))
+    model = CrashingModel(set(), set(), broken=True)
+    first = Fatal("internal error (first)") if known else None
+    found = await isolate(
+        groups, model, is_poison, is_fatal=is_fatal, known_failure=first, confirm=confirm
+    )
+    assert found.good == [] and found.bad == []
+    assert [g for g, _ in found.failed] == groups
+    want = fatal_bound(n) if n > 1 else 1
+    assert len(model.attempts) == want - known
+
+
+async def test_crashers_spread_out_are_all_found() -> None:
+    groups = list(range(16))
+    model = CrashingModel(set(), {0, 5, 11})
+    found = await isolate(groups, model, is_poison, is_fatal=is_fatal, confirm=True)
+    assert [g for g, _ in found.failed] == [0, 5, 11]
+    assert [g for part, _ in found.good for g in part] == [g for g in groups if g not in {0, 5, 11}]
+
+
+async def test_crashers_all_down_the_left_end_it_and_the_rest_is_failed_untried() -> None:
+    # Groups 0 and 1 crash: whole, [0..3], [0, 1], [0], [1] fail with nothing answered. The
+    # allowance for 8 groups is 1 + 3 fatal failures, so [1]'s, the fifth, ends the isolation:
+    # [2, 3] and [4..7] are not tried, and everything not answered is handed back.
+    model = CrashingModel(set(), {0, 1})
+    found = await isolate(list(range(8)), model, is_poison, is_fatal=is_fatal, confirm=True)
+    assert model.attempts == [[0, 1, 2, 3, 4, 5, 6, 7], [0, 1, 2, 3], [0, 1], [0], [1]]
+    assert found.good == []
+    assert [g for g, _ in found.failed] == list(range(8))
+    assert all(isinstance(e, Fatal) for _, e in found.failed)
+
+
+async def test_after_a_success_a_fatal_group_is_confirmed_alone_like_poison() -> None:
+    model = CrashingModel(set(), {5})
+    found = await isolate(list(range(8)), model, is_poison, is_fatal=is_fatal, confirm=True)
+    assert model.attempts.count([5]) == 2
+    assert [g for g, _ in found.failed] == [5]
+
+
+async def test_a_good_group_spoiled_by_a_merged_crash_is_answered_on_its_confirm() -> None:
+    # [4, 5] is spoiled (merged with someone else's crashing request); [4] too; alone again,
+    # it is answered.
+    class Spoiling(CrashingModel):
+        async def __call__(self, groups: Sequence[int]) -> int:
+            if len(self.attempts) + 1 in (4, 5):
+                self.attempts.append(list(groups))
+                raise Fatal("internal error (merged)")
+            return await super().__call__(groups)
+
+    model = Spoiling(set(), {6})
+    found = await isolate(list(range(8)), model, is_poison, is_fatal=is_fatal, confirm=True)
+    assert [g for g, _ in found.failed] == [6]
+    assert sorted(g for part, _ in found.good for g in part) == [0, 1, 2, 3, 4, 5, 7]
+
+
+async def test_without_is_fatal_a_fatal_error_propagates_as_before() -> None:
+    model = CrashingModel(set(), {3})
+    with pytest.raises(Fatal):
+        await isolate(list(range(8)), model, is_poison)
+    assert len(model.attempts) == 1

@@ -11,9 +11,16 @@ class                          when                                            w
                                connection failures
 :class:`PoisonInferenceError`  INVALID_ARGUMENT: the rows are bad              bisect, dead-
                                                                                letter
-:class:`FatalInferenceError`   anything else (NOT_FOUND, INTERNAL, ...)        stop the
-                                                                               consumer
+:class:`FatalInferenceError`   anything else (INTERNAL, UNKNOWN, NOT_FOUND     bisect, nack
+                               at start-up, ...)                               (redelivered)
 =============================  ==============================================  ===============
+
+Fatal at start-up (discovery, ``check``) stops the consumer. While running, a batch failing
+fatally is bisected like poison (MLServer and KServe answer INTERNAL for any exception a
+model raises on some rows): what succeeds is written, and the messages that fail alone are
+nacked, not dead-lettered, since the server may be at fault; one that never succeeds is
+dead-lettered as ``too-many-attempts`` by the source (:mod:`consumer.engine.poison` bounds the
+bisection when the server fails everything).
 """
 
 from consumer.model.inference.client import MAX_GRPC_MESSAGE_BYTES, ChannelOptions, InferenceClient

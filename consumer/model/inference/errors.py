@@ -50,7 +50,10 @@ class PoisonInferenceError(InferenceError):
 
 
 class FatalInferenceError(InferenceError):
-    """Neither transient nor about the rows (unknown model, server bug): stop and tell someone."""
+    """Neither transient nor known to be about the rows (INTERNAL: a model raising, a server
+    bug): fatal at start-up (unknown model); while running, the batch is bisected and the
+    messages that still fail alone are nacked (redelivered, dead-lettered as
+    ``too-many-attempts`` if they never pass)."""
 
 
 def grpc_status(exc: InferenceServerException) -> str:
