@@ -7,6 +7,7 @@ section and write everything to JSON.
     python -m bench chaos [--short] [--broker pubsub|kafka|both]   the fault campaign
     python -m bench multi_endpoint [--rows N]     one consumer, one model server vs two
     python -m bench oip_servers [--servers ...]   rows/s per OIP server with 2, 4, 8 in flight
+    python -m bench oip_e2e [--rows N]            the same through the consumer, end to end
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ def _sections(args: BenchArgs, done: dict[str, Any]) -> dict[str, Callable[[Benc
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> int:  # noqa: PLR0911 - one per subcommand
     given = sys.argv[1:] if argv is None else argv
     if given[:1] == ["chaos"]:  # a subcommand of its own: the fault campaign (docs/chaos.md)
         from bench import chaos  # noqa: PLC0415 - only when asked for
@@ -109,6 +110,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench import oip_servers  # noqa: PLC0415 - only when asked for
 
         return oip_servers.main(given[1:])
+    if given[:1] == ["oip_e2e"]:  # its own stack: consumer end to end per OIP server, in flight
+        from bench import oip_e2e  # noqa: PLC0415 - only when asked for
+
+        return oip_e2e.main(given[1:])
     args = parse_args(argv)
     command = shlex.join([Path(sys.executable).name, "-m", "bench", *(argv or sys.argv[1:])])
     started = time.monotonic()
