@@ -62,7 +62,7 @@ def scaling_signal(
             settings.target_latency_s,
             settings.rows_per_s_per_replica,
             rate_window_s=settings.rate_window_s,
-            max_replicas=settings.max_replicas if isinstance(settings, PubSubSettings) else None,
+            max_replicas=settings.max_replicas,
             slots_fill_server=slots_fill_server,
         ),
         metrics.scaling,

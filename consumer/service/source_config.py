@@ -183,6 +183,10 @@ class KafkaSettings(Section):
     the replica is saturated."""
     rate_window_s: float = Field(default=60.0, gt=0)
     """For ``rowbatch_desired_replicas``: the group's write rate is a mean over this span."""
+    max_replicas: int | None = Field(default=None, ge=1)
+    """For ``rowbatch_desired_replicas``: the most replicas worth asking for (what the model
+    servers can feed, ``ceil(server rows/s / rows_per_s_per_replica)``); the topic's partition
+    count caps it anyway. None: the partitions alone."""
     # What ``admin ensure`` creates and checks; the consumer itself does not read these.
     partitions: int = Field(default=6, ge=1)
     """The topic's partition count: also the most consumer replicas that get work (an

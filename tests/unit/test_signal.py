@@ -22,6 +22,8 @@ from consumer.observe.scaling import (
     replicas_needed,
     steady_round,
 )
+from consumer.service.adapters import scaling_signal
+from consumer.service.source_config import KafkaSettings
 
 # --- the formula -----------------------------------------------------------------------------
 
@@ -236,6 +238,21 @@ def test_a_kafka_replica_reports_the_groups_figure_and_its_own_share() -> None:
     assert _value(registry, "rowbatch_replica_load") == pytest.approx(2.5)
     # capped at the partitions
     assert signal.fleet(10**9, 0, partitions=6, own_backlog_rows=0) == 6
+
+
+def test_kafka_source_settings_cap_the_groups_figure_at_max_replicas() -> None:
+    settings = KafkaSettings(
+        bootstrap_servers="127.0.0.1:9092",
+        topic="rows",
+        group_id="g",
+        dead_letter_topic="rows-dlq",
+        rows_per_s_per_replica=1000.0,
+        max_replicas=4,
+    )
+    signal = scaling_signal(settings, Metrics(CollectorRegistry()))
+    _tick(signal, 0.0)
+    # far more than 12 partitions' worth of backlog, capped at 4 (an even split of 12)
+    assert signal.fleet(10**9, 0, partitions=12, own_backlog_rows=0) == 4
 
 
 def test_a_kafka_replica_without_a_rate_keeps_the_floor() -> None:
