@@ -14,6 +14,13 @@ import pytest
 
 from harness.service import REPO_ROOT, RunDir
 
+# No test, and no process a test starts (they inherit this environment), may look for Google
+# credentials on the GCE metadata server (169.254.169.254): only loopback is ever a target.
+# Tests that need credentials use the emulator (PUBSUB_EMULATOR_HOST) instead.
+os.environ.setdefault("NO_GCE_CHECK", "true")
+os.environ.setdefault("GCE_METADATA_HOST", "127.0.0.1:9")
+os.environ.setdefault("GCE_METADATA_IP", "127.0.0.1:9")
+
 if TYPE_CHECKING:
     from harness.kafka import KafkaEndpoint
     from harness.postgres import PostgresEndpoint

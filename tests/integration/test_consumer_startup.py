@@ -5,6 +5,7 @@ No broker or model server is needed: the wait comes before either is used."""
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from pathlib import Path
@@ -37,7 +38,11 @@ def test_waiting_for_the_model_server_is_alive_not_ready_and_stops_at_once(
     }
     config_path = tmp_path / "consumer.toml"
     config_path.write_text(to_toml(config))
-    proc = ConsumerProcess("waiting", config_path, tmp_path / "consumer.log", port)
+    # The source is never reached (the model server is waited for first), but the Pub/Sub
+    # credentials are checked up front: an emulator address needs none.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROWBATCH_")}
+    env["PUBSUB_EMULATOR_HOST"] = f"127.0.0.1:{free_port()}"
+    proc = ConsumerProcess("waiting", config_path, tmp_path / "consumer.log", port, env=env)
     proc.start()
     try:
         _poll(proc, "/healthz", 200)
