@@ -359,10 +359,16 @@ def test_peak_rss_stays_within_budget_plus_fixed_overhead(
         f"{baseline / MiB:.1f} MiB: more than the budget plus {MEMORY_OVERHEAD / MiB:.0f} MiB"
     )
     # Nothing grows with the volume: answered batches may wait for the writers up to the
-    # budget, which fills during the first half; from half-way on (most of the 469 MiB of
-    # outputs still to go) RSS stays put (measured: within +-13 MiB).
-    later = [rss for quarter, rss in sorted(rss_by_progress.items()) if quarter >= 2]
-    assert max(later) - later[0] <= 32, f"RSS (MiB) by quarter written: {rss_by_progress}"
+    # budget, which fills during the first half; the second half (234 MiB of outputs) ends
+    # no higher than the first half's peak plus a fifth of that volume. Measured (numpy 2):
+    # second-half peak - first-half peak +15 to +32 MiB, not rising from the third quarter to
+    # the fourth; a consumer whose RSS grew with the volume would exceed the bound.
+    first_half = max(rss for quarter, rss in rss_by_progress.items() if quarter <= 2)
+    second_half = max(rss for quarter, rss in rss_by_progress.items() if quarter >= 3)
+    growth_allowed = output_bytes / 2 / 5 / MiB
+    assert second_half - first_half <= growth_allowed, (
+        f"RSS (MiB) by quarter written: {rss_by_progress}"
+    )
     with contextlib.closing(sqlite3.connect(db)) as conn:
         n, distinct = conn.execute(f"SELECT count(*), count(DISTINCT id) FROM {table}").fetchone()
         sample = conn.execute(
