@@ -25,6 +25,7 @@ from consumer.sources.pubsub import (
     PubSubUnreachable,
 )
 from harness.proc import free_port
+from tests.pubsub_consumer_config import pubsub_consumer_config
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -59,31 +60,7 @@ def bare_env(tmp_path: Path, closed_port: int) -> Iterator[dict[str, str]]:
 
 @pytest.fixture
 def config(tmp_path: Path) -> Path:
-    path = tmp_path / "consumer.toml"
-    path.write_text(
-        f"""
-[source]
-kind = "pubsub"
-subscription = "{SUBSCRIPTION}"
-topic = "projects/{PROJECT}/topics/rows"
-dead_letter_topic = "projects/{PROJECT}/topics/rows-dlq"
-
-[model]
-url = "127.0.0.1:1"
-name = "scorer"
-startup_wait_s = 0
-
-[binding]
-inputs = {{ FEATURES = "features" }}
-outputs = {{ SCORE = "score" }}
-
-[sink]
-kind = "sqlite"
-path = "{tmp_path / "out.sqlite"}"
-table = "scores"
-"""
-    )
-    return path
+    return pubsub_consumer_config(tmp_path, PROJECT)
 
 
 def run(

@@ -37,6 +37,7 @@ from consumer.sources.pubsub.clients import (
 )
 from producer.cli import main as producer_main
 from producer.publishers import PublisherConfigError, PubSubPublisher
+from tests.pubsub_consumer_config import pubsub_consumer_config
 from wire.pubsub_env import (
     credentials_message,
     emulator_host,
@@ -196,31 +197,7 @@ def test_admin_without_credentials_is_a_configuration_error(bare_env: None) -> N
 
 
 def consumer_config(tmp_path: Path) -> Path:
-    path = tmp_path / "consumer.toml"
-    path.write_text(
-        f"""
-[source]
-kind = "pubsub"
-subscription = "{SUBSCRIPTION}"
-topic = "projects/proj-a/topics/rows"
-dead_letter_topic = "projects/proj-a/topics/rows-dlq"
-
-[model]
-url = "127.0.0.1:1"
-name = "scorer"
-startup_wait_s = 0
-
-[binding]
-inputs = {{ FEATURES = "features" }}
-outputs = {{ SCORE = "score" }}
-
-[sink]
-kind = "sqlite"
-path = "{tmp_path / "out.sqlite"}"
-table = "scores"
-"""
-    )
-    return path
+    return pubsub_consumer_config(tmp_path, "proj-a")
 
 
 @pytest.mark.parametrize("command", ["run", "check"])
