@@ -2,6 +2,10 @@
 section and write everything to JSON.
 
     python -m bench                               everything (about 15 minutes)
+    python -m bench --only naive,saturation --repeat 3 --record NAME
+                                                  three runs in one stack, kept in the repo as
+                                                  bench/results/NAME.json (the figures, their
+                                                  spread, the machine) and NAME.txt (the tables)
     python -m bench --only ceiling,e2e --rows 300000
     python -m bench --quick --only ceiling,overhead --out /tmp/bench.json
     python -m bench chaos [--short] [--broker pubsub|kafka|both]   the fault campaign
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shlex
 import sys
 import time
@@ -23,7 +28,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import baseline, ceiling, e2e, latency, memory, overhead, saturation, scaling, versions
+from bench import (
+    baseline,
+    ceiling,
+    e2e,
+    latency,
+    machine,
+    memory,
+    overhead,
+    saturation,
+    scaling,
+    versions,
+)
 from bench.help_text import description
 from bench.report import Report, RunInfo
 from bench.stack import Bench, bench_stack
@@ -35,6 +51,10 @@ DEFAULT_ROWS = 200_000
 QUICK_ROWS = 10_000
 
 
+RESULTS_DIR = REPO_ROOT / "bench" / "results"
+"""Recorded runs (``--record``), kept in the repository: the README and docs cite only these."""
+
+
 @dataclass(frozen=True)
 class BenchArgs:
     only: tuple[str, ...]
@@ -42,6 +62,8 @@ class BenchArgs:
     quick: bool
     out: Path
     profile: bool
+    repeat: int = 1
+    record: str | None = None
 
 
 def parse_args(argv: list[str] | None = None) -> BenchArgs:
@@ -62,24 +84,52 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
     parser.add_argument(
         "--no-profile", action="store_true", help="skip the py-spy run of the overhead section"
     )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run the selected sections this many times in one stack; the JSON gets every "
+        "run and each figure's median, least and greatest value (default 1)",
+    )
+    parser.add_argument(
+        "--record",
+        metavar="NAME",
+        default=None,
+        help="keep this run in the repository: the JSON as bench/results/NAME.json (with the "
+        "machine: cores, CPU model, load before and after, a CPU calibration) and the printed "
+        "tables as bench/results/NAME.txt (instead of --out)",
+    )
     args = parser.parse_args(argv)
     only = tuple(s.strip() for s in args.only.split(",") if s.strip())
     unknown = [s for s in only if s not in SECTIONS]
     if unknown:
         parser.error(f"unknown section(s) {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    out = args.out or REPO_ROOT / ".stack" / "bench" / f"results-{stamp}.json"
+    if args.record is not None:
+        if args.out is not None:
+            parser.error("--record and --out both name the JSON file: give one")
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", args.record):
+            parser.error(
+                f"--record {args.record!r}: a file name of letters, digits, '.', '_' and '-'"
+            )
+    out = (
+        RESULTS_DIR / f"{args.record}.json"
+        if args.record is not None
+        else args.out or REPO_ROOT / ".stack" / "bench" / f"results-{stamp}.json"
+    )
     rows = args.rows if args.rows is not None else (QUICK_ROWS if args.quick else DEFAULT_ROWS)
     if rows < 1:
         parser.error("--rows must be at least 1")
-    return BenchArgs(only, rows, args.quick, out, not args.no_profile)
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
+    return BenchArgs(only, rows, args.quick, out, not args.no_profile, args.repeat, args.record)
 
 
 def _sections(args: BenchArgs, done: dict[str, Any]) -> dict[str, Callable[[Bench], Any]]:
     return {
         "ceiling": ceiling.run,
         "e2e": lambda b: e2e.run(b, args.rows, done.get("ceiling")),
-        "naive": lambda b: baseline.run(b, done.get("e2e")),
+        "naive": baseline.run,
         "overhead": lambda b: overhead.run(b, args.profile),
         "latency": lambda b: latency.run(b, done.get("e2e")),
         "memory": memory.run,
@@ -117,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0911 - one per subco
     args = parse_args(argv)
     command = shlex.join([Path(sys.executable).name, "-m", "bench", *(argv or sys.argv[1:])])
     started = time.monotonic()
+    here = machine.describe()
     print(f"Starting the local stack (logs under {REPO_ROOT / '.stack' / 'bench'}) ...", flush=True)
     with bench_stack(REPO_ROOT / ".stack" / "bench", args.quick) as bench:
         os.environ.update(bench.stack.pubsub.env())
@@ -128,26 +179,53 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0911 - one per subco
             quick=args.quick,
             run_dir=str(bench.workdir.parent),
         )
-        report = Report(info, args.out)
+        report = Report(info, args.out, here)
         print(info.header())
+        print(f"  host      {here.header()}")
         print(f"  stack     ready in {time.monotonic() - started:.0f} s", flush=True)
-        runners = _sections(args, report.sections)
-        for name in SECTIONS:
-            if name not in args.only:
-                continue
-            t0 = time.monotonic()
-            print(f"\n[{name}] running ...", flush=True)
-            try:
-                result = runners[name](bench)
-            except Exception as exc:  # noqa: BLE001 - one failed section must not lose the rest
-                traceback.print_exc()
-                report.fail(name, f"{type(exc).__name__}: {exc}", time.monotonic() - t0)
-                continue
-            report.add(name, result, time.monotonic() - t0)
-        report.targets = check_targets(report.sections)
+        for repetition in range(1, args.repeat + 1):
+            if repetition > 1:
+                report.next_run()
+            if args.repeat > 1:
+                print(f"\n=== run {repetition} of {args.repeat} ===", flush=True)
+            _run_sections(args, report, bench)
+            report.targets = check_targets(report.sections)
         report.elapsed_s["total"] = round(time.monotonic() - started, 1)
-        if report.targets:
+        report.machine = machine.finish(here)
+        if any(report.targets_by_run):
             print(report.targets_table().render())
         report.write()
+    if args.record is not None:
+        _write_tables(report, args.out.with_suffix(".txt"))
     print(f"\nTotal {time.monotonic() - started:.0f} s; results in {args.out}")
     return 1 if report.errors else 0
+
+
+def _run_sections(args: BenchArgs, report: Report, bench: Bench) -> None:
+    runners = _sections(args, report.sections)
+    for name in SECTIONS:
+        if name not in args.only:
+            continue
+        t0 = time.monotonic()
+        print(f"\n[{name}] running ...", flush=True)
+        try:
+            result = runners[name](bench)
+        except Exception as exc:  # noqa: BLE001 - one failed section must not lose the rest
+            traceback.print_exc()
+            report.fail(name, f"{type(exc).__name__}: {exc}", time.monotonic() - t0)
+            continue
+        report.add(name, result, time.monotonic() - t0)
+
+
+def _write_tables(report: Report, path: Path) -> None:
+    """The printed tables of a recorded run, as docs cite them (``bench/cite.py``)."""
+    parts = [report.info.header()]
+    if report.machine is not None:
+        parts.append(f"  host      {report.machine.header()}")
+    for i, tables in enumerate(report.tables, 1):
+        if len(report.tables) > 1:
+            parts.append(f"\n=== run {i} of {len(report.tables)} ===")
+        parts += list(tables.values())
+    if any(report.targets_by_run):
+        parts.append(report.targets_table().render())
+    path.write_text("\n".join(parts) + "\n")

@@ -1,12 +1,22 @@
 """A simple reference consumer for the saturation section (``bench/saturation.py``): what a team
-would write first, done properly. It pulls up to ``--pull`` messages at a time, hands each
-message to a thread pool (``--threads``) that decodes it, sends it to Triton as its own request
-(numeric rows: FEATURES, COUNT -> SCORE; a message over ``--max-batch`` rows, the model's
-``max_batch_size``, as consecutive requests of at most that many rows) and writes its rows to
-PostgreSQL (``executemany`` INSERT + COMMIT on the thread's own connection); once every message
-of the pulled batch is written it acks them together (Pub/Sub: one Acknowledge; Kafka: one
-commit). Rows of different messages never share a request, but concurrent requests from the
-pool may share an execution (Triton's dynamic batcher merges them).
+would write first, done properly, following each client library's own pattern.
+
+Per message it decodes the chunk, sends its rows to Triton as requests of their own (numeric
+rows: FEATURES, COUNT -> SCORE; a message over ``--max-batch`` rows, the model's
+``max_batch_size``, as consecutive requests of at most that many rows) and writes them to
+PostgreSQL (``executemany`` INSERT + COMMIT on the thread's own connection). Rows of different
+messages never share a request. Whether concurrent requests share an *execution* depends on the
+model, not on this client: the one-instance ``fixed_latency`` has no dynamic batching, so every
+request is an execution of its own (a 1-row message costs a whole 8 ms execution, and no client
+of this kind passes ~125 messages/s); ``fixed_latency_batched`` (dynamic batching, two
+instances) merges the requests that wait together.
+
+- Pub/Sub: Google's subscriber pattern, ``SubscriberClient.subscribe`` (streaming pull) with a
+  callback per message on ``--threads`` threads and flow control of ``--pull`` messages; each
+  message is acked by its callback as soon as its rows are committed.
+- Kafka: aiokafka ``getmany`` of up to ``--pull`` records, handled on ``--threads`` threads,
+  then one commit once all of them are written (Kafka commits an offset, so a record cannot be
+  acknowledged alone out of order).
 
     python -m bench.reference --broker kafka --bootstrap HOST:PORT --topic T --group G \
         --triton HOST:PORT --model fixed_latency --dsn postgresql://... --table T --rows N
@@ -20,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import threading
 import time
@@ -33,6 +44,7 @@ import psycopg
 import tritonclient.grpc as grpcclient
 from aiokafka import AIOKafkaConsumer
 from google.cloud import pubsub_v1
+from google.cloud.pubsub_v1.subscriber.scheduler import ThreadScheduler
 
 from bench.help_text import description
 from wire.chunks import decode_chunk
@@ -115,28 +127,41 @@ def _all(pool: ThreadPoolExecutor, jobs: Sequence[Callable[[], int]]) -> int:
 
 
 def run_pubsub(args: argparse.Namespace, worker: Worker, pool: ThreadPoolExecutor) -> None:
+    """Streaming pull with a callback per message that acks it once its rows are written."""
     subscriber = pubsub_v1.SubscriberClient()
-    deadline: float | None = None
+    done = threading.Event()
+    failed: list[BaseException] = []
+
+    def callback(message: Any) -> None:
+        try:
+            worker.handle(message.data, dict(message.attributes))
+        except Exception as exc:  # noqa: BLE001 - reported after the run; the message is nacked
+            failed.append(exc)
+            message.nack()
+            done.set()
+            return
+        message.ack()
+        if worker.progress.rows >= args.rows:
+            done.set()
+
+    future = subscriber.subscribe(
+        args.subscription,
+        callback,
+        flow_control=pubsub_v1.types.FlowControl(max_messages=args.pull),
+        scheduler=ThreadScheduler(pool),
+    )
     try:
-        while worker.progress.rows < args.rows:
-            if deadline is not None and time.monotonic() > deadline:
+        while not done.wait(0.05):
+            first = worker.progress.first_at
+            if first is not None and time.monotonic() > first + args.timeout_s:
                 break
-            answer = subscriber.pull(
-                request={"subscription": args.subscription, "max_messages": args.pull},
-                timeout=10,
-            )
-            received = list(answer.received_messages)
-            if not received:
-                continue
-            if deadline is None:
-                deadline = time.monotonic() + args.timeout_s
-            jobs = [lambda m=r.message: worker.handle(m.data, dict(m.attributes)) for r in received]
-            _all(pool, jobs)
-            subscriber.acknowledge(
-                request={"subscription": args.subscription, "ack_ids": [r.ack_id for r in received]}
-            )
     finally:
+        future.cancel()
+        with contextlib.suppress(Exception):  # cancelled: the stream's end is not an error
+            future.result(timeout=30)
         subscriber.close()
+    if failed:
+        raise failed[0]
 
 
 async def run_kafka(args: argparse.Namespace, worker: Worker, pool: ThreadPoolExecutor) -> None:

@@ -10,6 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from bench.machine import Machine
+from bench.spread import spread
+
 
 @dataclass(frozen=True)
 class Table:
@@ -76,47 +79,111 @@ class RunInfo:
 @dataclass
 class Report:
     """Collects results as sections finish; written to JSON after each one (a run cut short
-    still leaves what it measured)."""
+    still leaves what it measured). With ``--repeat N`` the selected sections run N times in
+    one stack: ``runs`` holds each repetition's results, the JSON their spread."""
 
     info: RunInfo
     out: Path
-    sections: dict[str, Any] = field(default_factory=dict)
+    machine: Machine | None = None
+    runs: list[dict[str, Any]] = field(default_factory=lambda: [{}])
+    tables: list[dict[str, str]] = field(default_factory=lambda: [{}])
     elapsed_s: dict[str, float] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
-    targets: list[Target] = field(default_factory=list)
+    targets_by_run: list[list[Target]] = field(default_factory=lambda: [[]])
+
+    @property
+    def sections(self) -> dict[str, Any]:
+        """The current repetition's results."""
+        return self.runs[-1]
+
+    @property
+    def targets(self) -> list[Target]:
+        return self.targets_by_run[-1]
+
+    @targets.setter
+    def targets(self, found: list[Target]) -> None:
+        self.targets_by_run[-1] = found
+
+    def next_run(self) -> None:
+        self.runs.append({})
+        self.tables.append({})
+        self.targets_by_run.append([])
+
+    def _key(self, name: str) -> str:
+        return name if len(self.runs) == 1 else f"{name}#{len(self.runs)}"
 
     def add(self, name: str, result: Section, elapsed_s: float) -> None:
         self.sections[name] = result
-        self.elapsed_s[name] = round(elapsed_s, 1)
-        print(result.table().render())
+        self.elapsed_s[self._key(name)] = round(elapsed_s, 1)
+        rendered = result.table().render()
+        self.tables[-1][name] = rendered
+        print(rendered)
         print(f"  ({name}: {elapsed_s:.0f} s)", flush=True)
         self.write()
 
     def fail(self, name: str, error: str, elapsed_s: float) -> None:
-        self.errors[name] = error
-        self.elapsed_s[name] = round(elapsed_s, 1)
+        self.errors[self._key(name)] = error
+        self.elapsed_s[self._key(name)] = round(elapsed_s, 1)
         print(f"\n{name}: FAILED after {elapsed_s:.0f} s: {error}", flush=True)
         self.write()
 
     def targets_table(self) -> Table:
-        return Table(
-            "Targets",
-            ("target", "want", "this run", "met"),
-            tuple((t.name, t.want, t.got, "yes" if t.met else "NO") for t in self.targets),
-        )
+        return targets_table(self.targets_by_run)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        runs = [{k: dataclasses.asdict(v) for k, v in run.items()} for run in self.runs]
+        found: dict[str, Any] = {
             "run": dataclasses.asdict(self.info),
+            "machine": None if self.machine is None else dataclasses.asdict(self.machine),
             "elapsed_s": self.elapsed_s,
-            "sections": {k: dataclasses.asdict(v) for k, v in self.sections.items()},
+            "sections": runs[0],
             "errors": self.errors,
-            "targets": [dataclasses.asdict(t) for t in self.targets],
+            "targets": [dataclasses.asdict(t) for t in self.targets_by_run[0]],
+            "tables": self.tables[0],
         }
+        if len(runs) > 1:
+            found["repeats"] = runs
+            found["tables_by_run"] = self.tables
+            found["targets_by_run"] = [
+                [dataclasses.asdict(t) for t in targets] for targets in self.targets_by_run
+            ]
+            found["spread"] = {
+                name: dataclasses.asdict(value) for name, value in sorted(spread(runs).items())
+            }
+        return found
 
     def write(self) -> None:
         self.out.parent.mkdir(parents=True, exist_ok=True)
         self.out.write_text(json.dumps(self.to_json(), indent=2, default=str) + "\n")
+
+
+def targets_table(targets_by_run: Sequence[Sequence[Target]]) -> Table:
+    """One row per target: what each run got, and in how many runs it was met."""
+    names: dict[str, str] = {}
+    got: dict[str, list[str]] = {}
+    met: dict[str, int] = {}
+    for targets in targets_by_run:
+        for t in targets:
+            names.setdefault(t.name, t.want)
+            got.setdefault(t.name, []).append(t.got)
+            met[t.name] = met.get(t.name, 0) + (1 if t.met else 0)
+    runs = len(targets_by_run)
+    rows = tuple(
+        (
+            name,
+            want,
+            " | ".join(got[name]),
+            ("yes" if met[name] == len(got[name]) else "NO")
+            if runs == 1
+            else f"{met[name]} of {len(got[name])}",
+        )
+        for name, want in names.items()
+    )
+    return Table(
+        "Targets",
+        ("target", "want", "this run" if runs == 1 else f"each of {runs} runs", "met"),
+        rows,
+    )
 
 
 def rate(value: float) -> str:

@@ -6,7 +6,13 @@ its ceiling does not move with the machine's load and is known in advance), per 
   before the broker's cases, next to the analytic one from the model's config;
 - backlogs of 500-, 16- and 1-row messages drained by one consumer process into PostgreSQL (and
   Parquet for 500-row messages), with the reference consumer (``bench/reference.py``: one
-  request per message, a thread pool, ack after each pulled batch) on the same backlog;
+  request per message, a thread pool; Pub/Sub: Google's subscriber pattern, each message acked
+  as it finishes; Kafka: a commit per polled batch) on the same backlog;
+- the same for 500- and 1-row messages against ``fixed_latency_batched``, the same model as a
+  team would deploy it (dynamic batching on, two instances), where Triton merges the
+  reference's concurrent one-message requests: the one-instance model's ratio for 1-row
+  messages is set by the model (any one-request-per-message client tops out near 125 rows/s),
+  this one's by the clients;
 - a steady publisher at 50 % and 80 % of the measured ceiling (100-row messages, PostgreSQL),
   with publish-to-written latency per row.
 
@@ -30,6 +36,7 @@ from bench.saturation_run import (
     watch_backlog,
 )
 from bench.saturation_server import (
+    BATCHED_MODEL,
     MODEL,
     PROBE_CONCURRENCY,
     PROBE_WINDOWS,
@@ -64,6 +71,8 @@ BACKLOG_ROWS = {500: 160_000, 16: 160_000, 1: 50_000}
 """Rows per backlog by message size: about 8 s at the ceiling for 500- and 16-row messages,
 fewer rows of 1-row messages (their cost is per message: 50,000 messages, 4-5 s here)."""
 QUICK_BACKLOG_ROWS = {500: 10_000, 16: 3_200, 1: 1_000}
+BATCHED_SIZES = (500, 1)
+"""Message sizes also run against ``fixed_latency_batched`` (rowbatch and the reference)."""
 PARQUET_SIZES = (500,)
 STEADY_CHUNK_ROWS = 100
 LOADS = (0.5, 0.8)
@@ -78,6 +87,7 @@ QUICK_REFERENCE_S = 4.0
 class BrokerProbe:
     broker: Broker
     probe: Probe
+    model: str = MODEL
 
 
 @dataclass(frozen=True)
@@ -117,6 +127,7 @@ class Case:
     keeps_up: bool | None = None
     """Steady: the publisher held at least 95 % of its rate and the consumer wrote the last
     row within ``CATCH_UP_S`` of the last publish."""
+    model: str = MODEL
 
 
 @dataclass(frozen=True)
@@ -133,6 +144,8 @@ class SaturationResult:
     max_wait_ms: float
     budget_mib: float
     publish_s: dict[str, float]
+    batched_timing: ModelTiming | None = None
+    """``fixed_latency_batched``'s config (its cases have ``model`` set to it)."""
 
     @property
     def rss_limit_mib(self) -> float:
@@ -144,22 +157,29 @@ class SaturationResult:
         rows_per_message: int,
         sink: SinkKind = "postgres",
         load: float | None = None,
+        model: str = MODEL,
     ) -> Case | None:
-        key = (broker, rows_per_message, sink, load)
+        key = (broker, rows_per_message, sink, load, model)
         return next(
-            (c for c in self.cases if (c.broker, c.rows_per_message, c.sink, c.load) == key), None
+            (
+                c
+                for c in self.cases
+                if (c.broker, c.rows_per_message, c.sink, c.load, c.model) == key
+            ),
+            None,
         )
 
     def table(self) -> Table:
         t = self.timing
         probes = "; ".join(
-            f"{p.broker} {rate(p.probe.rows_per_s)} rows/s (busy {p.probe.busy:.0%}, batch "
-            f"{p.probe.mean_batch:.0f}, one request at a time {p.probe.round_trip_ms:.1f} ms)"
+            f"{p.broker} {p.model} {rate(p.probe.rows_per_s)} rows/s (busy {p.probe.busy:.0%}, "
+            f"batch {p.probe.mean_batch:.0f}, one request at a time {p.probe.round_trip_ms:.1f} ms)"
             for p in self.probes
         )
         rows = tuple(
             (
                 f"{c.broker} -> {c.sink}",
+                "batched" if c.model == BATCHED_MODEL else "1 inst",
                 str(c.rows_per_message),
                 "backlog" if c.load is None else f"{c.load:.0%} = {rate(c.target_rows_per_s or 0)}",
                 f"{c.rows_expected:,}",
@@ -184,9 +204,16 @@ class SaturationResult:
         return Table(
             f"8. Saturation: {self.model} ({t.base_ms:g} ms + {t.per_row_us:g} us/row per "
             f"execution, {t.instances} instance), analytic ceiling "
-            f"{rate(self.analytic_ceiling)} rows/s at batch {t.batch}",
+            f"{rate(self.analytic_ceiling)} rows/s at batch {t.batch}"
+            + (
+                ""
+                if self.batched_timing is None
+                else f"; {self.batched_timing.model} ({self.batched_timing.instances} "
+                f"instances, dynamic batching) {rate(self.batched_timing.ceiling)} rows/s"
+            ),
             (
                 "broker -> sink",
+                "model",
                 "rows/msg",
                 "load",
                 "rows",
@@ -214,9 +241,14 @@ class SaturationResult:
                 "busy: Triton's statistics over that window (mean rows per execution; "
                 "compute_infer / wall x instances). CPU: user+sys of the consumer process over "
                 "the window, per row; RSS: its peak (VmHWM).",
-                "ref: bench/reference.py (8 threads, 100 messages per pull, per message its own "
-                f"requests (one per {t.max_batch} rows) and one INSERT+COMMIT, ack after the "
-                "pulled batch) on the same backlog into "
+                "model: 1 inst = fixed_latency (one instance, no dynamic batching: every request "
+                f"is an execution); batched = {BATCHED_MODEL} (the same model with dynamic "
+                "batching and two instances, as a team would deploy it; of analytic/measured "
+                "against its own ceilings).",
+                "ref: bench/reference.py (8 threads; per message its own requests, one per "
+                f"{t.max_batch} rows, and one INSERT+COMMIT; Pub/Sub: streaming pull, each "
+                "message acked as it finishes, 100 outstanding; Kafka: 100 records per poll, "
+                "one commit after them) on the same backlog into "
                 f"PostgreSQL, at most {self.reference_s:g} s; x ref = rowbatch / reference.",
                 f"50 % / 80 %: {STEADY_CHUNK_ROWS}-row messages published steadily at that "
                 f"share of the measured ceiling for {self.steady_s:g} s, max_wait_ms "
@@ -242,7 +274,7 @@ class _Ctx:
         return consumer_config(
             self.bench.stack,
             feed,
-            MODEL,
+            self.timing.model,
             NOOP_NUMERIC_BINDING,
             sink_config(self.bench, sink, table),
             reader=reader,
@@ -280,6 +312,7 @@ class _Ctx:
             observed.peak_rss_mib,
             in_sink,
             expected,
+            model=self.timing.model,
         )
 
 
@@ -287,7 +320,7 @@ def _backlog(
     ctx: _Ctx, feed: Feed, reader: int, sink: SinkKind, *, rows_per_message: int, rows: int
 ) -> Case:
     bench = ctx.bench
-    table = unique(f"saturation_{feed.broker}_{rows_per_message}_{sink}")
+    table = unique(f"saturation_{feed.broker}_{ctx.timing.model}_{rows_per_message}_{sink}")
     config = ctx.config(feed, reader, sink, table)
     started = time.monotonic()
     with consumers(bench.dir("saturation"), table, config) as procs:
@@ -348,9 +381,54 @@ def _steady(ctx: _Ctx, broker: Broker, load: float, seconds: float) -> Case:
     )
 
 
+def _backlogs(
+    ctx: _Ctx,
+    broker: Broker,
+    sizes: dict[int, int],
+    *,
+    reference_s: float,
+    publish_s: dict[str, float],
+) -> list[Case]:
+    """Per message size: one backlog, drained by rowbatch into each sink and by the reference
+    into PostgreSQL, all against ``ctx.timing.model``."""
+    bench, timing = ctx.bench, ctx.timing
+    cases: list[Case] = []
+    for rows_per_message, rows in sizes.items():
+        sinks: tuple[SinkKind, ...] = (
+            ("postgres", "parquet")
+            if rows_per_message in PARQUET_SIZES and timing.model == MODEL
+            else ("postgres",)
+        )
+        feed = create_feed(bench.stack, broker, readers=len(sinks) + 1)
+        messages = backlog("numeric", rows, rows_per_message, prefix=unique("sat"))
+        published = publish(bench.stack, feed, messages)
+        publish_s[f"{broker} {timing.model} {rows_per_message}"] = round(published.seconds, 2)
+        runs = [
+            _backlog(ctx, feed, i, sink, rows_per_message=rows_per_message, rows=rows)
+            for i, sink in enumerate(sinks)
+        ]
+        ref = reference(
+            bench,
+            feed,
+            len(sinks),
+            rows=rows,
+            model=timing.model,
+            max_batch=timing.max_batch,
+            timeout_s=reference_s,
+            log_name=f"reference_{broker}_{timing.model}_{rows_per_message}",
+        )
+        for case in runs:
+            if case.sink == "postgres":
+                speedup = case.rows_per_s / ref.rows_per_s if ref.rows_per_s > 0 else None
+                case = replace(case, reference_rows_per_s=ref.rows_per_s, speedup=speedup)  # noqa: PLW2901
+            cases.append(case)
+    return cases
+
+
 def run(bench: Bench) -> SaturationResult:
     url = bench.stack.triton.grpc_url
     timing = model_timing(url)
+    batched = model_timing(url, BATCHED_MODEL)
     sizes = QUICK_BACKLOG_ROWS if bench.quick else BACKLOG_ROWS
     steady_s = QUICK_STEADY_S if bench.quick else STEADY_S
     reference_s = QUICK_REFERENCE_S if bench.quick else REFERENCE_S
@@ -362,34 +440,14 @@ def run(bench: Bench) -> SaturationResult:
         found = probe(url, timing, step_s)
         probes.append(BrokerProbe(broker, found))
         ctx = _Ctx(bench, timing, found.rows_per_s)
-        for rows_per_message, rows in sizes.items():
-            sinks: tuple[SinkKind, ...] = (
-                ("postgres", "parquet") if rows_per_message in PARQUET_SIZES else ("postgres",)
-            )
-            feed = create_feed(bench.stack, broker, readers=len(sinks) + 1)
-            messages = backlog("numeric", rows, rows_per_message, prefix=unique("sat"))
-            published = publish(bench.stack, feed, messages)
-            publish_s[f"{broker} {rows_per_message}"] = round(published.seconds, 2)
-            runs = [
-                _backlog(ctx, feed, i, sink, rows_per_message=rows_per_message, rows=rows)
-                for i, sink in enumerate(sinks)
-            ]
-            ref = reference(
-                bench,
-                feed,
-                len(sinks),
-                rows=rows,
-                max_batch=timing.max_batch,
-                timeout_s=reference_s,
-                log_name=f"reference_{broker}_{rows_per_message}",
-            )
-            for case in runs:
-                if case.sink == "postgres":
-                    speedup = case.rows_per_s / ref.rows_per_s if ref.rows_per_s > 0 else None
-                    case = replace(case, reference_rows_per_s=ref.rows_per_s, speedup=speedup)  # noqa: PLW2901
-                cases.append(case)
+        cases += _backlogs(ctx, broker, sizes, reference_s=reference_s, publish_s=publish_s)
         for load in LOADS:
             cases.append(_steady(ctx, broker, load, steady_s))
+        found = probe(url, batched, step_s)
+        probes.append(BrokerProbe(broker, found, BATCHED_MODEL))
+        ctx = _Ctx(bench, batched, found.rows_per_s)
+        batched_sizes = {size: sizes[size] for size in BATCHED_SIZES}
+        cases += _backlogs(ctx, broker, batched_sizes, reference_s=reference_s, publish_s=publish_s)
     return SaturationResult(
         MODEL,
         timing,
@@ -403,4 +461,5 @@ def run(bench: Bench) -> SaturationResult:
         MAX_WAIT_MS,
         BUDGET / MiB,
         publish_s,
+        batched,
     )

@@ -19,7 +19,7 @@ import psycopg
 from psycopg import sql
 
 from bench.procs import ConsumerProcess, wait_for
-from bench.saturation_server import MODEL, ModelTiming, ServerWindow, Snapshot, snapshot
+from bench.saturation_server import ModelTiming, ServerWindow, Snapshot, snapshot
 from bench.stack import Bench, Feed, backlog, publish, publisher, unique
 from harness.service import REPO_ROOT
 from producer.loadgen import LoadSpec, RateLimiter, generate_columns
@@ -74,14 +74,14 @@ def watch_backlog(
         written = proc.rows_written()
         now = time.monotonic()
         if written > 0 and first is None:
-            first = (now, written, snapshot(url), proc.cpu().total_s)
+            first = (now, written, snapshot(url, timing.model), proc.cpu().total_s)
         if written >= total:
             break
         proc.check_alive(f"{total} rows written ({written:.0f} so far)")
         if now > deadline:
             raise TimeoutError(f"{written:.0f} of {total} rows written after {timeout_s:.0f} s")
         time.sleep(0.1)
-    end, cpu_end = snapshot(url), proc.cpu().total_s
+    end, cpu_end = snapshot(url, timing.model), proc.cpu().total_s
     peak = proc.memory_kib()["VmHWM"] / 1024
     assert first is not None
     first_at, first_rows, first_snap, first_cpu = first
@@ -180,11 +180,11 @@ def steady(
         lambda: proc.rows_written() >= chunk_rows, 60, "the warm-up chunk written", [proc], 0.05
     )
     base = proc.rows_written()
-    snap0, cpu0 = snapshot(url), proc.cpu().total_s
+    snap0, cpu0 = snapshot(url, timing.model), proc.cpu().total_s
     started = time.monotonic()
     sent, total = asyncio.run(_paced(bench, feed, rows_per_s, seconds, chunk_rows))
     published_at = time.monotonic()
-    snap1 = snapshot(url)
+    snap1 = snapshot(url, timing.model)
     deadline = published_at + 120
     while proc.rows_written() < base + total:
         proc.check_alive(f"{total} rows written")
@@ -226,6 +226,7 @@ def reference(
     reader: int,
     *,
     rows: int,
+    model: str,
     max_batch: int,
     timeout_s: float,
     log_name: str,
@@ -236,7 +237,7 @@ def reference(
     table = unique("saturation_reference")
     argv = [
         sys.executable, "-m", "bench.reference", "--broker", feed.broker,
-        "--triton", stack.triton.grpc_url, "--model", MODEL, "--dsn", stack.postgres.dsn,
+        "--triton", stack.triton.grpc_url, "--model", model, "--dsn", stack.postgres.dsn,
         "--table", table, "--rows", str(rows), "--timeout-s", str(timeout_s),
         "--max-batch", str(max_batch),
     ]  # fmt: skip

@@ -18,6 +18,9 @@ from bench.ceiling import inputs_for, run_requests
 from harness.reference_models import fixed_latency_batch_s, fixed_latency_ceiling
 
 MODEL = "fixed_latency"
+"""One instance, no dynamic batching: one request is one execution (deploy/models)."""
+BATCHED_MODEL = "fixed_latency_batched"
+"""The same model as a team would deploy it: dynamic batching on, two instances."""
 PROBE_CONCURRENCY = 4
 """Requests kept outstanding by the ceiling probe: enough to keep one instance's queue full."""
 PROBE_WINDOWS = 3
@@ -33,14 +36,17 @@ def _int(value: Any) -> int:
 
 @dataclass(frozen=True)
 class ModelTiming:
-    """``fixed_latency``'s config: each execution of n rows lasts base_ms + n x per_row_us."""
+    """``fixed_latency``'s config (or a variant's): each execution of n rows lasts base_ms + n x
+    per_row_us."""
 
+    model: str
     base_ms: float
     per_row_us: float
     batch: int
     """The largest preferred batch size: what the consumer and the probe send."""
     max_batch: int
     instances: int
+    dynamic_batching: bool = False
 
     @property
     def batch_ms(self) -> float:
@@ -52,10 +58,10 @@ class ModelTiming:
         return fixed_latency_ceiling(self.batch, self.base_ms, self.per_row_us, self.instances)
 
 
-def model_timing(url: str) -> ModelTiming:
+def model_timing(url: str, model: str = MODEL) -> ModelTiming:
     client = grpcclient.InferenceServerClient(url)
     try:
-        config = client.get_model_config(MODEL, as_json=True)["config"]
+        config = client.get_model_config(model, as_json=True)["config"]
     finally:
         with contextlib.suppress(Exception):
             client.close()
@@ -66,11 +72,13 @@ def model_timing(url: str) -> ModelTiming:
     max_batch = _int(config.get("max_batch_size"))
     instances = sum(_int(g.get("count", 1)) for g in config.get("instance_group", [])) or 1
     return ModelTiming(
+        model,
         float(params["execute_base_ms"]["string_value"]),
         float(params["execute_per_row_us"]["string_value"]),
         max(preferred) if preferred else max_batch,
         max_batch,
         instances,
+        "dynamic_batching" in config,
     )
 
 
@@ -85,10 +93,10 @@ class Snapshot:
     per-request ``inference_stats`` would count a merged execution once per request)."""
 
 
-def snapshot(url: str) -> Snapshot:
+def snapshot(url: str, model: str = MODEL) -> Snapshot:
     client = grpcclient.InferenceServerClient(url)
     try:
-        [stats] = client.get_inference_statistics(MODEL, as_json=True)["model_stats"]
+        [stats] = client.get_inference_statistics(model, as_json=True)["model_stats"]
     finally:
         with contextlib.suppress(Exception):
             client.close()
@@ -146,30 +154,33 @@ class Probe:
     round_trip_ms: float
     """Median request time at concurrency 1 (the analytic batch time plus the overheads)."""
     rows_per_s: float
-    """The measured ceiling: the best window at ``PROBE_CONCURRENCY``."""
+    """The measured ceiling: the best window at ``PROBE_CONCURRENCY`` per instance."""
     busy: float
     mean_batch: float
 
 
 async def _probe(url: str, timing: ModelTiming, step_s: float) -> Probe:
-    inputs = inputs_for(MODEL, timing.batch)
+    model = timing.model
+    inputs = inputs_for(model, timing.batch)
     client = aioclient.InferenceServerClient(url)
     try:
-        await run_requests(client, MODEL, inputs, 2, 0.3)  # warm-up
+        await run_requests(client, model, inputs, 2, 0.3)  # warm-up
         times: list[float] = []
         deadline = time.monotonic() + step_s
         while time.monotonic() < deadline or len(times) < 5:
             started = time.perf_counter()
-            await client.infer(MODEL, inputs)
+            await client.infer(model, inputs)
             times.append(time.perf_counter() - started)
-        await run_requests(client, MODEL, inputs, PROBE_CONCURRENCY, 0.3)
-        before = await asyncio.to_thread(snapshot, url)
+        await run_requests(client, model, inputs, PROBE_CONCURRENCY * timing.instances, 0.3)
+        before = await asyncio.to_thread(snapshot, url, model)
         best = 0.0
         for _ in range(PROBE_WINDOWS):
             started = time.monotonic()
-            done = await run_requests(client, MODEL, inputs, PROBE_CONCURRENCY, step_s)
+            done = await run_requests(
+                client, model, inputs, PROBE_CONCURRENCY * timing.instances, step_s
+            )
             best = max(best, done * timing.batch / (time.monotonic() - started))
-        after = await asyncio.to_thread(snapshot, url)
+        after = await asyncio.to_thread(snapshot, url, model)
     finally:
         await client.close()
     server = ServerWindow.between(before, after, timing.instances)

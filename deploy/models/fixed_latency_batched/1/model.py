@@ -1,0 +1,1 @@
+../../fixed_latency/1/model.py
