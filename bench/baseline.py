@@ -31,7 +31,7 @@ from bench.stack import (
 )
 from harness.service import REPO_ROOT
 
-SIZES = {1: 6000, 16: 1500}
+SIZES = {1: 20_000, 16: 2_000}
 """Messages per backlog by rows per message."""
 QUICK_SIZES = {1: 200, 16: 50}
 

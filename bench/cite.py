@@ -14,6 +14,11 @@ rendered from it:
     ...the tables as that run printed them...
     <!-- /bench -->
 
+    <!-- bench:from bench/results/NAME.txt -->
+    ...prose or a hand-made table: left as written, but every number in it must be one of the
+    file's numbers (as written there, or rounded to the digits the prose shows)...
+    <!-- /bench -->
+
 ``python -m bench.cite`` rewrites every block from its file; ``python -m bench.cite --check``
 (and ``tests/unit/test_bench_citations.py``) fails naming each block whose text differs from
 what its file gives, or whose file is missing: a figure edited by hand, or a file removed,
@@ -228,6 +233,33 @@ RENDER: dict[str, Callable[[Path, str], str]] = {
 }
 
 
+_NUMBER = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?")
+_NOT_FIGURES = re.compile(
+    r"\d{4}-\d{2}-\d{2}|\d{1,2}:\d{2}(?::\d{2})?|bench/results/\S+|[A-Za-z_]+\d[\w.]*"
+)
+"""Dates, times, file names and words with digits (``p99``, ``3.11``-style versions are numbers
+and are checked): not figures."""
+
+
+def _numbers(text: str) -> list[str]:
+    return [n.replace(",", "") for n in _NUMBER.findall(_NOT_FIGURES.sub(" ", text))]
+
+
+def _in(number: str, found: set[str], values: list[float]) -> bool:
+    if number in found:
+        return True
+    digits = len(number.partition(".")[2])
+    want = float(number)
+    return any(round(v, digits) == want for v in values)
+
+
+def absent_figures(body: str, source: str) -> list[str]:
+    """The numbers of ``body`` that ``source`` does not have (as written, or rounded)."""
+    found = set(_numbers(source))
+    values = [float(n) for n in found]
+    return [n for n in dict.fromkeys(_numbers(body)) if not _in(n, found, values)]
+
+
 @dataclass(frozen=True)
 class Stale:
     doc: str
@@ -249,6 +281,13 @@ def refresh(text: str, root: Path, doc: str) -> tuple[str, list[Stale]]:
 
     def one(match: re.Match[str]) -> str:
         kind, cited = match["kind"], match["file"]
+        if kind == "from":
+            path = root / cited
+            if not path.is_file():
+                stale.append(Stale(doc, cited, "file missing"))
+            elif absent := absent_figures(match["body"], path.read_text()):
+                stale.append(Stale(doc, cited, f"figures not in the file: {', '.join(absent)}"))
+            return match[0]
         body = _render(kind, cited, root)
         if body is None:
             why = f"unknown kind {kind!r}" if kind not in RENDER else "file missing"
@@ -296,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"rewrote the cited blocks of {doc}")
     for s in stale:
         print(f"{s.doc}: block citing {s.cited}: {s.why}", file=sys.stderr)
-    missing = [s for s in stale if s.why != "differs from what the file gives"]
+    missing = [s for s in stale if s.why != "differs from what the file gives"]  # not rewritable
     return 1 if (stale if args.check else missing) else 0
 
 
