@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 from functools import cache
 from pathlib import Path
@@ -23,6 +22,7 @@ import yaml
 from consumer.model.endpoints import DnsName, parse_endpoints
 from consumer.observe.metrics import Metrics
 from consumer.service.config import ConsumerConfig, KafkaSettings, PubSubSettings, load_config
+from tests.required_tools import require_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
@@ -44,7 +44,14 @@ TARGET_DRAIN_S = {"pubsub": 2 * LATENCY_OBJECTIVE_S, "kafka": LATENCY_OBJECTIVE_
 ROWS_PER_MESSAGE = 500
 TARGET_LATENCY_S = {"pubsub": 10, "kafka": 20}
 
-pytestmark = pytest.mark.skipif(shutil.which("kubectl") is None, reason="needs kubectl")
+
+@pytest.fixture(autouse=True)
+def _kubectl() -> None:
+    require_tool(
+        "kubectl",
+        "the Kubernetes manifests (kubectl kustomize deploy/k8s)",
+        "install kubectl (kustomize is built in)",
+    )
 
 
 @cache

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from harness import prometheus
 from harness.errors import PrerequisiteMissing
 from harness.prometheus import CONSUMER_JOB, ScrapeJob, local_stack_prometheus, render_config
 from harness.service import REPO_ROOT, RunDir
+from tests.required_tools import require_tool
 
 RULES_DIR = REPO_ROOT / "deploy" / "prometheus" / "rules"
 RULES = RULES_DIR / "rowbatch.rules.yml"
@@ -33,9 +33,10 @@ _METRIC = re.compile(r"(?<![:\w])rowbatch_[a-z0-9_]+")
 _RECORDED = re.compile(r"\b[a-z_]+:rowbatch_[a-z0-9_]+:[a-z0-9_]+\b")
 _SELECTOR = re.compile(r"(?<![:\w])(rowbatch_[a-z0-9_]+)(\{[^}]*\})?")
 
-needs_promtool = pytest.mark.skipif(
-    shutil.which("promtool") is None, reason="needs promtool (apt-get install -y prometheus)"
-)
+
+@pytest.fixture
+def promtool() -> None:
+    require_tool("promtool", "the alerting rules", "apt-get install -y prometheus")
 
 
 def _rules() -> list[dict[str, Any]]:
@@ -65,16 +66,14 @@ def exported_series_names() -> set[str]:
     }
 
 
-@needs_promtool
-def test_promtool_accepts_the_rules() -> None:
+def test_promtool_accepts_the_rules(promtool: None) -> None:
     done = subprocess.run(
         ["promtool", "check", "rules", str(RULES)], capture_output=True, text=True, check=False
     )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-@needs_promtool
-def test_promtool_rule_unit_tests_pass() -> None:
+def test_promtool_rule_unit_tests_pass(promtool: None) -> None:
     done = subprocess.run(
         ["promtool", "test", "rules", RULES_TEST.name],
         cwd=RULES_DIR,
