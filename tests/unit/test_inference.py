@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import tritonclient.grpc.aio as grpcaio
 from numpy.typing import NDArray
 from tritonclient.utils import InferenceServerException
 
@@ -148,9 +149,32 @@ def test_channel_args_restate_defaults() -> None:
     assert custom_args["grpc.lb_policy_name"] == "rr"
 
 
-async def test_real_client_is_built_with_channel_args() -> None:
-    client = InferenceClient("127.0.0.1:1", "m", channel=ChannelOptions(max_message_bytes=1234))
-    await client.close()
+async def test_real_client_is_built_with_channel_args(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real ``tritonclient`` client is made, with every channel argument (which replace
+    all of gRPC's defaults) and no credentials for plaintext."""
+    real = grpcaio.InferenceServerClient
+    made: list[tuple[str, dict[str, Any], Any]] = []
+
+    def spy(url: str, **kwargs: Any) -> Any:
+        client = real(url, **kwargs)
+        made.append((url, kwargs, client))
+        return client
+
+    monkeypatch.setattr(grpcaio, "InferenceServerClient", spy)
+    options = ChannelOptions(max_message_bytes=1234)
+    client = InferenceClient("127.0.0.1:1", "m", channel=options)
+    try:
+        [(url, kwargs, built)] = made
+        assert url == "127.0.0.1:1"
+        assert kwargs["creds"] is None
+        assert kwargs["channel_args"] == options.channel_args()
+        args = dict(kwargs["channel_args"])
+        assert args["grpc.max_send_message_length"] == 1234
+        assert args["grpc.max_receive_message_length"] == 1234
+        assert isinstance(built, real)
+        assert client._client is built
+    finally:
+        await client.close()
 
 
 # --- retry policy ------------------------------------------------------------------------------

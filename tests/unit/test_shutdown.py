@@ -84,15 +84,31 @@ def test_watchdog_is_armed_by_the_stop_signal_only() -> None:
 
 def test_run_bounded_returns_although_an_executor_thread_is_stuck() -> None:
     release = threading.Event()
+    entered = threading.Event()
+    returned = threading.Event()
+
+    def stuck() -> None:  # a library thread that does not return until released
+        entered.set()
+        release.wait()
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        loop.run_in_executor(None, release.wait)  # a library thread that never returns
+        loop.run_in_executor(None, stuck)  # left behind on purpose
+        await asyncio.to_thread(entered.wait)
 
-    try:
+    def run() -> None:
         run_bounded(main(), teardown_s=0.05)
+        returned.set()
+
+    runner = threading.Thread(target=run, daemon=True)
+    runner.start()
+    try:
+        # (asyncio.run would join the stuck thread: this would time out)
+        assert returned.wait(30), "run_bounded waited for the stuck executor thread"
+        assert not release.is_set()
     finally:
         release.set()
+        runner.join(30)
 
 
 def test_run_bounded_cancels_leftover_tasks_and_raises_what_main_raises() -> None:
