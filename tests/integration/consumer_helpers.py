@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
@@ -19,6 +20,9 @@ from harness.pubsub import PubSubEndpoint
 from wire.chunks import EncodedChunk
 
 WAIT_S = 120.0
+QUIET_S = 1.5
+"""How long ``Topics.dead_letters`` pulls with nothing new before it says "no more"."""
+SENTINEL = "rowbatch-test-sentinel"
 
 
 @dataclass
@@ -74,25 +78,44 @@ class Topics:
         return result
 
     def dead_letters(
-        self, expect: int, timeout_s: float = WAIT_S
+        self, expect: int, timeout_s: float = WAIT_S, quiet_s: float = QUIET_S
     ) -> list[pubsub_v1.types.PubsubMessage]:
-        """Pull the dead-letter subscription until ``expect`` messages arrived (then a short
-        extra pull proves no more are there)."""
+        """Every dead letter there is: pull the dead-letter subscription until ``expect``
+        messages arrived (or ``timeout_s`` passed), then go on pulling until ``quiet_s`` passed
+        with nothing new, so the caller can assert the exact count (``== []``, ``[one] = ...``).
+        The quiet time starts once a sentinel, published to the dead-letter topic after the
+        wait, has come back: the stream was live and had delivered what was there before it."""
         got: dict[str, pubsub_v1.types.PubsubMessage] = {}
-        done = threading.Event()
+        enough = threading.Event()
+        sentinel_back = threading.Event()
         lock = threading.Lock()
+        last = [time.monotonic()]
+        sentinel = uuid.uuid4().hex
 
         def on_message(message: Any) -> None:
+            message.ack()
+            if message.attributes.get(SENTINEL) == sentinel:
+                sentinel_back.set()
+                return
             with lock:
                 got[message.message_id] = message
+                last[0] = time.monotonic()
                 if len(got) >= expect:
-                    done.set()
-            message.ack()
+                    enough.set()
 
         future = self.subscriber.subscribe(self.dlq_subscription, callback=on_message)
         try:
             if expect:
-                done.wait(timeout_s)
+                enough.wait(timeout_s)
+            self.publisher.publish(self.dlq_topic, b"", **{SENTINEL: sentinel}).result(timeout=60)
+            assert sentinel_back.wait(timeout_s), "the dead-letter subscription delivers nothing"
+            quiet_from = time.monotonic()
+            while True:
+                with lock:
+                    quiet_until = max(quiet_from, last[0]) + quiet_s
+                if time.monotonic() >= quiet_until:
+                    break
+                time.sleep(quiet_until - time.monotonic())
         finally:
             future.cancel()
             future.result(timeout=30)
@@ -112,8 +135,15 @@ class InProcess:
     running: list[Running] = field(default_factory=list)
 
     async def stop_and_wait(self, timeout_s: float = 60) -> None:
+        """Ask the consumer to stop (as SIGTERM does) and wait for it: raises what it failed
+        with, or fails the test if it is still running after ``timeout_s``."""
         self.stop.set()
-        await asyncio.wait_for(self.task, timeout_s)
+        done, _ = await asyncio.wait({self.task}, timeout=timeout_s)
+        if not done:
+            self.task.cancel()
+            await asyncio.wait({self.task}, timeout=10)
+            raise AssertionError(f"the consumer did not stop within {timeout_s:g} s of the stop")
+        self.task.result()
 
 
 @contextlib.asynccontextmanager
@@ -124,10 +154,14 @@ async def consumer_running(config: ConsumerConfig) -> AsyncIterator[InProcess]:
     handle.task = asyncio.create_task(run_consumer(config, stop, on_running=handle.running.append))
     try:
         yield handle
-    finally:
+    except BaseException:
+        # The test failed already: stop the consumer, but report the test's own error.
         stop.set()
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception, asyncio.CancelledError):
             await asyncio.wait_for(handle.task, 60)
+        raise
+    # The checked path: the consumer stops when asked, without an error, within the time.
+    await handle.stop_and_wait()
 
 
 async def wait_until(
