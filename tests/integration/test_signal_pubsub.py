@@ -120,12 +120,21 @@ async def test_a_pubsub_backlog_shows_in_the_age_and_the_desired_replicas(
         assert peak_desired > 1
         assert peak_load > 1
 
-        # Drained: within the rate window (3 s) plus a few ticks, back to the minimum.
+        # Drained: within the rate window (3 s) plus a few ticks, back to the minimum. What is
+        # waited for is everything asserted next: desired replicas is 1 as soon as the load is
+        # at most 1, so waiting for it alone and asserting a load of 0 raced the rate window.
+        def idle(now: dict[str, float]) -> bool:
+            return (
+                now["rowbatch_desired_replicas"] == 1
+                and now["rowbatch_replica_load"] == 0
+                and now["rowbatch_oldest_unwritten_age_seconds"] == 0
+            )
+
         async def settled() -> dict[str, float]:
             deadline = time.monotonic() + 15
             while True:
                 now = await asyncio.to_thread(scrape, port)
-                if now["rowbatch_desired_replicas"] == 1 or time.monotonic() > deadline:
+                if idle(now) or time.monotonic() > deadline:
                     return now
                 await asyncio.sleep(0.25)
 
