@@ -133,10 +133,13 @@ async def test_servers_with_different_model_configs_are_refused_naming_both(
 async def test_a_server_killed_mid_run_loses_nothing_and_rejoins(
     pair: Pair, topics: Topics, pubsub: PubSubEndpoint, tmp_path: Path
 ) -> None:
-    rows = 16_000
+    rows = 20_000
     chunks, expected = backlog(rows, seed=7)
+    # 16,000 rows now, the last 4,000 once the killed server is ready again: it rejoins
+    # with work still to do (with all of them at once, the survivor could finish first).
+    later = len(chunks) * 4 // 5
     feed = Feed(topics.topic, topics.subscription, topics.dlq_topic)
-    await asyncio.to_thread(feed.publish, pubsub, chunks)
+    await asyncio.to_thread(feed.publish, pubsub, chunks[:later])
     sqlite = tmp_path / "killed.sqlite"
     a_url = pair.urls[0]
     async with consumer_running(consumer_config(feed, list(pair.urls), sqlite)) as run:
@@ -160,6 +163,7 @@ async def test_a_server_killed_mid_run_loses_nothing_and_rejoins(
         restarted = await asyncio.to_thread(pair.services[0].start)
         assert restarted.grpc_url == a_url
         ready_at = time.monotonic()
+        await asyncio.to_thread(feed.publish, pubsub, chunks[later:])
         await wait_until(
             lambda: a_healthy() == 1 and requests_per_endpoint(running)[a_url] > requests_at_kill,
             timeout_s=30,
