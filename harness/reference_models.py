@@ -14,6 +14,8 @@ that Triton's answers equal these functions' answers exactly.
   :func:`fixed_latency_batch_s` of wall time (asleep): a model whose ceiling does not move.
 - ``expander``: :func:`expand` — ``Y[i, j] = sin(X[i] + j)`` for ``j < 2048`` (computed in
   float64, returned as float32): 8 bytes in, 8,192 bytes out per row, for memory-budget tests.
+- ``expander_wide``: the same for ``j < 4096`` (:data:`EXPAND_WIDE_DIM`): 16,384 bytes out per
+  row, outputs 2048x the inputs.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import numpy.typing as npt
 EMBEDDING_DIM = 384
 FEATURE_DIM = 16
 EXPAND_DIM = 2048
+EXPAND_WIDE_DIM = 4096
 
 
 def embed(text: str) -> npt.NDArray[np.float32]:
@@ -56,9 +59,10 @@ def score(
     return scores, labels
 
 
-def expand(x: npt.NDArray[np.int64]) -> npt.NDArray[np.float32]:
-    """``Y`` ``[n, 2048]`` float32 for ``X`` ``[n, 1]`` (or ``[n]``) int64."""
-    phase = x.astype(np.float64).reshape(-1, 1) + np.arange(EXPAND_DIM, dtype=np.float64)
+def expand(x: npt.NDArray[np.int64], dim: int = EXPAND_DIM) -> npt.NDArray[np.float32]:
+    """``Y`` ``[n, dim]`` float32 for ``X`` ``[n, 1]`` (or ``[n]``) int64 (``expander``: 2048,
+    ``expander_wide``: :data:`EXPAND_WIDE_DIM`)."""
+    phase = x.astype(np.float64).reshape(-1, 1) + np.arange(dim, dtype=np.float64)
     return np.asarray(np.sin(phase), dtype=np.float32)
 
 

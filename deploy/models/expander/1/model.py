@@ -11,9 +11,9 @@ import triton_python_backend_utils as pb_utils
 EXPAND_DIM = 2048
 
 
-def expand(x):
-    """Y [n, 2048] float32 for X [n, 1] int64 (copy of the reference)."""
-    phase = x.astype(np.float64).reshape(-1, 1) + np.arange(EXPAND_DIM, dtype=np.float64)
+def expand(x, dim=EXPAND_DIM):
+    """Y [n, dim] float32 for X [n, 1] int64 (copy of the reference)."""
+    phase = x.astype(np.float64).reshape(-1, 1) + np.arange(dim, dtype=np.float64)
     return np.asarray(np.sin(phase), dtype=np.float32)
 
 
