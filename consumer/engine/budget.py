@@ -68,7 +68,12 @@ class ByteBudget:
 
     ``ahead`` is what a source holds read ahead of the pipeline (set by the source, never
     waited for): it takes room from ``acquire`` like ``used`` does. A source reads ahead only
-    while there is ``room`` (``watch`` tells it when a release makes some)."""
+    while there is ``room`` (``watch`` tells it when a release makes some).
+
+    ``aside`` is set aside for what the pipeline itself holds on top of the messages' costs
+    (answers being decoded, sink writes' joined batches and encode buffers: see
+    :meth:`set_aside`); it takes room like ``used`` does, so ``used + ahead + aside`` stays
+    within ``limit``."""
 
     def __init__(self, limit: int) -> None:
         if limit <= 0:
@@ -76,6 +81,7 @@ class ByteBudget:
         self.limit = limit
         self._used = 0
         self._ahead = 0
+        self._aside = 0
         self._waiters: list[asyncio.Future[None]] = []
         self._watchers: list[Callable[[], None]] = []
 
@@ -90,12 +96,27 @@ class ByteBudget:
         return self._ahead
 
     @property
+    def aside(self) -> int:
+        """Bytes set aside for the pipeline's own buffers (:meth:`set_aside`)."""
+        return self._aside
+
+    @property
     def room(self) -> int:
         """What is left for the pipeline and read-ahead together (negative: overdrawn)."""
-        return self.limit - self._used - self._ahead
+        return self.limit - self._used - self._ahead - self._aside
 
     def fits(self, n: int) -> bool:
-        return self._used + self._ahead + n <= self.limit or self._used == 0
+        return self._used + self._ahead + self._aside + n <= self.limit or self._used == 0
+
+    def set_aside(self, n: int) -> None:
+        """Hold ``n`` bytes back from messages and read-ahead, for buffers the pipeline holds
+        on top of what each message is charged (at most half the budget)."""
+        if not 0 <= n <= self.limit // 2:
+            raise ValueError(f"can set aside 0 to half the budget ({self.limit}), not {n}")
+        shrunk = n < self._aside
+        self._aside = n
+        if shrunk:
+            self._wake()
 
     async def acquire(self, n: int) -> None:
         """Wait until ``n`` bytes fit, then hold them."""

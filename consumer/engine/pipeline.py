@@ -27,6 +27,11 @@ once, so what is in hand at a rebalance is a few batches and no row is inferred 
 A slow sink slows intake through the byte budget (answered rows stay reserved until written),
 never by holding inference slots. Sink faults are handled by
 :class:`consumer.engine.writer.SinkWriter`.
+
+What the pipeline holds on top of each message's charge is set aside in the same budget
+(:func:`pipeline_share`): the answers being decoded (a response beside its arrays, for every
+request in flight) and the writers' share (joined batches and encode buffers of
+``write_concurrency`` writes), so messages, read-ahead and these together stay within it.
 """
 
 from __future__ import annotations
@@ -44,7 +49,12 @@ from consumer.engine.inference_stage import InferenceStage, Isolate, RunBatch
 from consumer.engine.intake import Intake
 from consumer.engine.intake_stage import IntakeStage
 from consumer.engine.ledger import Ledger
-from consumer.engine.results import Answered, ResultBuilder, split_by_message
+from consumer.engine.results import (
+    Answered,
+    ResultBuilder,
+    largest_write_cost,
+    split_by_message,
+)
 from consumer.engine.settle import Settler
 from consumer.engine.watch import WATCH_INTERVAL_S, PipelineState, Watch
 from consumer.engine.write_stage import WriteStage
@@ -110,6 +120,39 @@ class PipelineSettings:
         )
 
 
+@dataclass(frozen=True)
+class PipelineShare:
+    """What :func:`pipeline_share` sets aside in the budget, in bytes."""
+
+    answers: int
+    """One more copy of every answer in flight while it is decoded (the response's buffers
+    beside the arrays)."""
+    writes: int
+    """The writers' allowance: ``write_concurrency`` of the largest write's cost."""
+
+    @property
+    def total(self) -> int:
+        return self.answers + self.writes
+
+
+def pipeline_share(settings: PipelineSettings, limit: int) -> PipelineShare:
+    """What the pipeline holds besides the messages' charges, at most half of ``limit``
+    (a budget too small for both is shared between them, the writers getting at least half)."""
+    per_row = settings.output_bytes_per_row
+    answers = settings.max_in_flight * settings.target_batch_size * per_row
+    writes = settings.write_concurrency * largest_write_cost(
+        settings.max_write_rows or 4 * settings.target_batch_size,
+        settings.max_write_bytes,
+        settings.target_batch_size,
+        per_row,
+    )
+    cap = limit // 2
+    if answers + writes <= cap:
+        return PipelineShare(answers, writes)
+    writes = max(min(writes, cap - min(answers, cap // 2)), 1)
+    return PipelineShare(max(0, min(answers, cap - writes)), writes)
+
+
 class PipelineFailed(RuntimeError):
     """A part of the pipeline failed for good; unsettled messages were nacked."""
 
@@ -132,9 +175,11 @@ class Pipeline:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         signal: ScalingSignal | None = None,
         watch_interval_s: float = WATCH_INTERVAL_S,
+        trim: Callable[[], None] | None = None,
     ) -> None:
         """``signal``: told of rows received and written and, every ``watch_interval_s``, of
-        the pipeline's state (the autoscaling figure)."""
+        the pipeline's state (the autoscaling figure). ``trim``: hands freed memory back to
+        the system, every ``watch_interval_s`` (the service passes malloc's)."""
         self._source = source
         self._s = settings
         self._metrics = metrics
@@ -210,6 +255,8 @@ class Pipeline:
             target_batch_size=settings.target_batch_size,
             clock=clock,
         )
+        share = pipeline_share(settings, budget.limit)
+        budget.set_aside(share.total)
         self._writers = WriteStage(
             answered=self._answered,
             writer=writer,
@@ -220,6 +267,7 @@ class Pipeline:
             max_write_bytes=settings.max_write_bytes,
             output_bytes_per_row=settings.output_bytes_per_row,
             clock=clock,
+            allowance=ByteBudget(share.writes),
         )
         self.watch = Watch(
             ledger=self._ledger,
@@ -234,6 +282,7 @@ class Pipeline:
             clock=clock,
             wall=wall,
             interval_s=watch_interval_s,
+            trim=trim,
         )
         metrics.budget_bytes.set(budget.limit)
         metrics.target_batch_size.set(settings.target_batch_size)

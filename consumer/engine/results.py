@@ -14,7 +14,12 @@ from numpy.typing import NDArray
 
 from consumer.engine.batcher import Batch
 from consumer.engine.ledger import Ledger
-from consumer.sinks.base import ResultRows
+from consumer.sinks.base import ENCODE_SLICE_BYTES, ResultRows
+
+WRITE_ROW_OVERHEAD_BYTES = 256
+"""Per row of a sink write, what building and encoding it holds besides the row's values: the
+key and id arrays (chunk and message ids as object arrays, row indexes) and the sinks' own
+per-row objects (SQLite's row tuples, PostgreSQL's COPY fields of a slice)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -38,6 +43,36 @@ def split_by_message(part: Answered) -> list[Answered]:
         outputs = {k: v[index] for k, v in part.outputs.items()}
         out.append(Answered(part.batch.select([segment]), outputs, part.model_version))
     return out
+
+
+def part_bytes(part: Answered) -> int:
+    """The bytes of a part's columns, null masks and outputs (what joining it copies)."""
+    batch = part.batch
+    arrays = (*batch.columns.values(), *batch.nulls.values(), *part.outputs.values())
+    return sum(a.nbytes for a in arrays)
+
+
+def write_cost(parts: Sequence[Answered]) -> int:
+    """What one sink write of ``parts`` holds on top of what their messages are charged: the
+    joined batch (a copy of every column and output, when there are several parts),
+    ``WRITE_ROW_OVERHEAD_BYTES`` a row, and the sink's encode buffers (two slices of
+    ``ENCODE_SLICE_BYTES``: the one being encoded and the one being sent)."""
+    rows = sum(len(p.batch) for p in parts)
+    joined = sum(map(part_bytes, parts)) if len(parts) > 1 else 0
+    return joined + rows * WRITE_ROW_OVERHEAD_BYTES + 2 * ENCODE_SLICE_BYTES
+
+
+def largest_write_cost(
+    max_write_rows: int, max_write_bytes: int, batch_rows: int, row_bytes: int
+) -> int:
+    """:func:`write_cost` of the largest write the write stage coalesces: up to
+    ``max_write_rows`` rows of ``row_bytes`` each (inputs and outputs), taken while under
+    ``max_write_bytes`` of outputs (so at most one batch past it)."""
+    rows = max(max_write_rows, batch_rows)
+    joined = min(rows * row_bytes, max_write_bytes + batch_rows * row_bytes)
+    if rows <= batch_rows:
+        joined = 0
+    return joined + rows * WRITE_ROW_OVERHEAD_BYTES + 2 * ENCODE_SLICE_BYTES
 
 
 def merge(parts: Sequence[Answered]) -> tuple[Batch, Mapping[str, NDArray[Any]]]:

@@ -1,6 +1,7 @@
 """The pipeline's watch: every second, the age of the oldest message taken and not yet settled
-(``rowbatch_oldest_unwritten_age_seconds``, from the ledger), and the pipeline's state for the
-scaling signal (saturated, backing off, every inference slot in use)."""
+(``rowbatch_oldest_unwritten_age_seconds``, from the ledger), the pipeline's state for the
+scaling signal (saturated, backing off, every inference slot in use), and handing what malloc
+keeps freed back to the system (``trim``, in a worker thread)."""
 
 from __future__ import annotations
 
@@ -44,7 +45,9 @@ class Watch:
         clock: Clock,
         wall: Callable[[], float],
         interval_s: float = WATCH_INTERVAL_S,
+        trim: Callable[[], None] | None = None,
     ) -> None:
+        """``trim``: called every ``interval_s`` in a worker thread (it may take a few ms)."""
         self._ledger = ledger
         self._metrics = metrics
         self._state = state
@@ -52,6 +55,7 @@ class Watch:
         self._clock = clock
         self._wall = wall
         self.interval_s = interval_s
+        self._trim = trim
 
     def check(self) -> None:
         oldest = self._ledger.oldest_published_at()
@@ -72,4 +76,6 @@ class Watch:
                 self.check()
             except Exception:
                 log.warning("updating the scaling signal failed", exc_info=True)
+            if self._trim is not None:
+                await asyncio.to_thread(self._trim)
             await asyncio.sleep(self.interval_s)

@@ -1,15 +1,22 @@
 """The write stage: each writer takes every answered batch that is waiting (up to
 ``max_write_rows`` rows and ``max_write_bytes`` of outputs) and writes them in one sink write
-(group commit), then settles the messages whose rows are all written."""
+(group commit), then settles the messages whose rows are all written.
+
+What a write holds besides the rows' values (the joined batch, its encode buffers:
+:func:`consumer.engine.results.write_cost`) is taken from ``allowance``, the writers' share of
+the memory budget: a write waits while the other writers hold it, and a coalesced write larger
+than the whole share is split (written a part at a time)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
 
 from consumer.engine.batcher import Clock
+from consumer.engine.budget import ByteBudget
 from consumer.engine.ledger import Ledger
-from consumer.engine.results import Answered
+from consumer.engine.results import Answered, write_cost
 from consumer.engine.settle import Settler
 from consumer.engine.writer import SinkWriter
 from consumer.observe.metrics import Metrics
@@ -32,7 +39,11 @@ class WriteStage:
         max_write_bytes: int,
         output_bytes_per_row: int,
         clock: Clock,
+        allowance: ByteBudget | None = None,
+        cost: Callable[[Sequence[Answered]], int] = write_cost,
     ) -> None:
+        """``allowance``: the writers' share of the memory budget (``None``: not counted);
+        ``cost``: what a write of some parts takes from it."""
         self._answered = answered
         self._writer = writer
         self._ledger = ledger
@@ -43,30 +54,51 @@ class WriteStage:
         self._max_write_bytes = max_write_bytes
         self._per_row = max(1, output_bytes_per_row)
         self._clock = clock
+        self._allowance = allowance
+        self._cost = cost
 
     async def write(self) -> None:
-        held: Answered | None = None  # taken, but of another model version than the write
-        while (first := held or await self._answered.get()) is not None:
-            held = None
+        # Taken but not in this write (of another model version, or past the allowance):
+        # written next, before anything else is taken.
+        held: deque[Answered] = deque()
+        while (first := held.popleft() if held else await self._answered.get()) is not None:
             parts, rows = [first], len(first.batch)
             while (
                 rows < self._max_write_rows
                 and rows * self._per_row < self._max_write_bytes
-                and not self._answered.empty()
+                and (held or not self._answered.empty())
             ):
-                item = self._answered.get_nowait()
+                item = held.popleft() if held else self._answered.get_nowait()
                 if item is None:  # shutdown: write what we hold, then stop
                     self._answered.put_nowait(None)
                     break
                 if item.model_version != first.model_version:  # one version per write
-                    held = item
+                    held.appendleft(item)
                     break
                 parts.append(item)
                 rows += len(item.batch)
             try:
-                await self._write(parts)
+                await self._counted_write(parts, held)
             finally:
                 self._metrics.write_queue_batches.dec(len(parts))
+
+    async def _counted_write(self, parts: list[Answered], held: deque[Answered]) -> None:
+        """``parts`` written, holding their cost in the allowance; parts past the whole
+        allowance are left in ``held`` for the next write."""
+        allowance = self._allowance
+        if allowance is None:
+            await self._write(parts)
+            return
+        while len(parts) > 1 and self._cost(parts) > allowance.limit:
+            held.appendleft(parts.pop())
+        cost = self._cost(parts)
+        await allowance.acquire(cost)
+        self._metrics.write_bytes.set(allowance.used)
+        try:
+            await self._write(parts)
+        finally:
+            allowance.release_now(cost)
+            self._metrics.write_bytes.set(allowance.used)
 
     async def _write(self, parts: Sequence[Answered]) -> None:
         live = [p for p in map(self._live, parts) if p is not None]

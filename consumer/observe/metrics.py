@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from consumer.observe.memory import MemoryCollector
 from consumer.observe.scaling import ScalingGauges
 from wire.dead_letter import ReasonClass
 
@@ -119,6 +120,13 @@ class Metrics:
             "rowbatch_inflight_bytes", "Bytes held against the memory budget", registry=r
         )
         self.budget_bytes = Gauge("rowbatch_budget_bytes", "The memory budget", registry=r)
+        self.write_bytes = Gauge(
+            "rowbatch_write_bytes",
+            "Bytes the sink writes in progress hold besides the outputs they write (joined "
+            "batches, encode buffers), reserved in the memory budget",
+            registry=r,
+        )
+        r.register(MemoryCollector())
         self.inflight_messages = Gauge(
             "rowbatch_inflight_messages", "Messages taken but not yet settled", registry=r
         )

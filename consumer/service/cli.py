@@ -14,6 +14,7 @@ from pathlib import Path
 from consumer.engine.pipeline import PipelineFailed
 from consumer.model.binding import Binding, BindingError, check_binding
 from consumer.model.discovery import ModelConfigError, ModelDiscoveryError
+from consumer.observe.memory import return_freed_memory
 from consumer.service import admin, logs
 from consumer.service.adapters import check_source_credentials
 from consumer.service.config import ConfigError, ConsumerConfig, load_config
@@ -157,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     logs.configure(config.log_format, config.log_level)
     try:
         check_source_credentials(config.source)  # at once, before waiting for anything
+        if args.command == "run":
+            return_freed_memory()  # before the threads start: RSS follows the budget
         run_bounded(_run(config) if args.command == "run" else _check(config))
     except _STARTUP_ERRORS as exc:
         print(f"error: {exc}", file=sys.stderr)

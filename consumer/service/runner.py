@@ -29,6 +29,7 @@ from consumer.model.inference import (
     error_kind,
 )
 from consumer.model.spec_match import same_spec
+from consumer.observe.memory import trim
 from consumer.observe.metrics import Metrics
 from consumer.service.adapters import (
     make_sink,
@@ -176,6 +177,7 @@ async def run_consumer(
             budget=ByteBudget(config.budget_bytes),
             metrics=metrics,
             signal=signal,
+            trim=trim,
         )
         log.info(
             "consuming: model %s v%s on %s (spec from %s), batch size %d, %d in flight (%s), "

@@ -91,6 +91,10 @@ class Sink(Protocol):
 
 # --- helpers shared by the sink adapters ------------------------------------------------------
 
+#: A sink encodes a write in slices of about this many bytes of row values (PostgreSQL's COPY
+#: data, Parquet's data pages), so what it holds to encode a write does not grow with it.
+ENCODE_SLICE_BYTES: int = 1024 * 1024
+
 #: The columns every result table has besides the passthrough and output columns.
 KEY_COLUMNS: tuple[str, str] = ("chunk_id", "row_index")
 RESERVED_COLUMNS: frozenset[str] = frozenset(

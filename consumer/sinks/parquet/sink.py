@@ -11,7 +11,6 @@ from typing import Any, Final
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from consumer.sinks.base import ResultRows, SinkError, TableSpec, in_thread
 from consumer.sinks.parquet.faults import classify_parquet_error, store_fault
@@ -190,6 +189,8 @@ class ParquetSink:
     def _apply_deletions(self, index: KeyIndex) -> None:
         """Rewrites every file holding a journalled chunk without it, then forgets the keys.
         Safe to repeat: a file already rewritten has nothing left to remove."""
+        import pyarrow.compute as pc  # noqa: PLC0415 (12 MiB of RSS: only when deleting)
+
         doomed, files = index.deletions()
         gone = pa.array(doomed, type=pa.string())
         emptied: list[int] = []

@@ -13,6 +13,7 @@ import psycopg
 from psycopg import sql
 
 from consumer.sinks.base import (
+    ENCODE_SLICE_BYTES,
     ResultRows,
     RowsRejected,
     SinkError,
@@ -31,7 +32,17 @@ log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 _Conn = psycopg.AsyncConnection[Any]
 
-_SLICE_ROWS: Final = 2_000  # rows encoded per COPY write
+_SLICE_ROWS: Final = 2_000  # most rows encoded per COPY write
+
+
+def slice_rows(rows: ResultRows) -> int:
+    """Rows per COPY slice: at most ``_SLICE_ROWS``, and about ``ENCODE_SLICE_BYTES`` of COPY
+    data (a binary COPY field of a number takes 4 bytes of length beside its value, so a row's
+    encoding is up to twice its values; 64 bytes for the key, ids and names)."""
+    n = len(rows)
+    arrays = (*rows.passthrough.values(), *rows.outputs.values())
+    per_row = 64 + 2 * sum(a.nbytes for a in arrays) // max(n, 1)
+    return max(1, min(_SLICE_ROWS, ENCODE_SLICE_BYTES // per_row))
 
 
 class PostgresSink:
@@ -77,7 +88,8 @@ class PostgresSink:
         check_keys(rows)
         for col in columns:
             column_values(rows, col.spec)  # shapes, before anything is sent
-        parts = [slice(lo, min(lo + _SLICE_ROWS, n)) for lo in range(0, n, _SLICE_ROWS)]
+        step = slice_rows(rows)
+        parts = [slice(lo, min(lo + step, n)) for lo in range(0, n, step)]
         statements = self._sql
 
         async def copy_and_insert(conn: _Conn) -> None:
