@@ -53,6 +53,8 @@ from tests.integration.test_consumer_pubsub import (
 )
 from wire.chunks import EncodedChunk, encode_chunk
 
+REWRITTEN_MAX = 0.01
+"""Of the rows, the share a group that grows and shrinks may write twice (0 seen)."""
 SCORER_BINDING = {
     "inputs": {"features": "FEATURES", "count": "COUNT"},
     "outputs": {"SCORE": "score", "LABEL": "label"},
@@ -217,8 +219,12 @@ async def test_a_group_that_grows_and_shrinks_mid_run_writes_every_row_exactly_o
     assert sum(end.values()) == len(chunks)
     for registry in registries:
         assert dead_lettered(registry) == {}
+    # The sink upserts, so a row written twice is not in the table twice, but each one is work
+    # done again: a member that leaves drains and commits first, and at a revoke the records
+    # in flight are finished and committed within revoke_grace_s (2 s), the rest withdrawn
+    # unsent. So (almost) none: 0 in the runs seen; a batch or so caught by the grace is let be.
     rewritten = sum(written(r) for r in registries) - total
-    assert rewritten >= 0
+    assert 0 <= rewritten <= REWRITTEN_MAX * total, f"rows written twice: {rewritten:.0f}"
     print(
         f"\n{total} rows in {len(chunks)} records over {t.partitions} partitions, 4 members "
         f"(3, then 4, then 2): done in {finished:.1f} s ({total / finished:.0f} rows/s); "

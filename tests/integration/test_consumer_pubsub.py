@@ -231,6 +231,7 @@ async def test_poison_messages_are_dead_lettered_with_reasons_and_the_rest_writt
             "rejected-by-model": 1, "schema-mismatch": 1, "undecodable": 2
         }  # fmt: skip
     dead = topics.dead_letters(expect=4)
+    assert len(dead) == 4, [m.attributes["rowbatch-dlq-message-id"] for m in dead]
     assert {m.attributes["rowbatch-dlq-message-id"]: m.attributes["rowbatch-dlq-reason"]
             for m in dead} == bad_ids  # fmt: skip
     for m in dead:

@@ -304,6 +304,8 @@ async def test_dead_letter_publishes_reason_and_acks_original(
     assert source.outstanding == 0
 
     [dead] = await asyncio.to_thread(_pull, clients[1], names.dlq_subscription, 1)
+    # ... and only once: nothing more comes within a quiet second and a half
+    assert await asyncio.to_thread(_pull, clients[1], names.dlq_subscription, 1, 1.5) == []
     assert dead.data == b"\x00not-json"
     attrs = dict(dead.attributes)
     assert {k: attrs[k] for k in original} == original

@@ -362,6 +362,8 @@ async def test_dead_letter_carries_the_counted_attempt_and_acks_the_original(
         delivery, DeadLetterReason(ReasonClass.TOO_MANY_ATTEMPTS, "delivered 3 times")
     )
     [dead] = await asyncio.to_thread(_pull, clients[1], names.dlq_subscription, 1, _WAIT_S)
+    # ... and only once: nothing more comes within a quiet second and a half
+    assert await asyncio.to_thread(_pull, clients[1], names.dlq_subscription, 1, 1.5) == []
     assert dead.data == b"\x00poison"
     attrs = dict(dead.attributes)
     assert attrs["data"] == "x"
