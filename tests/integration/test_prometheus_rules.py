@@ -196,6 +196,7 @@ def test_alerts_fire_and_every_rule_and_panel_has_data(
         queries = dashboard_queries()
         empty = [(what, expr) for what, expr in queries if not has_finite_value(prom.query(expr))]
         assert empty == [], f"dashboard queries without data: {empty}"
+    assert proc.terminate(60) == 0, proc.log()  # a clean stop (the fixture only kills)
     print(
         f"\nboth alerts fired (the paused one {paused_at:.1f} s into the test); "
         f"{len(recorded)} recording rules and {len(queries)} dashboard queries have data; "
