@@ -135,6 +135,11 @@ class PipelineShare:
         return self.answers + self.writes
 
 
+INPUT_ROW_BYTES = 128
+"""Bytes of a row's input columns assumed when sizing the writers' share (a joined batch
+copies them with the outputs): enough for the writes of small rows to run side by side."""
+
+
 def pipeline_share(settings: PipelineSettings, limit: int) -> PipelineShare:
     """What the pipeline holds besides the messages' charges, at most half of ``limit``
     (a budget too small for both is shared between them, the writers getting at least half)."""
@@ -144,7 +149,7 @@ def pipeline_share(settings: PipelineSettings, limit: int) -> PipelineShare:
         settings.max_write_rows or 4 * settings.target_batch_size,
         settings.max_write_bytes,
         settings.target_batch_size,
-        per_row,
+        per_row + INPUT_ROW_BYTES,
     )
     cap = limit // 2
     if answers + writes <= cap:

@@ -56,23 +56,24 @@ def write_cost(parts: Sequence[Answered]) -> int:
     """What one sink write of ``parts`` holds on top of what their messages are charged: the
     joined batch (a copy of every column and output, when there are several parts),
     ``WRITE_ROW_OVERHEAD_BYTES`` a row, and the sink's encode buffers (two slices of
-    ``ENCODE_SLICE_BYTES``: the one being encoded and the one being sent)."""
+    ``ENCODE_SLICE_BYTES``, the one being encoded and the one being sent; at most twice the
+    write's values, for small writes)."""
     rows = sum(len(p.batch) for p in parts)
-    joined = sum(map(part_bytes, parts)) if len(parts) > 1 else 0
-    return joined + rows * WRITE_ROW_OVERHEAD_BYTES + 2 * ENCODE_SLICE_BYTES
+    data = sum(map(part_bytes, parts))
+    joined = data if len(parts) > 1 else 0
+    return joined + rows * WRITE_ROW_OVERHEAD_BYTES + min(2 * ENCODE_SLICE_BYTES, 2 * data)
 
 
 def largest_write_cost(
     max_write_rows: int, max_write_bytes: int, batch_rows: int, row_bytes: int
 ) -> int:
     """:func:`write_cost` of the largest write the write stage coalesces: up to
-    ``max_write_rows`` rows of ``row_bytes`` each (inputs and outputs), taken while under
-    ``max_write_bytes`` of outputs (so at most one batch past it)."""
+    ``max_write_rows`` rows of ``row_bytes`` each, taken while under ``max_write_bytes`` of
+    outputs (so at most one batch past it)."""
     rows = max(max_write_rows, batch_rows)
-    joined = min(rows * row_bytes, max_write_bytes + batch_rows * row_bytes)
-    if rows <= batch_rows:
-        joined = 0
-    return joined + rows * WRITE_ROW_OVERHEAD_BYTES + 2 * ENCODE_SLICE_BYTES
+    data = min(rows * row_bytes, max_write_bytes + batch_rows * row_bytes)
+    joined = data if rows > batch_rows else 0
+    return joined + rows * WRITE_ROW_OVERHEAD_BYTES + min(2 * ENCODE_SLICE_BYTES, 2 * data)
 
 
 def merge(parts: Sequence[Answered]) -> tuple[Batch, Mapping[str, NDArray[Any]]]:

@@ -19,7 +19,7 @@ from prometheus_client import generate_latest
 from consumer.engine.batcher import Batch, Segment
 from consumer.engine.budget import ByteBudget
 from consumer.engine.ledger import Entry, Ledger
-from consumer.engine.pipeline import PipelineSettings, pipeline_share
+from consumer.engine.pipeline import INPUT_ROW_BYTES, PipelineSettings, pipeline_share
 from consumer.engine.results import (
     WRITE_ROW_OVERHEAD_BYTES,
     Answered,
@@ -98,16 +98,20 @@ def stage(
 
 def test_write_cost_counts_the_joined_copy_rows_and_encode_slices() -> None:
     ledger = Ledger()
-    one, two = answered(ledger, 10), answered(ledger, 30)
+    one, two = answered(ledger, 10), answered(ledger, 300)
     slices = 2 * ENCODE_SLICE_BYTES
-    assert write_cost([one]) == 10 * WRITE_ROW_OVERHEAD_BYTES + slices  # nothing joined
-    joined = (10 + 30) * (DIM * 4 + 8)  # outputs and the x column, copied into one batch
-    assert write_cost([one, two]) == joined + 40 * WRITE_ROW_OVERHEAD_BYTES + slices
+    row = DIM * 4 + 8  # outputs and the x column
+    # nothing joined; encode buffers of at most twice the write's values
+    assert write_cost([one]) == 10 * WRITE_ROW_OVERHEAD_BYTES + 2 * 10 * row
+    joined = (10 + 300) * row  # copied into one batch
+    assert write_cost([one, two]) == joined + 310 * WRITE_ROW_OVERHEAD_BYTES + slices
     # the largest coalesced write: up to max_write_bytes of outputs, plus one batch past it
     past = (1 << 20) + 128 * 10_000
     assert largest_write_cost(512, 1 << 20, 128, 10_000) == past + 512 * 256 + slices
-    assert largest_write_cost(512, 1 << 20, 128, 1000) == 512_000 + 512 * 256 + slices
-    assert largest_write_cost(128, 1 << 20, 128, 1000) == 128 * 256 + slices  # one batch
+    assert largest_write_cost(512, 1 << 20, 128, 1000) == 512_000 + 512 * 256 + 2 * 512_000
+    assert largest_write_cost(128, 1 << 20, 128, 10_000) == 128 * 256 + slices  # one batch
+    # small rows: the encode buffers are at most twice the write's values
+    assert largest_write_cost(1024, 1 << 20, 256, 8) == 8192 + 1024 * 256 + 2 * 8192
 
 
 async def test_a_coalesced_write_larger_than_the_writers_share_is_split() -> None:
@@ -169,7 +173,8 @@ def test_the_pipeline_sets_aside_answers_in_flight_and_the_writers_share() -> No
     s = settings()
     share = pipeline_share(s, 128 * 1024 * 1024)
     assert share.answers == 4 * 128 * 16384  # a second copy of each answer being decoded
-    assert share.writes == 2 * largest_write_cost(512, s.max_write_bytes, 128, 16384)
+    row = 16384 + INPUT_ROW_BYTES
+    assert share.writes == 2 * largest_write_cost(512, s.max_write_bytes, 128, row)
     # a small budget: never more than half of it, the writers getting at least half of that
     small = pipeline_share(s, 16 * 1024 * 1024)
     assert small.total <= 8 * 1024 * 1024
