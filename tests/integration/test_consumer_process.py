@@ -274,19 +274,17 @@ def test_sigterm_mid_run_exits_0_within_grace_and_loses_nothing(
 # --- memory: a 64 MiB budget with outputs 1024x the inputs ----------------------------------
 
 MEMORY_BUDGET = 64 * MiB
-MEMORY_OVERHEAD = 64 * MiB
-"""Fixed overhead allowed above ``baseline + budget`` (budget + overhead = 128 MiB, inside the
-150 MB over baseline the benchmark aims at). The budget reserves the *expected* outputs of
-every admitted row, and since inference no longer waits for sink writes, answered batches
-really do wait for the writers up to that budget when the sink is the slower stage (the peak
-in-flight gauge reads 62.7 of 64 MiB here). Above it: the writers' transient copies (at most
-``write_concurrency`` writes of <= ``max_write_bytes`` = 2 MiB of outputs each, plus their
-encoding), and a one-off step on first use that does not grow with the volume: lazily
-imported code paths (the Arrow IPC reader, the inference call), gRPC channel buffers, glibc
-arenas of the threads that start then (Pub/Sub stream, leaser, dispatcher, the sink's
-thread), SQLite's page cache, and the Pub/Sub client's leased messages (the emulator ignores
-flow control and sends the whole 1 MiB backlog at once). Measured in total with the SQLite
-sink: 104-108 MiB over the baseline (27-35 MiB when inference waited for each write)."""
+MEMORY_OVERHEAD = 32 * MiB
+"""Fixed overhead allowed above ``baseline + budget``. It holds because the budget now counts
+what the pipeline holds besides each message's charge (it sets aside room for the answers
+being decoded and for the writers' joined batches and encode buffers: the in-flight gauge
+tops out near 50 of the 64 MiB, the write gauge near 9), and freed memory leaves RSS (a fixed
+mmap threshold and two malloc arenas, pyarrow on malloc: docs/memory.md). What is left above
+the budget does not grow with the volume: malloc's free lists below the mmap threshold (the
+``malloc_kept`` part, 10-25 MiB), the one-off step of first use (code pages of lazily used
+paths, gRPC channel buffers, the threads' stacks, SQLite's page cache) and the Pub/Sub
+client's pulled messages. Measured with the SQLite sink: 62-70 MiB over the baseline, i.e.
+the budget plus 0-6 MiB (104-108 MiB before, with the allowance raised to 64 MiB)."""
 
 
 @pytest.mark.timeout(300)
@@ -334,8 +332,9 @@ def test_peak_rss_stays_within_budget_plus_fixed_overhead(
             peak_inflight = max(peak_inflight, inflight or 0.0)
             samples += 1
             written = proc.metric("rowbatch_rows_written_total") or 0.0
-            rss_mib = proc.memory_kib()["VmRSS"] / 1024
-            rss_by_progress.setdefault(int(4 * written / total), round(rss_mib))
+            rss_mib = round(proc.memory_kib()["VmRSS"] / 1024)
+            quarter = min(3, int(4 * written / total))  # the peak of each quarter written
+            rss_by_progress[quarter] = max(rss_by_progress.get(quarter, 0), rss_mib)
             return written == total
 
         run_s = wait_for(all_written, 120, f"{total} rows written", proc, every_s=0.05)
@@ -358,14 +357,13 @@ def test_peak_rss_stays_within_budget_plus_fixed_overhead(
         f"peak RSS {peak / MiB:.1f} MiB is {over / MiB:.1f} MiB over the baseline "
         f"{baseline / MiB:.1f} MiB: more than the budget plus {MEMORY_OVERHEAD / MiB:.0f} MiB"
     )
-    # Nothing grows with the volume: answered batches may wait for the writers up to the
-    # budget, which fills during the first half; the second half (234 MiB of outputs) ends
-    # no higher than the first half's peak plus a fifth of that volume. Measured (numpy 2):
-    # second-half peak - first-half peak +15 to +32 MiB, not rising from the third quarter to
-    # the fourth; a consumer whose RSS grew with the volume would exceed the bound.
-    first_half = max(rss for quarter, rss in rss_by_progress.items() if quarter <= 2)
-    second_half = max(rss for quarter, rss in rss_by_progress.items() if quarter >= 3)
-    growth_allowed = output_bytes / 2 / 5 / MiB
+    # Nothing grows with the volume: the budget fills during the first quarter, so the
+    # second half's RSS peak (234 MiB of outputs written) stays within a twentieth of that
+    # volume of the first half's peak (each quarter's peak, sampled every 50 ms). A consumer
+    # that kept even 5% of what it wrote would exceed it.
+    first_half = max(rss for quarter, rss in rss_by_progress.items() if quarter <= 1)
+    second_half = max(rss for quarter, rss in rss_by_progress.items() if quarter >= 2)
+    growth_allowed = output_bytes / 2 / 20 / MiB
     assert second_half - first_half <= growth_allowed, (
         f"RSS (MiB) by quarter written: {rss_by_progress}"
     )
