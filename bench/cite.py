@@ -41,7 +41,7 @@ from bench.report import Target, targets_table
 from bench.spread import Spread, spread
 
 REPO = Path(__file__).resolve().parent.parent
-CITING = ("README.md", "docs/benchmarks.md", "docs/memory.md")
+CITING = ("README.md", "docs/benchmarks.md", "docs/memory.md", "docs/autoscaling.md")
 """The Markdown files whose blocks are checked (those present)."""
 
 _BLOCK = re.compile(

@@ -91,7 +91,7 @@ def test_harness_help_is_plain(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def _bench_helps() -> dict[str, Callable[[], object]]:
-    from bench import chaos, cli, multi_endpoint, naive, pubsub_intake, reference
+    from bench import chaos, cite, cli, multi_endpoint, naive, pubsub_intake, reference
     from bench.autoscale import cli as autoscale
     from bench.autoscale_real import cli as autoscale_real
 
@@ -104,6 +104,7 @@ def _bench_helps() -> dict[str, Callable[[], object]]:
         "python -m bench.naive": lambda: naive.main(["--help"]),
         "python -m bench.pubsub_intake": lambda: pubsub_intake.main(["--help"]),
         "python -m bench.reference": lambda: reference.main(["--help"]),
+        "python -m bench.cite": lambda: cite.main(["--help"]),
     }
 
 
@@ -118,6 +119,7 @@ def _bench_helps() -> dict[str, Callable[[], object]]:
         "python -m bench.naive",
         "python -m bench.pubsub_intake",
         "python -m bench.reference",
+        "python -m bench.cite",
     ],
 )
 def test_bench_help_is_plain(name: str, capsys: pytest.CaptureFixture[str]) -> None:
