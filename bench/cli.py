@@ -1,7 +1,7 @@
 """``python -m bench``: start the local stack, run the chosen sections, print a table per
 section and write everything to JSON.
 
-    python -m bench                               everything (about 15 minutes)
+    python -m bench                               everything (about an hour on 2 cores)
     python -m bench --only naive,saturation --repeat 3 --record NAME
                                                   three runs in one stack, kept in the repo as
                                                   bench/results/NAME.json (the figures, their
