@@ -182,7 +182,10 @@ def load_spread(recorded: Mapping[str, Any]) -> dict[str, Spread]:
 def headline(recorded: Mapping[str, Any], name: str) -> str:
     """The Markdown table of :data:`HEADLINES` from a recorded run's JSON."""
     found = load_spread(recorded)
-    runs = len(recorded.get("repeats", [recorded["sections"]]))
+    repeats = recorded.get("repeats", [recorded["sections"]])
+    runs = len(repeats)
+    per_section = {name: sum(1 for r in repeats if name in r) for r in repeats for name in r}
+    counted = ", ".join(f"{name} {n}" for name, n in per_section.items())
     machine = recorded.get("machine") or {}
     lines = [
         "| figure | " + " | ".join(title for _, title in BROKER_COLUMNS) + " |",
@@ -196,7 +199,8 @@ def headline(recorded: Mapping[str, Any], name: str) -> str:
     run = recorded["run"]
     lines.append("")
     lines.append(
-        f"Median (least-greatest) over {runs} run{'s' if runs > 1 else ''} in one stack: "
+        f"Median (least-greatest) over {runs} run{'s' if runs > 1 else ''} in one stack "
+        f"(runs that completed each section: {counted}): "
         f"`{run['command']}`, {run['started_at']}; "
         f"{machine.get('cores', run.get('cpu_count'))} cores, {machine.get('cpu_model', '?')}, "
         f"calibration {machine.get('calibration_us', 0):,.0f} us "
