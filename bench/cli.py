@@ -42,7 +42,7 @@ from bench import (
 )
 from bench.help_text import description
 from bench.report import Report, RunInfo
-from bench.stack import Bench, bench_stack
+from bench.stack import Bench, bench_stack, drop_pubsub_feeds
 from bench.targets import check_targets
 from harness.service import REPO_ROOT
 
@@ -213,8 +213,21 @@ def _run_sections(args: BenchArgs, report: Report, bench: Bench) -> None:
         except Exception as exc:  # noqa: BLE001 - one failed section must not lose the rest
             traceback.print_exc()
             report.fail(name, f"{type(exc).__name__}: {exc}", time.monotonic() - t0)
-            continue
-        report.add(name, result, time.monotonic() - t0)
+        else:
+            report.add(name, result, time.monotonic() - t0)
+        finally:
+            _after_section(args, report, bench)
+
+
+def _after_section(args: BenchArgs, report: Report, bench: Bench) -> None:
+    """Free the emulator's heap for the next section and keep the recorded tables current, so
+    a run that dies later still leaves what it measured."""
+    try:
+        drop_pubsub_feeds(bench.stack.pubsub)
+    except Exception as exc:  # noqa: BLE001 - a failed clean-up is reported, not fatal
+        print(f"  (could not drop the section's Pub/Sub topics: {exc})", flush=True)
+    if args.record is not None:
+        _write_tables(report, args.out.with_suffix(".txt"))
 
 
 def _write_tables(report: Report, path: Path) -> None:

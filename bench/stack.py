@@ -20,6 +20,7 @@ from google.pubsub_v1 import types as pstypes
 from psycopg import sql
 
 from harness.kafka import create_topic
+from harness.pubsub import PubSubEndpoint
 from harness.service import RunDir
 from harness.stack import StackEndpoints, local_stack
 from producer.loadgen import LoadKind, LoadSpec, plan_messages
@@ -38,6 +39,7 @@ SinkKind = Literal["sqlite", "postgres", "parquet"]
 BROKERS: tuple[Broker, ...] = ("pubsub", "kafka")
 SINKS: tuple[SinkKind, ...] = ("sqlite", "postgres", "parquet")
 KAFKA_PARTITIONS = 6
+BENCH_PUBSUB_HEAP = "2g"  # the emulator's -Xmx; see drop_pubsub_feeds
 
 TEXT_BINDING: Mapping[str, Any] = {
     "inputs": {"text": "TEXT"},
@@ -76,8 +78,30 @@ def bench_stack(root: Path, quick: bool) -> Iterator[Bench]:
     every service is stopped by pid when the block ends."""
     run = RunDir(root / time.strftime("%Y%m%d-%H%M%S"))
     run.root.mkdir(parents=True, exist_ok=True)
-    with local_stack(run) as stack:
+    with local_stack(run, pubsub_heap=BENCH_PUBSUB_HEAP) as stack:
         yield Bench(stack, run.data("bench"), quick)
+
+
+def drop_pubsub_feeds(pubsub: PubSubEndpoint) -> int:
+    """Delete every subscription and topic of ``pubsub.project``; returns how many went.
+
+    The emulator keeps each topic's messages in its heap until the topic is deleted: a
+    three-run ``--repeat`` published enough to exhaust it (GOAWAY frame-too-large, then
+    OutOfMemoryError), so the runner drops them after each section."""
+    project = f"projects/{pubsub.project}"
+    publisher, subscriber = pubsub.publisher(), pubsub.subscriber()
+    dropped = 0
+    try:
+        for sub in list(subscriber.list_subscriptions(request={"project": project})):
+            subscriber.delete_subscription(request={"subscription": sub.name})
+            dropped += 1
+        for topic in list(publisher.list_topics(request={"project": project})):
+            publisher.delete_topic(request={"topic": topic.name})
+            dropped += 1
+    finally:
+        publisher.transport.close()
+        subscriber.close()
+    return dropped
 
 
 def unique(prefix: str) -> str:

@@ -9,6 +9,7 @@ proxy into the cache. ``PubSubEndpoint.kind`` says which one ran. Force one with
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -133,9 +134,15 @@ def _build_pstest() -> Path:
 class PubSubService(ManagedService[PubSubEndpoint]):
     name = "pubsub"
 
-    def __init__(self, run: RunDir, project: str = DEFAULT_PROJECT) -> None:
+    def __init__(self, run: RunDir, project: str = DEFAULT_PROJECT, heap: str = "512m") -> None:
+        """``heap`` is the emulator JVM's -Xmx: 512m suits tests; a benchmark that publishes
+        millions of messages over an hour passes more (the emulator keeps every topic's
+        messages in memory until it is deleted)."""
+        if not re.fullmatch(r"[1-9][0-9]*[mg]", heap):
+            raise ValueError(f"heap {heap!r}: a JVM size such as 512m or 2g")
         self._run = run
         self._project = project
+        self._heap = heap
         self._proc: ServiceProcess | None = None
 
     def _argv(self, kind: PubSubKind, port: int) -> list[str]:
@@ -158,7 +165,7 @@ class PubSubService(ManagedService[PubSubEndpoint]):
             argv=self._argv(kind, port),
             log_path=self._run.log("pubsub"),
             cwd=data,
-            env={**os.environ, "JAVA_TOOL_OPTIONS": "-Xmx512m"},
+            env={**os.environ, "JAVA_TOOL_OPTIONS": f"-Xmx{self._heap}"},
         )
         self._proc.start()
         self._proc.wait_ready(lambda: _answers(endpoint), timeout_s=_READY_TIMEOUT_S)

@@ -66,12 +66,14 @@ def _timed(service: ManagedService[Any]) -> Callable[[], tuple[Any, float]]:
 
 
 @contextlib.contextmanager
-def local_stack(run: RunDir, prometheus: bool = False) -> Iterator[StackEndpoints]:
+def local_stack(
+    run: RunDir, prometheus: bool = False, pubsub_heap: str = "512m"
+) -> Iterator[StackEndpoints]:
     """Start all four services in parallel (then Prometheus, scraping Triton and consumers, if
     asked); stop every one that started, even on failure."""
     services: dict[str, ManagedService[Any]] = {
         "kafka": KafkaService(run),
-        "pubsub": PubSubService(run),
+        "pubsub": PubSubService(run, heap=pubsub_heap),
         "triton": TritonService(run),
         "postgres": PostgresService(run),
     }
