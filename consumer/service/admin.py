@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import sys
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from consumer.service.adapters import kafka_source_config
 from consumer.service.config import (
@@ -29,11 +29,10 @@ from consumer.service.config import (
 )
 from consumer.sources.admin_plan import AdminFailed, AdminUnreachable, Plan
 from consumer.sources.base import SourceConfigError
-from consumer.sources.kafka.admin import AioKafkaAdmin, TopicSpec
-from consumer.sources.kafka.admin import ensure as ensure_kafka
-from consumer.sources.pubsub.admin import GooglePubSubAdmin, PubSubLayout, SubscriptionSpec
-from consumer.sources.pubsub.admin import ensure as ensure_pubsub
 from wire.pubsub_env import project_of
+
+if TYPE_CHECKING:  # each broker's client is imported only when its source is configured
+    from consumer.sources.pubsub.admin import PubSubLayout
 
 EXIT_OK = 0
 EXIT_REFUSED = 1
@@ -45,6 +44,8 @@ EXIT_UNREACHABLE = 4
 def pubsub_layout(settings: PubSubSettings) -> PubSubLayout:
     """What ``settings`` needs on Pub/Sub; ``ConfigError`` when a field the creation needs
     is missing."""
+    from consumer.sources.pubsub.admin import PubSubLayout, SubscriptionSpec  # noqa: PLC0415
+
     if settings.topic is None or settings.dead_letter_topic is None:
         what = {"topic": "what the subscription reads", "dead_letter_topic": "for dead letters"}
         missing = [f"source.{n} ({w})" for n, w in what.items() if getattr(settings, n) is None]
@@ -67,6 +68,9 @@ def pubsub_layout(settings: PubSubSettings) -> PubSubLayout:
 
 
 def _ensure_pubsub(settings: PubSubSettings, *, dry_run: bool, timeout_s: float) -> Plan:
+    from consumer.sources.pubsub.admin import GooglePubSubAdmin  # noqa: PLC0415
+    from consumer.sources.pubsub.admin import ensure as ensure_pubsub  # noqa: PLC0415
+
     layout = pubsub_layout(settings)
     admin = GooglePubSubAdmin(timeout_s=timeout_s, project=project_of(settings.subscription))
     try:
@@ -76,6 +80,9 @@ def _ensure_pubsub(settings: PubSubSettings, *, dry_run: bool, timeout_s: float)
 
 
 async def _ensure_kafka(settings: KafkaSettings, *, dry_run: bool, timeout_s: float) -> Plan:
+    from consumer.sources.kafka.admin import AioKafkaAdmin, TopicSpec  # noqa: PLC0415
+    from consumer.sources.kafka.admin import ensure as ensure_kafka  # noqa: PLC0415
+
     connection = kafka_source_config(settings)
     topics = [
         (
