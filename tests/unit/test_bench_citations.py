@@ -71,6 +71,20 @@ def test_the_readme_cites_a_recorded_run() -> None:
         assert name.startswith("bench/results/"), name
 
 
+def test_every_headline_names_a_figure_of_the_recorded_run() -> None:
+    """A headline whose figure name drifted from bench/spread.py's would silently drop its
+    row from the README: each must find a figure in the run the README cites."""
+    recorded = json.loads((cite.REPO / "bench/results/saturation-2026-12-02.json").read_text())
+    found = cite.load_spread(recorded)
+    brokers = [b for b, _ in cite.BROKER_COLUMNS]
+    missing = [
+        h.label
+        for h in cite.HEADLINES
+        if not any(h.figure.format(broker=b) in found for b in brokers)
+    ]
+    assert missing == []
+
+
 def test_spread_is_median_least_and_greatest_over_the_runs() -> None:
     found = spread(RUNS)[FIGURE]
     assert found == Spread(0.98, 0.95, 0.99, (0.98, 0.95, 0.99))
