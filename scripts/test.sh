@@ -106,7 +106,7 @@ done
 echo "[test] pytest on Python $main_full (.venv: unit and integration)"
 started=$SECONDS
 set +e
-.venv/bin/python -m pytest -q -ra "$@"
+.venv/bin/python -m pytest -q -ra --durations=15 "$@"
 code=$?
 set -e
 tested_s=$((SECONDS - started))
