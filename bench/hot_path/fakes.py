@@ -16,6 +16,7 @@ from tritonclient.grpc import InferRequestedOutput
 from tritonclient.grpc._utils import _get_inference_request
 
 from bench.hot_path.timers import Stages
+from consumer.model.answer import Answer
 from consumer.model.binding import Binding
 from consumer.model.discovery import ModelSpec
 from consumer.sinks import parquet, sqlite
@@ -102,7 +103,7 @@ class FakeTriton:
 
     async def infer(
         self, inputs: Sequence[Any], outputs: Sequence[str], *, client_timeout: float | None = None
-    ) -> dict[str, NDArray[Any]]:
+    ) -> Answer:
         self._encode(inputs, outputs)
         rows = int(inputs[0].shape()[0])
         if rows not in self._answers:
@@ -112,7 +113,7 @@ class FakeTriton:
                 )
                 for t in self._spec.outputs
             }
-        return {name: self._answers[rows][name] for name in outputs}
+        return Answer({name: self._answers[rows][name] for name in outputs})
 
 
 class PgEncodeSink:

@@ -12,8 +12,9 @@ from bench.hot_path.fakes import BINDINGS, MODELS, FakeTriton, make_sink
 from bench.hot_path.pipeline_run import run_pipeline
 from bench.hot_path.timers import Stages
 from consumer.engine import batcher, intake, ledger, results
+from consumer.model import handler as handler_module
+from consumer.model.handler import OipHandler
 from consumer.model.inference import RetryingInferencer
-from consumer.service import model_wiring as service
 from consumer.sinks import parquet
 from consumer.sinks.postgres import copy_binary
 from consumer.sinks.sqlite import sink as sqlite_sink
@@ -27,17 +28,17 @@ def run_once(
     """(total CPU s, stage CPU s, rows, profile) for one run of the pipeline over ``deliveries``."""
     spec, binding = MODELS[kind], BINDINGS[kind]
     stages = Stages()
-    check = stages.wrap(
-        "check", service.make_check(spec, binding, {"id": ColumnType.parse("int64")})
-    )
     inferencer = RetryingInferencer(FakeTriton(spec, stages))
+    passthrough = {"id": ColumnType.parse("int64")}
+    handler = OipHandler(inferencer, spec, binding, passthrough, max(spec.preferred_batch_sizes))
+    check = stages.wrap("check", handler.check)
     targets = [
         (intake, "decode_chunk", "decode"),
         (intake.Intake, "rows", "intake"),
         (batcher.Batcher, "add", "batch"),
         (batcher.Batcher, "ready", "batch"),
         (batcher.Batcher, "drain", "batch"),
-        (service, "build_inputs", "tensor"),
+        (handler_module, "build_inputs", "tensor"),
         (results.ResultBuilder, "build", "result"),
         (sqlite_sink, "records", "sink"),
         (sqlite_sink, "sqlite_transaction", "sink"),
@@ -52,7 +53,7 @@ def run_once(
             deliveries,
             sink=make_sink(sink_name, Path(folder)),
             check=check,
-            run_batch=service.make_run_batch(inferencer, spec, binding),
+            model=handler,
             budget_bytes=1 << 30,
             profile=profile,
         )

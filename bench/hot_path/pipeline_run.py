@@ -1,5 +1,5 @@
 """One run of the real ``Pipeline`` for the hot-path profile: a list source, the example model's
-binding and result table, a given sink and model call, timed (process CPU) and optionally
+binding and result table, a given sink and model handler, timed (process CPU) and optionally
 profiled; both the per-row and the per-message tables run their cases through it."""
 
 from __future__ import annotations
@@ -12,11 +12,10 @@ from collections.abc import Sequence
 from bench.hot_path.fakes import BINDINGS, MODELS, TABLES, ListSource
 from bench.hot_path.timers import profiled
 from consumer.engine.budget import ByteBudget
-from consumer.engine.inference_stage import RunBatch
 from consumer.engine.intake import Intake, SchemaCheck
 from consumer.engine.pipeline import Pipeline, PipelineSettings
+from consumer.model.handler import ModelHandler
 from consumer.observe.metrics import Metrics
-from consumer.service import model_wiring as service
 from consumer.sinks.base import Sink
 from consumer.sources.base import Delivery
 
@@ -27,7 +26,7 @@ def run_pipeline(
     *,
     sink: Sink,
     check: SchemaCheck,
-    run_batch: RunBatch,
+    model: ModelHandler,
     budget_bytes: int,
     profile: bool,
 ) -> tuple[float, pstats.Stats | None]:
@@ -43,9 +42,7 @@ def run_pipeline(
             source=source,
             sink=sink,
             intake=Intake(binding.columns, check),
-            run_batch=run_batch,
-            isolate=service.isolate_batch,
-            is_poison=service.is_poison,
+            model=model,
             settings=PipelineSettings(
                 target_batch_size=max(spec.preferred_batch_sizes),
                 max_wait_s=0.05,

@@ -9,45 +9,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Protocol
-
-from numpy.typing import NDArray
 
 from consumer.engine.batcher import Batch, Batcher, Clock, Segment
+from consumer.engine.poison import isolate
 from consumer.engine.results import Answered
 from consumer.engine.settle import Settler
+from consumer.model.answer import Answer
+from consumer.model.handler import ModelHandler
 from consumer.observe.metrics import Metrics
 from consumer.sources.base import DeadLetterReason, ReasonClass
 
 log = logging.getLogger(__name__)
 
-RunBatch = Callable[[Batch], Awaitable[Mapping[str, NDArray[Any]]]]
-"""Runs one batch through the model; returns model output name -> array (rows first). A
-mapping with a ``model_version`` attribute (a str) names the version of the model that
-answered; its rows are labelled with it when the pipeline has no fixed version."""
-
-
-def answered_version(outputs: Mapping[str, NDArray[Any]]) -> str:
-    """The ``model_version`` a :data:`RunBatch` answer carries, ``""`` when it has none."""
-    return str(getattr(outputs, "model_version", ""))
-
-
-class Isolate(Protocol):
-    async def __call__(
-        self, batch: Batch, run: RunBatch
-    ) -> tuple[list[tuple[Batch, Mapping[str, NDArray[Any]]]], list[tuple[Segment, BaseException]]]:
-        """Split a batch that failed (poison or fatal) into sub-batches that succeed (with
-        their outputs) and the segments that failed, with their error: poison ones (failed
-        alone), and the others (to nack: failed alone fatally, or left untried when the
-        isolation stopped because the server seems to fail everything). Errors it cannot
-        isolate propagate."""
-
 
 class InferenceStage:
-    """Batches from the batcher (``flush``) through ``run_batch`` (``work``, one task per
-    request in flight) into ``answered``; a batch that fails is isolated (one isolation at a
-    time), and the messages failing for good are nacked."""
+    """Batches from the batcher (``flush``) through the model handler (``work``, one task per
+    request in flight) into ``answered``; a batch that fails is isolated (bisected by
+    :func:`consumer.engine.poison.isolate`, one isolation at a time), and the messages failing
+    for good are nacked."""
 
     def __init__(
         self,
@@ -55,9 +34,7 @@ class InferenceStage:
         batcher: Batcher,
         batches: asyncio.Queue[Batch | None],
         answered: asyncio.Queue[Answered | None],
-        run_batch: RunBatch,
-        isolate: Isolate,
-        is_poison: Callable[[BaseException], bool],
+        model: ModelHandler,
         settler: Settler,
         metrics: Metrics,
         rows_queued: asyncio.Event,
@@ -68,9 +45,8 @@ class InferenceStage:
         self._batcher = batcher
         self._batches = batches
         self._answered = answered
-        self._run_batch = run_batch
-        self._isolate = isolate
-        self._is_poison = is_poison
+        self._model = model
+        self._is_poison = model.is_poison
         self._fail = settler.fail
         self._abandon = settler.abandon
         self._metrics = metrics
@@ -121,14 +97,14 @@ class InferenceStage:
         self._metrics.batch_size.observe(size)
         self._metrics.batch_fill.observe(size / self._target_batch_size)
         try:
-            outputs = await self._timed_run(batch)
+            answer = await self._timed_run(batch)
         except Exception as exc:
             if not self._is_poison(exc) and len(batch.segments) == 1:
                 log.exception("inference failed for good; nacking the batch's messages")
                 await self._abandon(batch.segments)
                 return []
             return await self._isolated(batch)
-        return [Answered(batch, outputs, answered_version(outputs))]
+        return [Answered(batch, answer.outputs, answer.model_version)]
 
     async def _isolated(self, batch: Batch) -> list[Answered]:
         """Bisects a failed batch: answers what succeeds, fails the poison segments, nacks
@@ -138,11 +114,19 @@ class InferenceStage:
         # adaptive batching) would fail one bisection's attempts for another's poison.
         try:
             async with self._isolating:
-                good, bad = await self._isolate(batch, self._timed_run)
+                found = await isolate(
+                    list(batch.segments),
+                    lambda segments: self._timed_run(batch.select(segments)),
+                    self._model.is_poison,
+                    is_fatal=self._model.is_fatal,
+                    confirm=True,
+                )
         except Exception:
             log.exception("inference failed for good; nacking the batch's messages")
             await self._abandon(batch.segments)
             return []
+        good = [(batch.select(segments), answer) for segments, answer in found.good]
+        bad = found.bad + found.failed
         nacked: list[Segment] = []
         for segment, error in bad:
             if self._is_poison(error):
@@ -160,10 +144,10 @@ class InferenceStage:
                 next(error for _, error in bad if not self._is_poison(error)),
             )
             await self._abandon(nacked)
-        return [Answered(sub, out, answered_version(out)) for sub, out in good]
+        return [Answered(sub, answer.outputs, answer.model_version) for sub, answer in good]
 
-    async def _timed_run(self, batch: Batch) -> Mapping[str, NDArray[Any]]:
+    async def _timed_run(self, batch: Batch) -> Answer:
         started = self._clock()
-        out = await self._run_batch(batch)
+        out = await self._model.run(batch)
         self._metrics.inference_seconds.observe(self._clock() - started)
         return out

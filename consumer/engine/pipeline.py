@@ -1,7 +1,8 @@
 """The engine: deliveries -> intake -> batcher -> inference stage -> writer stage -> ledger -> ack.
 
-Broker-agnostic: it sees a ``Source``, a ``Sink`` and a ``run_batch`` callable (tensor building
-plus inference with retries). :class:`Pipeline` wires the stages and runs their tasks on one
+Broker- and server-agnostic: it sees a ``Source``, a ``Sink`` and a
+:class:`consumer.model.handler.ModelHandler` (the chunk check, the batch run with its retries,
+which errors are poison or fatal). :class:`Pipeline` wires the stages and runs their tasks on one
 event loop:
 
 - *intake* (:mod:`consumer.engine.intake_stage`) takes deliveries while the budget has room and
@@ -45,7 +46,7 @@ from dataclasses import dataclass, field
 from consumer.engine.batcher import Batch, Batcher, Clock
 from consumer.engine.budget import ByteBudget
 from consumer.engine.gate import Gate
-from consumer.engine.inference_stage import InferenceStage, Isolate, RunBatch
+from consumer.engine.inference_stage import InferenceStage
 from consumer.engine.intake import Intake
 from consumer.engine.intake_stage import IntakeStage
 from consumer.engine.ledger import Ledger
@@ -59,6 +60,7 @@ from consumer.engine.settle import Settler
 from consumer.engine.watch import WATCH_INTERVAL_S, PipelineState, Watch
 from consumer.engine.write_stage import WriteStage
 from consumer.engine.writer import SinkBackoff, SinkWriter
+from consumer.model.handler import ModelHandler
 from consumer.observe.metrics import Metrics
 from consumer.observe.scaling import ScalingSignal
 from consumer.sinks.base import Sink
@@ -66,11 +68,9 @@ from consumer.sources.base import Source, WorkBound
 
 __all__ = [
     "QUEUED_BATCHES_PER_REQUEST",
-    "Isolate",
     "Pipeline",
     "PipelineFailed",
     "PipelineSettings",
-    "RunBatch",
 ]
 
 log = logging.getLogger(__name__)
@@ -169,9 +169,7 @@ class Pipeline:
         source: Source,
         sink: Sink,
         intake: Intake,
-        run_batch: RunBatch,
-        isolate: Isolate,
-        is_poison: Callable[[BaseException], bool],
+        model: ModelHandler,
         settings: PipelineSettings,
         budget: ByteBudget,
         metrics: Metrics,
@@ -250,9 +248,7 @@ class Pipeline:
             batcher=self._batcher,
             batches=self._batches,
             answered=self._answered,
-            run_batch=run_batch,
-            isolate=isolate,
-            is_poison=is_poison,
+            model=model,
             settler=self._settler,
             metrics=metrics,
             rows_queued=rows_queued,

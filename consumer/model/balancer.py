@@ -17,8 +17,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any
 
-from numpy.typing import NDArray
-
+from consumer.model.answer import Answer
 from consumer.model.discovery import ModelSpec
 from consumer.model.endpoint_probe import HealthTiming, Prober, Reference
 from consumer.model.endpoint_state import (
@@ -188,7 +187,7 @@ class Balancer:
 
     async def infer(
         self, inputs: Sequence[Any], outputs: Sequence[str], *, client_timeout: float | None = None
-    ) -> dict[str, NDArray[Any]]:
+    ) -> Answer:
         """The answer of one endpoint; failing over while another is left to try."""
         tried: list[Endpoint] = []
         last: RetryableInferenceError | None = None
@@ -268,9 +267,8 @@ class Balancer:
             self._drop(ep)
         self._notify()
 
-    def _answered(self, ep: Endpoint, answer: Mapping[str, NDArray[Any]]) -> None:
-        first = next(iter(answer.values()), None)
-        ep.meter.answered(0 if first is None else (first.shape[0] if first.ndim else 1))
+    def _answered(self, ep: Endpoint, answer: Answer) -> None:
+        ep.meter.answered(answer.rows())
         if ep.allowed < ep.limit:
             ep.allowed += 1
         ep.strikes = ep.exhaustions = 0

@@ -10,8 +10,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from numpy.typing import NDArray
-
+from consumer.model.answer import Answer
 from consumer.model.discovery import ModelSpec
 
 
@@ -22,7 +21,7 @@ class EndpointClient(Protocol):
 
     async def infer(
         self, inputs: Sequence[Any], outputs: Sequence[str], *, client_timeout: float | None = None
-    ) -> dict[str, NDArray[Any]]: ...
+    ) -> Answer: ...
 
     async def ready(self, client_timeout: float = 1.0) -> bool: ...
 

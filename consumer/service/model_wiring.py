@@ -1,25 +1,16 @@
 """The model side of the wiring: clients for the model-server endpoints, discovering the model
-on each (waiting while none is up yet), the in-flight limit per endpoint, the per-message check
-of a chunk against the model binding, and the batch runner that builds tensors and calls the
-retrying inference client (its answers keep the model version the server named)."""
+on each (waiting while none is up yet) and the in-flight limit per endpoint. The model handler
+the engine calls is :class:`consumer.model.handler.OipHandler`, built by the runner."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from typing import Any
 
-from numpy.typing import NDArray
-
-from consumer.engine.batcher import Batch, Segment
-from consumer.engine.pipeline import RunBatch
-from consumer.engine.poison import isolate
 from consumer.engine.writer import SinkBackoff
 from consumer.model.balancer import Balancer
-from consumer.model.binding import Binding
-from consumer.model.chunk_check import check_chunk, memoized_check
 from consumer.model.discovery import (
     ModelServerUnavailable,
     ModelSpec,
@@ -28,24 +19,16 @@ from consumer.model.discovery import (
 from consumer.model.endpoint_probe import HealthTiming
 from consumer.model.endpoints import Membership
 from consumer.model.inference import (
-    FatalInferenceError,
     InferenceClient,
-    PoisonInferenceError,
-    RetryingInferencer,
     RetryPolicy,
 )
-from consumer.model.inference.client import Answer
-from consumer.model.mismatch import SchemaMismatch
 from consumer.model.server_kind import describe_defaults
 from consumer.model.spec import SOURCE_NAMES
 from consumer.model.spec_match import same_spec
-from consumer.model.tensors import build_inputs
 from consumer.service.config import (
     ModelSettings,
 )
 from consumer.service.startup import StartupError, StillUnavailable, wait_for
-from wire.chunks import DecodedChunk
-from wire.columns import ColumnType
 
 
 def connector(settings: ModelSettings, membership: Membership) -> Callable[[str], InferenceClient]:
@@ -164,78 +147,3 @@ def describe_batching(spec: ModelSpec, settings: ModelSettings) -> str:
     """The batch size and requests in flight per server, each with where it comes from
     (configured, the model config, or the server kind's default)."""
     return describe_defaults(spec, settings.batch_size, settings.max_in_flight)
-
-
-def make_check(
-    spec: ModelSpec, binding: Binding, passthrough: Mapping[str, ColumnType]
-) -> Callable[[DecodedChunk], None]:
-    """Per-message check: bound columns fit the model, passthrough columns have their type.
-    The type checks run once per column signature (``memoized_check``)."""
-
-    def check(chunk: DecodedChunk) -> None:
-        missing = [c for c in binding.columns if c not in chunk.columns]
-        if missing:
-            raise SchemaMismatch(
-                f"chunk of table {chunk.table!r} lacks column(s) {missing}; "
-                f"it has {sorted(chunk.columns)}",
-                column=missing[0],
-                expected="present",
-                found="absent",
-                code="missing_column",
-            )
-        for name, want in passthrough.items():
-            got = chunk.types[name]
-            if got != want:
-                raise SchemaMismatch(
-                    f"passthrough column {name!r} is {got}, configured as {want}",
-                    column=name,
-                    expected=str(want),
-                    found=str(got),
-                )
-        check_chunk(spec, binding, {name: chunk.column(name) for name in binding.columns})
-
-    return memoized_check(spec, binding, check, tuple(passthrough))
-
-
-def make_run_batch(inferencer: RetryingInferencer, spec: ModelSpec, binding: Binding) -> RunBatch:
-    """Tensor building plus inference; outputs come back as result columns want them: one
-    value per row for single-element outputs, ``rows x n`` for vectors."""
-    outputs = list(binding.outputs)
-
-    async def run(batch: Batch) -> Mapping[str, NDArray[Any]]:
-        inputs = build_inputs(spec, binding, batch.columns, batch.nulls)
-        answer = await inferencer.infer(inputs, outputs)
-        rows = len(batch)
-        return Answer(
-            {
-                name: a.reshape(rows) if a.size == rows else a.reshape(rows, -1)
-                for name, a in answer.items()
-            },
-            getattr(answer, "model_version", ""),
-        )
-
-    return run
-
-
-def is_poison(exc: BaseException) -> bool:
-    return isinstance(exc, PoisonInferenceError)
-
-
-def is_fatal(exc: BaseException) -> bool:
-    return isinstance(exc, FatalInferenceError)
-
-
-async def isolate_batch(
-    batch: Batch, run: RunBatch
-) -> tuple[list[tuple[Batch, Mapping[str, NDArray[Any]]]], list[tuple[Segment, BaseException]]]:
-    """Bisects a batch that failed with a poison or fatal error (see
-    :mod:`consumer.engine.poison`); the failed segments come back with their error, poison
-    (dead-letter) or fatal (nack)."""
-    found = await isolate(
-        list(batch.segments),
-        lambda segs: run(batch.select(segs)),
-        is_poison,
-        is_fatal=is_fatal,
-        confirm=True,
-    )
-    return [(batch.select(segs), out) for segs, out in found.good], found.bad + found.failed

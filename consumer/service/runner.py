@@ -19,10 +19,10 @@ from consumer.model.binding import (
 )
 from consumer.model.discovery import (
     ModelSpec,
-    output_bytes_per_row,
     target_batch_size,
 )
 from consumer.model.endpoints import Membership
+from consumer.model.handler import OipHandler
 from consumer.model.inference import (
     RetryingInferencer,
     RetryPolicy,
@@ -46,10 +46,6 @@ from consumer.service.model_wiring import (
     connector,
     discover_endpoints_waiting,
     health_timing,
-    is_poison,
-    isolate_batch,
-    make_check,
-    make_run_batch,
     per_endpoint_limit,
 )
 from consumer.service.shutdown import (
@@ -148,23 +144,22 @@ async def run_consumer(
             on_backoff_end=lambda: pipeline.backoff_ended(),  # noqa: PLW0108
             probe=balancer.any_healthy,
         )
+        handler = OipHandler(inferencer, spec, binding, passthrough_types, target)
         pipeline = Pipeline(
             source=source,
             sink=sink,
             intake=Intake(
                 binding.columns,
-                make_check(spec, binding, passthrough_types),
+                handler.check,
                 getattr(config.source, "max_delivery_attempts", None),
                 IntakeLimits(config.max_message_bytes, config.max_attributes_bytes),
             ),
-            run_batch=make_run_batch(inferencer, spec, binding),
-            isolate=isolate_batch,
-            is_poison=is_poison,
+            model=handler,
             settings=PipelineSettings(
-                target_batch_size=target,
+                target_batch_size=handler.target_batch_size,
                 max_wait_s=config.model.max_wait_ms / 1000,
                 max_in_flight=in_flight,
-                output_bytes_per_row=output_bytes_per_row(spec),
+                output_bytes_per_row=handler.output_bytes_per_row,
                 outputs=binding.outputs,
                 passthrough=binding.passthrough,
                 model_name=spec.name,

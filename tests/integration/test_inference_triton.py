@@ -78,7 +78,7 @@ def texts(n: int, prefix: str = "row") -> NDArray[np.object_]:
 
 async def embed(client: InferenceClient, spec: ModelSpec, values: NDArray[Any]) -> NDArray[Any]:
     inputs = build_inputs(spec, EMBED_BINDING, {"text": values})
-    return (await client.infer(inputs, ["EMBEDDING"], client_timeout=30.0))["EMBEDDING"]
+    return (await client.infer(inputs, ["EMBEDDING"], client_timeout=30.0)).outputs["EMBEDDING"]
 
 
 # --- discovery ---------------------------------------------------------------------------------
@@ -178,9 +178,9 @@ async def test_scorer_matches_reference(triton: TritonEndpoint) -> None:
         inputs = build_inputs(spec, SCORE_BINDING, columns)
         out = await client.infer(inputs, list(SCORE_BINDING.outputs))
     expected_score, expected_label = score(features, count.reshape(-1, 1))
-    assert out["SCORE"].shape == out["LABEL"].shape == (256, 1)
-    np.testing.assert_array_equal(out["SCORE"], expected_score)
-    np.testing.assert_array_equal(out["LABEL"], expected_label)
+    assert out.outputs["SCORE"].shape == out.outputs["LABEL"].shape == (256, 1)
+    np.testing.assert_array_equal(out.outputs["SCORE"], expected_score)
+    np.testing.assert_array_equal(out.outputs["LABEL"], expected_label)
 
 
 # --- poison ------------------------------------------------------------------------------------
@@ -255,7 +255,7 @@ async def test_retries_through_an_outage(chaos: InferenceClient, chaos_control: 
 
     out = await inferencer.infer(inputs, ["EMBEDDING"])
 
-    np.testing.assert_array_equal(out["EMBEDDING"], embed_batch(list(values)))
+    np.testing.assert_array_equal(out.outputs["EMBEDDING"], embed_batch(list(values)))
     assert [name for name, _ in events] == ["start", "end"]
     assert events[1][1] >= control.unavailable_until
     assert inferencer.backing_off == 0

@@ -203,8 +203,8 @@ async def discover_and_infer(url: str, tls: TlsOptions) -> None:
         inputs, features, counts = scorer_inputs(7)
         out = await client.infer(inputs, ["SCORE", "LABEL"], client_timeout=10)
     want_score, want_label = score(features, counts)
-    np.testing.assert_allclose(out["SCORE"].reshape(-1), want_score.reshape(-1), rtol=1e-6)
-    np.testing.assert_array_equal(out["LABEL"].reshape(-1), want_label.reshape(-1))
+    np.testing.assert_allclose(out.outputs["SCORE"].reshape(-1), want_score.reshape(-1), rtol=1e-6)
+    np.testing.assert_array_equal(out.outputs["LABEL"].reshape(-1), want_label.reshape(-1))
 
 
 async def discovery_error(url: str, tls: TlsOptions | None) -> tuple[str, str]:

@@ -6,7 +6,7 @@ fixed version (Triton's, from discovery) still wins."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any
@@ -16,20 +16,19 @@ from numpy.typing import NDArray
 
 from consumer.engine.batcher import Batch, Segment
 from consumer.engine.budget import ByteBudget
-from consumer.engine.inference_stage import answered_version
 from consumer.engine.intake import Intake
 from consumer.engine.ledger import Ledger
 from consumer.engine.pipeline import Pipeline, PipelineSettings
 from consumer.engine.results import Answered, ResultBuilder, split_by_message
+from consumer.model.answer import Answer
 from consumer.model.binding import Binding
+from consumer.model.handler import OipHandler
 from consumer.model.inference import InferenceClient
-from consumer.model.inference.client import Answer
 from consumer.observe.metrics import Metrics
-from consumer.service.model_wiring import make_run_batch
 from consumer.sinks.base import ResultRows
 from harness.model_specs import SCORER
 from tests.unit.test_inference import FakeResult, FakeTriton
-from tests.unit.test_pipeline import FakeSink, FakeSource, bisect, message, no_check
+from tests.unit.test_pipeline import FakeSink, FakeSource, FnModel, message, no_check
 
 
 class VersionedResult(FakeResult):
@@ -59,7 +58,7 @@ async def test_the_client_reads_the_answered_version() -> None:
     answer = await client.infer([], ["SCORE"])
     assert isinstance(answer, Answer)
     assert answer.model_version == "3"
-    assert set(answer) == {"SCORE"}
+    assert set(answer.outputs) == {"SCORE"}
     plain = InferenceClient("h:1", "scorer", client=FakeTriton([{"SCORE": np.zeros(2)}]))
     assert (await plain.infer([], ["SCORE"])).model_version == ""  # a result without a response
 
@@ -68,23 +67,22 @@ class ScriptedInferencer:
     def __init__(self, version: str) -> None:
         self.version = version
 
-    async def infer(self, inputs: Sequence[Any], outputs: Sequence[str]) -> dict[str, Any]:
+    async def infer(self, inputs: Sequence[Any], outputs: Sequence[str]) -> Answer:
         return Answer({"SCORE": np.arange(3, dtype=np.float32).reshape(3, 1)}, self.version)
 
 
-async def test_the_batch_runner_keeps_the_version_through_the_reshape() -> None:
+async def test_the_model_handler_keeps_the_version_through_the_reshape() -> None:
     binding = Binding(inputs={"f": "FEATURES", "c": "COUNT"}, outputs={"SCORE": "score"})
-    run = make_run_batch(ScriptedInferencer("7"), SCORER, binding)  # type: ignore[arg-type]
+    handler = OipHandler(ScriptedInferencer("7"), SCORER, binding, {}, target_batch_size=3)
     batch = Batch(
         columns={"f": np.zeros((3, 16), np.float32), "c": np.zeros(3, np.int64)},
         nulls={},
         segments=(Segment(0, 0, 3),),
         oldest_at=0.0,
     )
-    out = await run(batch)
-    assert out["SCORE"].shape == (3,)
-    assert answered_version(out) == "7"
-    assert answered_version({"SCORE": np.zeros(1)}) == ""
+    out = await handler.run(batch)
+    assert out.outputs["SCORE"].shape == (3,)
+    assert out.model_version == "7"
 
 
 def test_split_keeps_the_version_and_the_builder_uses_it_unless_fixed() -> None:
@@ -137,9 +135,7 @@ def run_pipeline(source: FakeSource, sink: FakeSink, run: Any, fixed_version: st
         source=source,
         sink=sink,
         intake=Intake(("x",), no_check),
-        run_batch=run,
-        isolate=bisect,
-        is_poison=lambda e: False,
+        model=FnModel(run),
         settings=PipelineSettings(
             target_batch_size=4,
             max_wait_s=0.0,
@@ -163,7 +159,7 @@ async def versioned_rows(fixed_version: str) -> tuple[VersionSink, dict[float, s
     answered: dict[float, str] = {}
     calls = 0
 
-    async def run(batch: Batch) -> Mapping[str, NDArray[Any]]:
+    async def run(batch: Batch) -> Answer:
         nonlocal calls
         calls += 1
         version = "1" if calls <= 5 else "2"  # the model reloaded in a new version

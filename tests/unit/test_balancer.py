@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from numpy.typing import NDArray
 
+from consumer.model.answer import Answer
 from consumer.model.balancer import Balancer
 from consumer.model.discovery import ModelServerUnavailable, ModelSpec, TensorSpec
 from consumer.model.endpoint_probe import HealthTiming
@@ -95,13 +95,13 @@ class FakeServer:
 
     async def infer(
         self, inputs: Sequence[Any], outputs: Sequence[str], *, client_timeout: float | None = None
-    ) -> dict[str, NDArray[Any]]:
+    ) -> Answer:
         self.requests += 1
         failure = self.errors.pop(0) if self.errors else None
         await self.hold.wait()
         if failure is not None:
             raise failure
-        return {"Y": np.zeros((int(inputs[0]) if inputs else 1, 1), np.float32)}
+        return Answer({"Y": np.zeros((int(inputs[0]) if inputs else 1, 1), np.float32)})
 
     async def ready(self, client_timeout: float = 1.0) -> bool:
         self.probes += 1
@@ -185,7 +185,7 @@ class Fleet:
     def ep(self, name: str) -> Endpoint:
         return next(e for e in self.balancer.endpoints if e.address == name)
 
-    def request(self, rows: int = 1) -> asyncio.Task[dict[str, NDArray[Any]]]:
+    def request(self, rows: int = 1) -> asyncio.Task[Answer]:
         return asyncio.create_task(self.balancer.infer([rows], ["Y"]))
 
     def held(self, *names: str) -> None:
@@ -331,7 +331,7 @@ async def test_the_caller_sees_an_error_only_when_no_endpoint_is_left(fleet: Fle
     assert not await fleet.balancer.any_healthy()
     # the caller's retry goes to an endpoint that is out (it may be back already)
     answer = await fleet.request()
-    assert answer["Y"].shape == (1, 1)
+    assert answer.outputs["Y"].shape == (1, 1)
     assert await fleet.balancer.any_healthy()
 
 
@@ -343,7 +343,7 @@ async def test_one_endpoint_behaves_as_one_server_did() -> None:
     for _ in range(2):
         with pytest.raises(RetryableInferenceError, match="UNAVAILABLE"):
             await fleet.request()
-    assert (await fleet.request())["Y"].shape == (1, 1)
+    assert (await fleet.request()).outputs["Y"].shape == (1, 1)
     assert fleet.servers["a"].requests == 3
     assert fleet.ep("a").health is Health.HEALTHY and fleet.ep("a").strikes == 0
     await fleet.balancer.close()

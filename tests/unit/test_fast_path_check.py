@@ -16,11 +16,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from consumer.model import chunk_check as binding_module
+from consumer.model import handler as handler_module
 from consumer.model.binding import Binding
 from consumer.model.chunk_check import memoized_check
 from consumer.model.discovery import ModelSpec, TensorSpec
 from consumer.model.mismatch import SchemaMismatch
-from consumer.service import model_wiring as service
 from wire.chunks import DecodedChunk
 from wire.columns import BYTES, FLOAT64, INT64, STRING, Column, ColumnType, make_column
 from wire.headers import ChunkHeaders, Encoding
@@ -112,13 +112,18 @@ def outcome(check: Callable[[DecodedChunk], None], variant: str) -> Any:
     return "ok"
 
 
+def make_check(passthrough: Mapping[str, ColumnType]) -> Callable[[DecodedChunk], None]:
+    """The model handler's per-message check (its inferencer is never called here)."""
+    return handler_module.OipHandler(mock.Mock(), SPEC, BINDING, passthrough, 1).check
+
+
 def full_check(passthrough: Mapping[str, ColumnType] = PASSTHROUGH) -> Any:
-    with mock.patch.object(service, "memoized_check", lambda spec, binding, full, *_: full):
-        return service.make_check(SPEC, BINDING, passthrough)
+    with mock.patch.object(handler_module, "memoized_check", lambda spec, binding, full, *_: full):
+        return make_check(passthrough)
 
 
 def assert_alike(variants: list[str]) -> None:
-    memoized = service.make_check(SPEC, BINDING, PASSTHROUGH)
+    memoized = make_check(PASSTHROUGH)
     full = full_check()
     for variant in variants:
         assert outcome(memoized, variant) == outcome(full, variant), variant
@@ -170,7 +175,7 @@ def test_any_order_of_messages_alike(variants: list[str]) -> None:
 
 @pytest.mark.parametrize("passthrough", [{}, {"id": INT64}, {"id": STRING}, {"zz": INT64}])
 def test_passthrough_types_alike(passthrough: dict[str, ColumnType]) -> None:
-    memoized = service.make_check(SPEC, BINDING, passthrough)
+    memoized = make_check(passthrough)
     full = full_check(passthrough)
     for variant in ("good", "good", "id_string", "good", "id_missing", "good"):
         assert outcome(memoized, variant) == outcome(full, variant), variant

@@ -18,13 +18,12 @@ from numpy.typing import NDArray
 from consumer.engine.batcher import Batch
 from consumer.engine.budget import ByteBudget
 from consumer.engine.intake import Intake
-from consumer.engine.pipeline import Pipeline, PipelineSettings, RunBatch
+from consumer.engine.pipeline import Pipeline, PipelineSettings
 from consumer.model.inference import FatalInferenceError, PoisonInferenceError
 from consumer.observe.metrics import Metrics
-from consumer.service.model_wiring import is_poison, isolate_batch
 from consumer.sinks.base import ResultRows
 from consumer.sources.base import ReasonClass
-from tests.unit.test_pipeline import FakeSink, FakeSource, message, no_check
+from tests.unit.test_pipeline import FakeSink, FakeSource, FnModel, RunBatch, message, no_check
 
 CRASH = -9999.0
 """A row the model raises on: INTERNAL, fatal."""
@@ -72,9 +71,7 @@ def pipeline(source: FakeSource, sink: FakeSink, run: RunBatch, metrics: Metrics
         source=source,
         sink=sink,
         intake=Intake(("x",), no_check),
-        run_batch=run,
-        isolate=isolate_batch,
-        is_poison=is_poison,
+        model=FnModel(run, poison=PoisonInferenceError, fatal=FatalInferenceError),
         settings=PipelineSettings(
             target_batch_size=10,
             max_wait_s=3600,  # one batch of all ten messages

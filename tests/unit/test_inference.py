@@ -14,6 +14,7 @@ import tritonclient.grpc.aio as grpcaio
 from numpy.typing import NDArray
 from tritonclient.utils import InferenceServerException
 
+from consumer.model.answer import Answer
 from consumer.model.inference import (
     MAX_GRPC_MESSAGE_BYTES,
     ChannelOptions,
@@ -111,7 +112,7 @@ async def test_client_infer_returns_requested_outputs() -> None:
     async with InferenceClient("h:1", "scorer", "3", client=fake) as client:
         out = await client.infer(["in"], ["SCORE", "LABEL"], client_timeout=2.5)
     assert fake.closed
-    assert set(out) == {"SCORE", "LABEL"}
+    assert set(out.outputs) == {"SCORE", "LABEL"}
     [call] = fake.calls
     assert (call["model"], call["inputs"], call["model_version"]) == ("scorer", ["in"], "3")
     assert call["client_timeout"] == 2.5
@@ -237,12 +238,12 @@ class ScriptedInferencer:
 
     async def infer(
         self, inputs: Sequence[Any], outputs: Sequence[str], *, client_timeout: float | None = None
-    ) -> dict[str, NDArray[Any]]:
+    ) -> Answer:
         self.timeouts.append(client_timeout)
         await asyncio.sleep(0)
         if self.errors:
             raise self.errors.pop(0)
-        return {name: np.arange(len(inputs)) for name in outputs}
+        return Answer({name: np.arange(len(inputs)) for name in outputs})
 
 
 def retryable(n: int = 0) -> RetryableInferenceError:
@@ -283,7 +284,7 @@ async def test_success_first_time_calls_no_hooks() -> None:
     rec = Recorder()
     inner = ScriptedInferencer([])
     out = await retrying(inner, rec, client_timeout_s=7.0).infer([1, 2], ["Y"])
-    assert out["Y"].tolist() == [0, 1]
+    assert out.outputs["Y"].tolist() == [0, 1]
     assert rec.events == []
     assert inner.timeouts == [7.0]
 
@@ -293,7 +294,7 @@ async def test_retries_until_success_with_one_backoff_period() -> None:
     inner = ScriptedInferencer([retryable(i) for i in range(5)])
     wrapper = retrying(inner, rec)
     out = await wrapper.infer([1], ["Y"])
-    assert out["Y"].tolist() == [0]
+    assert out.outputs["Y"].tolist() == [0]
     assert rec.events == ["start"] + ["sleep"] * 5 + ["end"]
     assert rec.sleeps == pytest.approx([0.1, 0.2, 0.4, 0.8, 1.6])
     assert len(inner.timeouts) == 6

@@ -10,9 +10,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from numpy.typing import NDArray
 from tritonclient.utils import InferenceServerException
 
+from consumer.model.answer import Answer
 from consumer.model.inference import (
     FatalInferenceError,
     InferenceClient,
@@ -115,7 +115,7 @@ class Traced(ScriptedInferencer):
 
     async def infer(
         self, inputs: Sequence[Any], outputs: Sequence[str], *, client_timeout: float | None = None
-    ) -> dict[str, NDArray[Any]]:
+    ) -> Answer:
         self.script.events.append("attempt")
         return await super().infer(inputs, outputs, client_timeout=client_timeout)
 
@@ -136,7 +136,7 @@ async def test_probe_ends_the_backoff_when_the_server_comes_back() -> None:
     errors: list[InferenceError] = []
     inner = Traced([down("NOT_FOUND")], script)
     out = await asyncio.wait_for(inferencer(inner, script, errors).infer([1, 2], ["Y"]), 5)
-    assert np.array_equal(out["Y"], np.arange(2))
+    assert np.array_equal(out.outputs["Y"], np.arange(2))
     # retried right after the probe saw the server come back, not after the 30 s backoff
     retry = script.events.index("attempt", 1)
     assert script.events[1:4] == ["backoff", "probe:False", "probe:False"]

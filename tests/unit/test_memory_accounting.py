@@ -45,6 +45,7 @@ from consumer.observe.metrics import Metrics
 from consumer.sinks.base import ResultRows
 from consumer.sources.base import DeadLetterReason, Delivery
 from consumer.sources.kafka import KafkaSource, KafkaSourceConfig
+from tests.unit.test_pipeline import FnModel
 from wire.chunks import encode_chunk
 
 REPO = Path(__file__).resolve().parents[2]
@@ -224,18 +225,13 @@ async def hold(
         await never.wait()
         raise AssertionError
 
-    async def isolate(batch: Batch, run: Any) -> Any:
-        raise AssertionError
-
     metrics = Metrics(CollectorRegistry())
     budget = ByteBudget(10**12)
     pipeline = Pipeline(
         source=source,
         sink=NoSink(),  # type: ignore[arg-type]
         intake=Intake(needed, lambda chunk: None),
-        run_batch=run_batch,
-        isolate=isolate,
-        is_poison=lambda exc: False,
+        model=FnModel(run_batch),
         settings=PipelineSettings(
             target_batch_size=10**9,
             max_wait_s=3600,
@@ -422,16 +418,11 @@ async def test_intake_yields_so_the_other_stages_run_while_a_source_never_suspen
         first_batch_at.append(source.taken)
         return {"Y": np.asarray(batch.columns["x"]) * 2}
 
-    async def isolate(batch: Batch, run: Any) -> Any:
-        raise AssertionError
-
     pipeline = Pipeline(
         source=source,
         sink=sink,  # type: ignore[arg-type]
         intake=Intake(("x",), lambda chunk: None),
-        run_batch=run_batch,
-        isolate=isolate,
-        is_poison=lambda exc: False,
+        model=FnModel(run_batch),
         settings=PipelineSettings(
             target_batch_size=16,
             max_wait_s=3600,

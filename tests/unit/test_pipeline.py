@@ -4,17 +4,19 @@ isolated and dead-lettered whole, transient trouble pauses intake, shutdown nack
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from consumer.engine.batcher import Batch, Segment
+from consumer.engine.batcher import Batch
 from consumer.engine.budget import ByteBudget
 from consumer.engine.intake import Intake
-from consumer.engine.pipeline import Pipeline, PipelineFailed, PipelineSettings, RunBatch
+from consumer.engine.pipeline import Pipeline, PipelineFailed, PipelineSettings
+from consumer.model.answer import Answer
+from consumer.model.handler import BatchRows
 from consumer.observe.metrics import Metrics
 from consumer.sinks.base import ResultRows, TableSpec
 from consumer.sources.base import DeadLetterReason, Delivery
@@ -97,8 +99,12 @@ async def double(batch: Batch) -> Mapping[str, NDArray[Any]]:
     return {"Y": np.asarray(batch.columns["x"]) * 2}
 
 
+RunBatch = Callable[[Batch], Awaitable[Mapping[str, NDArray[Any]] | Answer]]
+"""A fake model's batch function (``FnModel`` makes it a model handler)."""
+
+
 def poison_if_negative(run: RunBatch) -> RunBatch:
-    async def wrapped(batch: Batch) -> Mapping[str, NDArray[Any]]:
+    async def wrapped(batch: Batch) -> Mapping[str, NDArray[Any]] | Answer:
         if (np.asarray(batch.columns["x"]) < 0).any():
             raise Rejected("negative value")
         return await run(batch)
@@ -106,18 +112,37 @@ def poison_if_negative(run: RunBatch) -> RunBatch:
     return wrapped
 
 
-async def bisect(
-    batch: Batch, run: RunBatch
-) -> tuple[list[tuple[Batch, Mapping[str, NDArray[Any]]]], list[tuple[Segment, BaseException]]]:
-    good: list[tuple[Batch, Mapping[str, NDArray[Any]]]] = []
-    bad: list[tuple[Segment, BaseException]] = []
-    for seg in batch.segments:
-        sub = batch.select([seg])
-        try:
-            good.append((sub, await run(sub)))
-        except Rejected as exc:
-            bad.append((seg, exc))
-    return good, bad
+class FnModel:
+    """A model handler around a batch function (the engine's ``ModelHandler`` Protocol):
+    ``poison`` / ``fatal`` name the error types it classifies so."""
+
+    def __init__(
+        self,
+        run: RunBatch,
+        *,
+        poison: type[BaseException] | tuple[type[BaseException], ...] = (),
+        fatal: type[BaseException] | tuple[type[BaseException], ...] = (),
+        target_batch_size: int = 4,
+        output_bytes_per_row: int = 8,
+    ) -> None:
+        self._run = run
+        self._poison = poison
+        self._fatal = fatal
+        self.target_batch_size = target_batch_size
+        self.output_bytes_per_row = output_bytes_per_row
+
+    def check(self, chunk: DecodedChunk) -> None:
+        pass
+
+    async def run(self, batch: BatchRows) -> Answer:
+        out = await self._run(batch)  # type: ignore[arg-type]
+        return out if isinstance(out, Answer) else Answer(out)
+
+    def is_poison(self, exc: BaseException) -> bool:
+        return isinstance(exc, self._poison)
+
+    def is_fatal(self, exc: BaseException) -> bool:
+        return isinstance(exc, self._fatal)
 
 
 def no_check(chunk: DecodedChunk) -> None:
@@ -137,9 +162,7 @@ def make(
         source=source,
         sink=sink,
         intake=Intake(("x",), no_check),
-        run_batch=run,
-        isolate=bisect,
-        is_poison=lambda e: isinstance(e, Rejected),
+        model=FnModel(run, poison=Rejected),
         settings=PipelineSettings(
             target_batch_size=target,
             max_wait_s=0.0,

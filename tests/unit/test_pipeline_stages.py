@@ -17,7 +17,7 @@ from consumer.engine.pipeline import Pipeline, PipelineSettings
 from consumer.engine.writer import SinkBackoff
 from consumer.observe.metrics import Metrics
 from consumer.sinks.base import ResultRows, RowsRejected, SinkUnavailable
-from tests.unit.test_pipeline import FakeSink, FakeSource, bisect, double, message, no_check
+from tests.unit.test_pipeline import FakeSink, FakeSource, FnModel, double, message, no_check
 
 
 class FlakySink(FakeSink):
@@ -65,9 +65,7 @@ def pipeline(
         source=source,
         sink=sink,
         intake=Intake(("x",), no_check),
-        run_batch=run,
-        isolate=bisect,
-        is_poison=lambda e: False,
+        model=FnModel(run),
         settings=PipelineSettings(
             target_batch_size=target,
             max_wait_s=0.0,

@@ -19,7 +19,7 @@ from consumer.engine.pipeline import Pipeline, PipelineSettings
 from consumer.observe.metrics import Metrics
 from consumer.sources.base import Delivery, Withdraw, WorkBound
 from tests.unit.test_kafka_source import until
-from tests.unit.test_pipeline import FakeSink, FakeSource, bisect, double, message, no_check
+from tests.unit.test_pipeline import FakeSink, FakeSource, FnModel, double, message, no_check
 
 
 class RevokableSource(FakeSource):
@@ -67,9 +67,7 @@ def make(
         source=source,
         sink=sink,
         intake=Intake(("x",), no_check),
-        run_batch=server.run,
-        isolate=bisect,
-        is_poison=lambda e: False,
+        model=FnModel(server.run),
         settings=PipelineSettings(
             target_batch_size=target,
             max_wait_s=60.0,

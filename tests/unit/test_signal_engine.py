@@ -21,7 +21,7 @@ from consumer.engine.pipeline import Pipeline, PipelineSettings
 from consumer.observe.metrics import Metrics
 from consumer.observe.scaling import ScalingSignal, SignalSettings
 from consumer.sources.base import Delivery
-from tests.unit.test_pipeline import FakeSink, FakeSource, bisect, double, no_check
+from tests.unit.test_pipeline import FakeSink, FakeSource, FnModel, double, no_check
 from wire.chunks import encode_chunk
 
 
@@ -77,9 +77,7 @@ async def test_the_oldest_unwritten_age_and_the_receive_age_follow_the_clock() -
         source=source,
         sink=sink,
         intake=Intake(("x",), no_check),
-        run_batch=held,
-        isolate=bisect,
-        is_poison=lambda e: False,
+        model=FnModel(held),
         settings=PipelineSettings(
             target_batch_size=4,
             max_wait_s=0.0,
@@ -157,9 +155,7 @@ async def test_the_watch_reports_backoff_and_full_slots_to_the_signal() -> None:
         source=source,
         sink=FakeSink(),
         intake=Intake(("x",), no_check),
-        run_batch=stuck,
-        isolate=bisect,
-        is_poison=lambda e: False,
+        model=FnModel(stuck),
         settings=PipelineSettings(
             target_batch_size=4,
             max_wait_s=0.0,

@@ -6,7 +6,7 @@ the response names), and the readiness probe. Failures come out classified
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -16,6 +16,7 @@ import tritonclient.grpc.aio as grpcaio
 from numpy.typing import NDArray
 from tritonclient.utils import InferenceServerException
 
+from consumer.model.answer import Answer
 from consumer.model.discovery import (
     ConfiguredSpec,
     ModelDiscoveryError,
@@ -61,17 +62,6 @@ class ChannelOptions:
             ("grpc.max_reconnect_backoff_ms", self.max_reconnect_backoff_ms),
             *self.extra,
         ]
-
-
-class Answer(dict[str, NDArray[Any]]):
-    """The requested outputs by name, and the version of the model that answered (the
-    response's ``model_version``; ``""`` when the server does not say)."""
-
-    __slots__ = ("model_version",)
-
-    def __init__(self, arrays: Mapping[str, NDArray[Any]] | None = None, model_version: str = ""):
-        super().__init__(arrays or {})
-        self.model_version = model_version
 
 
 def _answered_version(result: Any) -> str:
@@ -164,7 +154,7 @@ class InferenceClient:
             )
         except (InferenceServerException, OSError) as exc:
             raise classify(exc, model=self.model, served=self._served) from exc
-        arrays = Answer(model_version=_answered_version(result))
+        arrays: dict[str, NDArray[Any]] = {}
         for name in outputs:
             array = result.as_numpy(name)
             if array is None:
@@ -175,7 +165,7 @@ class InferenceClient:
                 )
             arrays[name] = np.asarray(array)
         self._served = True
-        return arrays
+        return Answer(arrays, _answered_version(result))
 
     async def ready(self, client_timeout: float = 1.0) -> bool:
         """Whether the server answers that the model is ready (``False`` on any error)."""

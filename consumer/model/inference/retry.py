@@ -13,11 +13,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from numpy.typing import NDArray
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 from tenacity.stop import stop_after_attempt, stop_base, stop_never
 from tenacity.wait import wait_base
 
+from consumer.model.answer import Answer
 from consumer.model.inference.errors import InferenceError, RetryableInferenceError
 
 log = logging.getLogger(__name__)
@@ -29,7 +29,7 @@ class Inferencer(Protocol):
 
     async def infer(
         self, inputs: Sequence[Any], outputs: Sequence[str], *, client_timeout: float | None = None
-    ) -> dict[str, NDArray[Any]]: ...
+    ) -> Answer: ...
 
 
 @dataclass(frozen=True)
@@ -140,7 +140,7 @@ class RetryingInferencer:
         """Requests now waiting to retry."""
         return self._backing_off
 
-    async def infer(self, inputs: Sequence[Any], outputs: Sequence[str]) -> dict[str, NDArray[Any]]:
+    async def infer(self, inputs: Sequence[Any], outputs: Sequence[str]) -> Answer:
         """The client's answer, after as many retries as transient failures need."""
         in_backoff = False
 
@@ -167,15 +167,13 @@ class RetryingInferencer:
             reraise=True,
         )
         try:
-            result: dict[str, NDArray[Any]] = await retrying(self._attempt, inputs, outputs)
+            result: Answer = await retrying(self._attempt, inputs, outputs)
         finally:
             if in_backoff:
                 self._leave_backoff()
         return result
 
-    async def _attempt(
-        self, inputs: Sequence[Any], outputs: Sequence[str]
-    ) -> dict[str, NDArray[Any]]:
+    async def _attempt(self, inputs: Sequence[Any], outputs: Sequence[str]) -> Answer:
         try:
             return await self._client.infer(
                 inputs, outputs, client_timeout=self.policy.client_timeout_s
