@@ -5,12 +5,7 @@ nothing of rowbatch. Plus the old import paths of the wire contract keep working
 from __future__ import annotations
 
 import ast
-import importlib
-import sys
-import warnings
 from pathlib import Path
-
-import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -93,24 +88,7 @@ def test_the_layering_sees_every_consumer_package() -> None:
     assert not unplaced
 
 
-def test_producer_wire_is_the_shared_contract() -> None:
-    import producer.wire
-    import wire
-
-    assert producer.wire.encode_chunk is wire.encode_chunk
-    assert producer.wire.decode_chunk is wire.decode_chunk
-    chunk = producer.wire.encode_chunk("t", {"id": [1, 2]}, "json")
-    assert wire.decode_chunk(chunk.payload, chunk.attributes).row_count == 2
-
-
-@pytest.mark.parametrize("name", ["errors", "headers", "columns", "codec_json", "codec_arrow"])
-def test_old_contract_paths_warn_and_give_the_same_module(name: str) -> None:
-    sys.modules.pop(f"producer.{name}", None)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        old = importlib.import_module(f"producer.{name}")
-    assert old is importlib.import_module(f"wire.{name}")
-    assert any(
-        issubclass(w.category, DeprecationWarning) and f"wire.{name}" in str(w.message)
-        for w in caught
-    )
+def test_the_contract_has_one_import_path() -> None:
+    """The old alias modules (producer.wire, producer.headers...) are gone: one name, one path."""
+    for name in ("wire", "errors", "headers", "columns", "codec_json", "codec_arrow"):
+        assert not (ROOT / "producer" / f"{name}.py").exists(), name
