@@ -40,6 +40,19 @@ def part_path(processed_at: datetime) -> str:
     )
 
 
+ROW_GROUP_BYTES: Final = 1 << 20
+"""Uncompressed bytes per row group. The Parquet writer holds a row group's encoded and
+compressed pages until the group closes: about 4 MiB + 2x the group; a whole 8 MiB write as one
+group peaked at 20 MiB of Arrow memory, in 1 MiB groups at 6 MiB (docs/memory.md)."""
+
+
+def row_group_rows(table: pa.Table) -> int:
+    """Rows per row group so that one holds about :data:`ROW_GROUP_BYTES`."""
+    if table.num_rows == 0:
+        return 1
+    return max(1, ROW_GROUP_BYTES * int(table.num_rows) // max(1, int(table.nbytes)))
+
+
 class DatasetFiles:
     """The files under ``root`` on ``fs``, by paths relative to the root."""
 
@@ -85,7 +98,13 @@ class DatasetFiles:
         self.fs.create_dir(folder, recursive=True)
         strings = [f.name for f in table.schema if pa.types.is_string(f.type)]
         with self.fs.open_output_stream(self._abs(tmp)) as out:
-            pq.write_table(table, out, compression=self._compression, use_dictionary=strings)
+            pq.write_table(
+                table,
+                out,
+                compression=self._compression,
+                use_dictionary=strings,
+                row_group_size=row_group_rows(table),
+            )
         if self.local:
             _fsync(self._abs(tmp))
         self.fs.move(self._abs(tmp), self._abs(rel))
