@@ -20,6 +20,7 @@ import argparse
 import os
 import re
 import shlex
+import signal
 import sys
 import time
 import traceback
@@ -165,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0911 - one per subco
 
         return oip_e2e.main(given[1:])
     args = parse_args(argv)
+    _stop_cleanly_on_signals()
     command = shlex.join([Path(sys.executable).name, "-m", "bench", *(argv or sys.argv[1:])])
     started = time.monotonic()
     here = machine.describe()
@@ -199,6 +201,17 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0911 - one per subco
         _write_tables(report, args.out.with_suffix(".txt"))
     print(f"\nTotal {time.monotonic() - started:.0f} s; results in {args.out}")
     return 1 if report.errors else 0
+
+
+def _stop_cleanly_on_signals() -> None:
+    """SIGTERM, and SIGINT even where a background shell set it to be ignored, end the run
+    through its ``with`` blocks, so every service it started is stopped by pid."""
+
+    def stop(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _run_sections(args: BenchArgs, report: Report, bench: Bench) -> None:
