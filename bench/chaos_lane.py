@@ -25,7 +25,7 @@ from bench.stack import Broker, Feed, consumer_config, create_feed, publisher
 from harness.consumer_process import to_toml
 from harness.proc import free_port
 from harness.stack import StackEndpoints
-from producer.publish import PublishedChunk, PublishWindow
+from rowbatch.producer.publish import PublishedChunk, PublishWindow
 
 MiB = 1024 * 1024
 BUDGET_BYTES = 64 * MiB

@@ -10,11 +10,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from producer.loadgen import DEFAULT_REJECT_MARKER, LoadSpec, plan_chunk
-from producer.publish import Message, RawMessage
-from wire.chunks import encode_chunk
-from wire.columns import BYTES, INT64, STRING
-from wire.headers import H_CONTENT_TYPE, H_ROW_COUNT
+from rowbatch.producer.loadgen import DEFAULT_REJECT_MARKER, LoadSpec, plan_chunk
+from rowbatch.producer.publish import Message, RawMessage
+from rowbatch.wire.chunks import encode_chunk
+from rowbatch.wire.columns import BYTES, INT64, STRING
+from rowbatch.wire.headers import H_CONTENT_TYPE, H_ROW_COUNT
 
 GOOD = "good"
 TEXT_TABLE = "chaos_rows"

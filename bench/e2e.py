@@ -1,6 +1,6 @@
 """Section 2, end to end: a backlog published before the consumer starts, drained by one
-consumer process (``python -m consumer run``) into each sink, on Pub/Sub and on Kafka; rows/s
-from the first row written to the last, and the ratio to the model's ceiling."""
+consumer process (``python -m rowbatch.consumer run``) into each sink, on Pub/Sub and on Kafka;
+rows/s from the first row written to the last, and the ratio to the model's ceiling."""
 
 from __future__ import annotations
 

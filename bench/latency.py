@@ -34,9 +34,9 @@ from bench.stack import (
     unique,
 )
 from bench.triton import server_stats
-from producer.loadgen import LoadSpec, RateLimiter, generate_columns
-from producer.publish import PublishWindow
-from wire.chunks import encode_chunk
+from rowbatch.producer.loadgen import LoadSpec, RateLimiter, generate_columns
+from rowbatch.producer.publish import PublishWindow
+from rowbatch.wire.chunks import encode_chunk
 
 CHUNK_ROWS = 100
 WARMUP_S = 2.0

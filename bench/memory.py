@@ -39,10 +39,10 @@ from bench.stack import (
     sink_config,
     unique,
 )
-from consumer.service.config import MiB
-from producer.publish import Message
-from wire.chunks import encode_chunk
-from wire.headers import Encoding
+from rowbatch.consumer.service.config import MiB
+from rowbatch.producer.publish import Message
+from rowbatch.wire.chunks import encode_chunk
+from rowbatch.wire.headers import Encoding
 
 ALLOWANCE_MB = 150.0
 """Peak RSS may reach the budget plus this (MB), all told."""

@@ -33,14 +33,14 @@ from google.pubsub_v1 import types as pstypes
 
 from bench.help_text import description
 from bench.report import Table, rate
-from consumer.service.config import ConsumerConfig
-from consumer.service.runner import Running, run_consumer
 from harness.model_repository import FixedLatency, fixed_latency_repository
 from harness.pubsub import PubSubEndpoint, PubSubService
 from harness.reference_models import score
 from harness.service import REPO_ROOT, RunDir
 from harness.triton import TritonService
-from wire.chunks import EncodedChunk, encode_chunk
+from rowbatch.consumer.service.config import ConsumerConfig
+from rowbatch.consumer.service.runner import Running, run_consumer
+from rowbatch.wire.chunks import EncodedChunk, encode_chunk
 
 MODEL = "fixed_latency"
 VARIANT = FixedLatency(base_ms=50.0, per_row_us=0.0, max_batch_size=256)

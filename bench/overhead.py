@@ -25,8 +25,8 @@ from bench.stack import (
     unique,
 )
 from harness.service import REPO_ROOT
-from producer.loadgen import LoadKind
-from wire.headers import Encoding
+from rowbatch.producer.loadgen import LoadKind
+from rowbatch.wire.headers import Encoding
 
 CHUNK_ROWS = 1000
 IDLE_S = 1.0

@@ -1,5 +1,5 @@
-"""Consumer processes for the benchmarks: ``python -m consumer run --config FILE`` children with
-their own metrics port and log, read from the outside the way an operator would (``/metrics``,
+"""Consumer processes for the benchmarks: ``python -m rowbatch.consumer run --config FILE`` children
+with their own metrics port and log, read from the outside the way an operator would (``/metrics``,
 ``/proc/<pid>``), and always killed by pid at the end."""
 
 from __future__ import annotations

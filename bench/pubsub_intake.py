@@ -31,7 +31,7 @@ from google.pubsub_v1.services.publisher import PublisherClient as GapicPublishe
 from bench.help_text import description
 from harness.pubsub import DEFAULT_PROJECT, PubSubEndpoint, PubSubService
 from harness.service import REPO_ROOT, RunDir
-from wire.chunks import encode_chunk
+from rowbatch.wire.chunks import encode_chunk
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "streaming": {"mode": "streaming"},
@@ -98,11 +98,11 @@ async def _drain(variant: str, subscription: str, expect: int) -> dict[str, Any]
     mode = options.pop("mode")
     source: Any
     if mode == "streaming":
-        from consumer.sources.pubsub import PubSubSource, PubSubSourceConfig  # noqa: PLC0415
+        from rowbatch.consumer.sources.pubsub import PubSubSource, PubSubSourceConfig  # noqa: PLC0415
 
         source = PubSubSource(PubSubSourceConfig(subscription=subscription, dead_letter_topic=None))
     else:
-        from consumer.sources.pubsub import (  # noqa: PLC0415
+        from rowbatch.consumer.sources.pubsub import (  # noqa: PLC0415
             PubSubPullSource,
             PubSubPullSourceConfig,
         )

@@ -23,8 +23,8 @@ from harness.kafka import create_topic
 from harness.pubsub import PubSubEndpoint
 from harness.service import RunDir
 from harness.stack import StackEndpoints, local_stack
-from producer.loadgen import LoadKind, LoadSpec, plan_messages
-from producer.publish import (
+from rowbatch.producer.loadgen import LoadKind, LoadSpec, plan_messages
+from rowbatch.producer.publish import (
     KafkaPublisher,
     Message,
     PublishedChunk,
@@ -32,7 +32,7 @@ from producer.publish import (
     PublishWindow,
     PubSubPublisher,
 )
-from wire.headers import Encoding
+from rowbatch.wire.headers import Encoding
 
 Broker = Literal["pubsub", "kafka"]
 SinkKind = Literal["sqlite", "postgres", "parquet"]
@@ -203,7 +203,7 @@ def backlog(
     prefix: str = "bench",
     max_chunk_bytes: int = 900_000,
 ) -> list[Message]:
-    """A generated table (``producer.loadgen``), encoded as messages ready to publish."""
+    """A generated table (``rowbatch.producer.loadgen``), encoded as messages ready to publish."""
     spec = LoadSpec(
         rows=rows, chunk_rows=chunk_rows, kind=kind, encoding=encoding, id_prefix=prefix
     )

@@ -11,10 +11,10 @@ from importlib import metadata
 import numpy as np
 import tritonclient.grpc as grpcclient
 
-from consumer import __version__ as rowbatch_version
 from harness.kafka import KAFKA_VERSION
 from harness.pubsub import EMULATOR_BIN, PSTEST_VERSION
 from harness.stack import StackEndpoints
+from rowbatch.consumer import __version__ as rowbatch_version
 
 
 def _package(name: str) -> str:

@@ -1,7 +1,7 @@
-"""``python -m consumer``: the same as the ``rowbatch-consumer`` command."""
+"""``python -m rowbatch.consumer``: the same as the ``rowbatch-consumer`` command."""
 
 import sys
 
-from consumer.service.cli import main
+from rowbatch.consumer.service.cli import main
 
 sys.exit(main())

@@ -81,7 +81,7 @@ def _server_venvs(names: list[str], prune: bool) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m harness",
-        description="The rowbatch local stack on 127.0.0.1 (also installed as rowbatch-stack):\n"
+        description="The rowbatch local stack on 127.0.0.1 (run from a checkout; not installed):\n"
         "Kafka, the Pub/Sub emulator, Triton, PostgreSQL and Prometheus.",
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -1,6 +1,6 @@
-"""A ``python -m consumer run --config FILE`` child process, watched from the outside the way an
-operator would (``/readyz``, ``/metrics``, ``/proc/<pid>``) and always killed by pid at the end.
-Used by the process-level tests and by the benchmarks."""
+"""A ``python -m rowbatch.consumer run --config FILE`` child process, watched from the outside the
+way an operator would (``/readyz``, ``/metrics``, ``/proc/<pid>``) and always killed by pid at the
+end. Used by the process-level tests and by the benchmarks."""
 
 from __future__ import annotations
 
@@ -108,7 +108,7 @@ class ConsumerProcess:
             env = {k: v for k, v in os.environ.items() if not k.startswith("ROWBATCH_")}
         self._log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "consumer", "run", "--config", str(self.config_path)],
+            [sys.executable, "-m", "rowbatch.consumer", "run", "--config", str(self.config_path)],
             stdout=self._log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

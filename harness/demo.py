@@ -17,15 +17,15 @@ import numpy as np
 from prometheus_client import CollectorRegistry
 from pydantic import TypeAdapter
 
-from consumer.service.adapters import make_source
-from consumer.service.admin import ensure_source
-from consumer.service.config import ConsumerConfig, SourceSettings
-from consumer.service.runner import Running, run_consumer
-from consumer.sources.base import DeadLetterReason, Delivery, Source
 from harness.stack import StackEndpoints
-from producer.loadgen import LoadSpec, MalformedKind, PlannedMessage, plan_messages
-from producer.publish import KafkaPublisher
-from wire.chunks import PUBSUB_MAX_MESSAGE_BYTES
+from rowbatch.consumer.service.adapters import make_source
+from rowbatch.consumer.service.admin import ensure_source
+from rowbatch.consumer.service.config import ConsumerConfig, SourceSettings
+from rowbatch.consumer.service.runner import Running, run_consumer
+from rowbatch.consumer.sources.base import DeadLetterReason, Delivery, Source
+from rowbatch.producer.loadgen import LoadSpec, MalformedKind, PlannedMessage, plan_messages
+from rowbatch.producer.publish import KafkaPublisher
+from rowbatch.wire.chunks import PUBSUB_MAX_MESSAGE_BYTES
 
 Broker = Literal["pubsub", "kafka"]
 KAFKA_PARTITIONS = 6

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from consumer.service.config import ServerSettings
 from harness.errors import PrerequisiteMissing
 from harness.proc import LOOPBACK, ServiceProcess, free_port
 from harness.service import REPO_ROOT, ManagedService, RunDir
+from rowbatch.consumer.service.config import ServerSettings
 
 RULES_DIR = REPO_ROOT / "deploy" / "prometheus" / "rules"
 RULES_GLOB = "*.rules.yml"

@@ -1,6 +1,6 @@
-"""``python -m producer``: see :mod:`producer.cli`."""
+"""``python -m rowbatch.producer``: see :mod:`rowbatch.producer.cli`."""
 
-from producer.cli import main
+from rowbatch.producer.cli import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -1,20 +1,25 @@
-"""The stable import path of the publishing API: ``from producer.publish import KafkaPublisher,
-publish_rows, ...`` keeps working; the code lives in :mod:`producer.publishers` (one module per
-broker, with their shared errors, retry policy, message types, splitting and publish window).
+"""The stable import path of the publishing API: ``from rowbatch.producer.publish import
+KafkaPublisher, publish_rows, ...`` keeps working; the code lives in
+:mod:`rowbatch.producer.publishers` (one module per broker, with their shared errors, retry policy,
+message types, splitting and publish window).
 """
 
 from __future__ import annotations
 
-from producer.publishers.base import Publisher
-from producer.publishers.errors import (
+from rowbatch.producer.publishers.base import Publisher
+from rowbatch.producer.publishers.errors import (
     BrokerUnavailable,
     MessageTooLarge,
     PublishError,
     PublishFailed,
     TopicNotFound,
 )
-from producer.publishers.kafka import KafkaCompression, KafkaPublisher, check_kafka_compression
-from producer.publishers.messages import (
+from rowbatch.producer.publishers.kafka import (
+    KafkaCompression,
+    KafkaPublisher,
+    check_kafka_compression,
+)
+from rowbatch.producer.publishers.messages import (
     Message,
     PublishedChunk,
     RawMessage,
@@ -22,15 +27,15 @@ from producer.publishers.messages import (
     message_size,
     rows_of,
 )
-from producer.publishers.pubsub import (
+from rowbatch.producer.publishers.pubsub import (
     PubSubBatchSettings,
     PubSubFlowControl,
     PubSubPublisher,
     pubsub_topic_path,
 )
-from producer.publishers.retry import RetryPolicy, Sleep
-from producer.publishers.splitting import publish_rows, split_for
-from producer.publishers.window import PublishWindow
+from rowbatch.producer.publishers.retry import RetryPolicy, Sleep
+from rowbatch.producer.publishers.splitting import publish_rows, split_for
+from rowbatch.producer.publishers.window import PublishWindow
 
 __all__ = [
     "BrokerUnavailable",

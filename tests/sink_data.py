@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from consumer.sinks.base import ColumnSpec, ResultRows, TableSpec
+from rowbatch.consumer.sinks.base import ColumnSpec, ResultRows, TableSpec
 
 DIM = 384
 CHUNK_ROWS = 500

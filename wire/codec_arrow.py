@@ -10,15 +10,15 @@ from typing import Final, Literal
 
 import pyarrow as pa
 
-from wire.columns.arrow import (
+from rowbatch.wire.columns.arrow import (
     ArrowConverter,
     arrow_converter,
     arrow_to_column,
     column_to_arrow,
 )
-from wire.columns.canonical import Column
-from wire.columns.column_type import ColumnType
-from wire.errors import CorruptArrow
+from rowbatch.wire.columns.canonical import Column
+from rowbatch.wire.columns.column_type import ColumnType
+from rowbatch.wire.errors import CorruptArrow
 
 Compression = Literal["lz4", "zstd"]
 _COMPRESSIONS: Final = ("lz4", "zstd")

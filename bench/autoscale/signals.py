@@ -1,8 +1,8 @@
 """The scaling signals the simulator compares, each as the HPA sees it: the metric's value
 when it was sampled, the delay before the HPA can read it, and the HPA metric spec it feeds
 (the replica proposal per sync). rowbatch's figures come from
-:mod:`consumer.observe.scaling` (``fleet_replicas``, ``replicas_needed``, ``balanced``), the
-functions the consumers export them with."""
+:mod:`rowbatch.consumer.observe.scaling` (``fleet_replicas``, ``replicas_needed``, ``balanced``),
+the functions the consumers export them with."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from bench.autoscale.hpa import external_average_value, pods_average_value
-from consumer.observe.scaling import balanced, fleet_replicas, replicas_needed
+from rowbatch.consumer.observe.scaling import balanced, fleet_replicas, replicas_needed
 
 __all__ = [
     "CLOUD_MONITORING",

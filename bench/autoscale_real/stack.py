@@ -27,8 +27,8 @@ from harness.model_repository import FixedLatency, fixed_latency_repository
 from harness.postgres import PostgresEndpoint
 from harness.pubsub import PubSubEndpoint
 from harness.triton import TritonEndpoint
-from producer.publish import KafkaPublisher, Publisher, PubSubPublisher
-from wire.chunks import encode_chunk
+from rowbatch.producer.publish import KafkaPublisher, Publisher, PubSubPublisher
+from rowbatch.wire.chunks import encode_chunk
 
 Broker = Literal["kafka", "pubsub"]
 MODEL = "autoscale_fixed"

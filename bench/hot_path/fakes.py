@@ -16,15 +16,15 @@ from tritonclient.grpc import InferRequestedOutput
 from tritonclient.grpc._utils import _get_inference_request
 
 from bench.hot_path.timers import Stages
-from consumer.model.answer import Answer
-from consumer.model.binding import Binding
-from consumer.model.discovery import ModelSpec
-from consumer.sinks import parquet, sqlite
-from consumer.sinks.base import ColumnSpec, ResultRows, Sink, TableSpec, table_columns
-from consumer.sinks.postgres import copy_binary
-from consumer.sources.base import DeadLetterReason, Delivery
 from harness.model_specs import EMBEDDER, SCORER
-from wire.chunks import encode_chunk
+from rowbatch.consumer.model.answer import Answer
+from rowbatch.consumer.model.binding import Binding
+from rowbatch.consumer.model.discovery import ModelSpec
+from rowbatch.consumer.sinks import parquet, sqlite
+from rowbatch.consumer.sinks.base import ColumnSpec, ResultRows, Sink, TableSpec, table_columns
+from rowbatch.consumer.sinks.postgres import copy_binary
+from rowbatch.consumer.sources.base import DeadLetterReason, Delivery
+from rowbatch.wire.chunks import encode_chunk
 
 MODELS = {"text": EMBEDDER, "numeric": SCORER}
 BINDINGS = {

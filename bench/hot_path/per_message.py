@@ -13,12 +13,12 @@ import numpy as np
 from bench.hot_path.fakes import BINDINGS, MODELS, NullSink, make_deliveries
 from bench.hot_path.pipeline_run import run_pipeline
 from bench.hot_path.timers import Stages, print_profile, timer_cost
-from consumer.engine import batcher, intake, ledger, results
-from consumer.model import tensors as binding_module
-from consumer.model.answer import Answer
-from consumer.model.handler import BatchRows, OipHandler
-from consumer.sources.base import Delivery
-from wire.columns import ColumnType
+from rowbatch.consumer.engine import batcher, intake, ledger, results
+from rowbatch.consumer.model import tensors as binding_module
+from rowbatch.consumer.model.answer import Answer
+from rowbatch.consumer.model.handler import BatchRows, OipHandler
+from rowbatch.consumer.sources.base import Delivery
+from rowbatch.wire.columns import ColumnType
 
 MSG_STAGES = (
     "headers",
@@ -44,7 +44,7 @@ def run_messages(
 ) -> tuple[float, Stages, pstats.Stats | None]:
     """(total CPU s, stages, profile) for the pipeline over ``deliveries`` with a null sink and
     a model that answers at once."""
-    from wire import chunks as wire  # noqa: PLC0415 - patched below
+    from rowbatch.wire import chunks as wire  # noqa: PLC0415 - patched below
 
     spec, binding = MODELS[kind], BINDINGS[kind]
     stages = Stages(MSG_STAGES)

@@ -11,15 +11,15 @@ from pathlib import Path
 from bench.hot_path.fakes import BINDINGS, MODELS, FakeTriton, make_sink
 from bench.hot_path.pipeline_run import run_pipeline
 from bench.hot_path.timers import Stages
-from consumer.engine import batcher, intake, ledger, results
-from consumer.model import handler as handler_module
-from consumer.model.handler import OipHandler
-from consumer.model.inference import RetryingInferencer
-from consumer.sinks import parquet
-from consumer.sinks.postgres import copy_binary
-from consumer.sinks.sqlite import sink as sqlite_sink
-from consumer.sources.base import Delivery
-from wire.columns import ColumnType
+from rowbatch.consumer.engine import batcher, intake, ledger, results
+from rowbatch.consumer.model import handler as handler_module
+from rowbatch.consumer.model.handler import OipHandler
+from rowbatch.consumer.model.inference import RetryingInferencer
+from rowbatch.consumer.sinks import parquet
+from rowbatch.consumer.sinks.postgres import copy_binary
+from rowbatch.consumer.sinks.sqlite import sink as sqlite_sink
+from rowbatch.consumer.sources.base import Delivery
+from rowbatch.wire.columns import ColumnType
 
 
 def run_once(

@@ -11,13 +11,13 @@ from collections.abc import Sequence
 
 from bench.hot_path.fakes import BINDINGS, MODELS, TABLES, ListSource
 from bench.hot_path.timers import profiled
-from consumer.engine.budget import ByteBudget
-from consumer.engine.intake import Intake, SchemaCheck
-from consumer.engine.pipeline import Pipeline, PipelineSettings
-from consumer.model.handler import ModelHandler
-from consumer.observe.metrics import Metrics
-from consumer.sinks.base import Sink
-from consumer.sources.base import Delivery
+from rowbatch.consumer.engine.budget import ByteBudget
+from rowbatch.consumer.engine.intake import Intake, SchemaCheck
+from rowbatch.consumer.engine.pipeline import Pipeline, PipelineSettings
+from rowbatch.consumer.model.handler import ModelHandler
+from rowbatch.consumer.observe.metrics import Metrics
+from rowbatch.consumer.sinks.base import Sink
+from rowbatch.consumer.sources.base import Delivery
 
 
 def run_pipeline(

@@ -10,14 +10,14 @@ import asyncio
 import contextlib
 import logging
 
-from consumer.engine.batcher import Batch, Batcher, Clock, Segment
-from consumer.engine.poison import isolate
-from consumer.engine.results import Answered
-from consumer.engine.settle import Settler
-from consumer.model.answer import Answer
-from consumer.model.handler import ModelHandler
-from consumer.observe.metrics import Metrics
-from consumer.sources.base import DeadLetterReason, ReasonClass
+from rowbatch.consumer.engine.batcher import Batch, Batcher, Clock, Segment
+from rowbatch.consumer.engine.poison import isolate
+from rowbatch.consumer.engine.results import Answered
+from rowbatch.consumer.engine.settle import Settler
+from rowbatch.consumer.model.answer import Answer
+from rowbatch.consumer.model.handler import ModelHandler
+from rowbatch.consumer.observe.metrics import Metrics
+from rowbatch.consumer.sources.base import DeadLetterReason, ReasonClass
 
 log = logging.getLogger(__name__)
 
@@ -25,8 +25,8 @@ log = logging.getLogger(__name__)
 class InferenceStage:
     """Batches from the batcher (``flush``) through the model handler (``work``, one task per
     request in flight) into ``answered``; a batch that fails is isolated (bisected by
-    :func:`consumer.engine.poison.isolate`, one isolation at a time), and the messages failing
-    for good are nacked."""
+    :func:`rowbatch.consumer.engine.poison.isolate`, one isolation at a time), and the messages
+    failing for good are nacked."""
 
     def __init__(
         self,

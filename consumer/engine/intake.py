@@ -13,10 +13,10 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from consumer.model.mismatch import SchemaMismatch
-from consumer.sources.base import DeadLetterReason, Delivery, ReasonClass
-from wire.chunks import DecodedChunk, decode_chunk
-from wire.errors import WireError
+from rowbatch.consumer.model.mismatch import SchemaMismatch
+from rowbatch.consumer.sources.base import DeadLetterReason, Delivery, ReasonClass
+from rowbatch.wire.chunks import DecodedChunk, decode_chunk
+from rowbatch.wire.errors import WireError
 
 log = logging.getLogger(__name__)
 

@@ -10,15 +10,15 @@ import asyncio
 import itertools
 from collections.abc import Callable, Sequence
 
-from consumer.engine.batcher import Batcher, Clock
-from consumer.engine.budget import ByteBudget, message_cost
-from consumer.engine.gate import Gate
-from consumer.engine.intake import Intake, MessageRows, PoisonMessage
-from consumer.engine.ledger import Ledger
-from consumer.engine.settle import Settler
-from consumer.observe.metrics import Metrics
-from consumer.observe.scaling import ScalingSignal
-from consumer.sources.base import (
+from rowbatch.consumer.engine.batcher import Batcher, Clock
+from rowbatch.consumer.engine.budget import ByteBudget, message_cost
+from rowbatch.consumer.engine.gate import Gate
+from rowbatch.consumer.engine.intake import Intake, MessageRows, PoisonMessage
+from rowbatch.consumer.engine.ledger import Ledger
+from rowbatch.consumer.engine.settle import Settler
+from rowbatch.consumer.observe.metrics import Metrics
+from rowbatch.consumer.observe.scaling import ScalingSignal
+from rowbatch.consumer.sources.base import (
     BoundsReadAhead,
     Delivery,
     SharesBudget,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-from consumer.sources.base import DeadLetterReason, Delivery
+from rowbatch.consumer.sources.base import DeadLetterReason, Delivery
 
 
 @dataclass

@@ -1,22 +1,23 @@
 """The engine: deliveries -> intake -> batcher -> inference stage -> writer stage -> ledger -> ack.
 
 Broker- and server-agnostic: it sees a ``Source``, a ``Sink`` and a
-:class:`consumer.model.handler.ModelHandler` (the chunk check, the batch run with its retries,
-which errors are poison or fatal). :class:`Pipeline` wires the stages and runs their tasks on one
-event loop:
+:class:`rowbatch.consumer.model.handler.ModelHandler` (the chunk check, the batch run with its
+retries, which errors are poison or fatal). :class:`Pipeline` wires the stages and runs their tasks
+on one event loop:
 
-- *intake* (:mod:`consumer.engine.intake_stage`) takes deliveries while the budget has room and
+- *intake* (:mod:`rowbatch.consumer.engine.intake_stage`) takes deliveries while the budget has room
+and
   nothing is backing off, decodes them (poison goes straight to the dead-letter topic) and
   queues their rows;
-- the *flusher* and the *inference workers* (:mod:`consumer.engine.inference_stage`,
+- the *flusher* and the *inference workers* (:mod:`rowbatch.consumer.engine.inference_stage`,
   ``max_in_flight`` workers) turn queued rows into batches and keep one request each at the
   server, handing the answers to the writer stage at once, so the server never waits for a
   sink write;
-- *writers* (:mod:`consumer.engine.write_stage`, ``write_concurrency`` of them) write every
+- *writers* (:mod:`rowbatch.consumer.engine.write_stage`, ``write_concurrency`` of them) write every
   answered batch that is waiting in one sink write (group commit), then settle
-  (:mod:`consumer.engine.settle`) messages whose rows are all written: ack, or, when any row
-  failed for good, delete its written rows and dead-letter the whole message;
-- the *watch* (:mod:`consumer.engine.watch`) exports every second the age of the oldest
+  (:mod:`rowbatch.consumer.engine.settle`) messages whose rows are all written: ack, or, when any
+  row failed for good, delete its written rows and dead-letter the whole message;
+- the *watch* (:mod:`rowbatch.consumer.engine.watch`) exports every second the age of the oldest
   message not yet settled, and tells the scaling signal the pipeline's state.
 
 Intake keeps at most ``queued_rows`` rows queued ahead of the inference workers (by default two
@@ -27,7 +28,7 @@ once, so what is in hand at a rebalance is a few batches and no row is inferred 
 
 A slow sink slows intake through the byte budget (answered rows stay reserved until written),
 never by holding inference slots. Sink faults are handled by
-:class:`consumer.engine.writer.SinkWriter`.
+:class:`rowbatch.consumer.engine.writer.SinkWriter`.
 
 What the pipeline holds on top of each message's charge is set aside in the same budget
 (:func:`pipeline_share`): the answers being decoded (a response beside its arrays, for every
@@ -43,28 +44,28 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
-from consumer.engine.batcher import Batch, Batcher, Clock
-from consumer.engine.budget import ByteBudget
-from consumer.engine.gate import Gate
-from consumer.engine.inference_stage import InferenceStage
-from consumer.engine.intake import Intake
-from consumer.engine.intake_stage import IntakeStage
-from consumer.engine.ledger import Ledger
-from consumer.engine.results import (
+from rowbatch.consumer.engine.batcher import Batch, Batcher, Clock
+from rowbatch.consumer.engine.budget import ByteBudget
+from rowbatch.consumer.engine.gate import Gate
+from rowbatch.consumer.engine.inference_stage import InferenceStage
+from rowbatch.consumer.engine.intake import Intake
+from rowbatch.consumer.engine.intake_stage import IntakeStage
+from rowbatch.consumer.engine.ledger import Ledger
+from rowbatch.consumer.engine.results import (
     Answered,
     ResultBuilder,
     largest_write_cost,
     split_by_message,
 )
-from consumer.engine.settle import Settler
-from consumer.engine.watch import WATCH_INTERVAL_S, PipelineState, Watch
-from consumer.engine.write_stage import WriteStage
-from consumer.engine.writer import SinkBackoff, SinkWriter
-from consumer.model.handler import ModelHandler
-from consumer.observe.metrics import Metrics
-from consumer.observe.scaling import ScalingSignal
-from consumer.sinks.base import Sink
-from consumer.sources.base import Source, WorkBound
+from rowbatch.consumer.engine.settle import Settler
+from rowbatch.consumer.engine.watch import WATCH_INTERVAL_S, PipelineState, Watch
+from rowbatch.consumer.engine.write_stage import WriteStage
+from rowbatch.consumer.engine.writer import SinkBackoff, SinkWriter
+from rowbatch.consumer.model.handler import ModelHandler
+from rowbatch.consumer.observe.metrics import Metrics
+from rowbatch.consumer.observe.scaling import ScalingSignal
+from rowbatch.consumer.sinks.base import Sink
+from rowbatch.consumer.sources.base import Source, WorkBound
 
 __all__ = [
     "QUEUED_BATCHES_PER_REQUEST",

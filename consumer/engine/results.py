@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from consumer.engine.batcher import Batch
-from consumer.engine.ledger import Ledger
-from consumer.sinks.base import ENCODE_SLICE_BYTES, ResultRows
+from rowbatch.consumer.engine.batcher import Batch
+from rowbatch.consumer.engine.ledger import Ledger
+from rowbatch.consumer.sinks.base import ENCODE_SLICE_BYTES, ResultRows
 
 WRITE_ROW_OVERHEAD_BYTES = 256
 """Per row of a sink write, what building and encoding it holds besides the row's values: the

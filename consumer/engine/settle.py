@@ -7,15 +7,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Collection, Sequence
 
-from consumer.engine.batcher import Batcher, Segment
-from consumer.engine.budget import ByteBudget
-from consumer.engine.ledger import Entry, Ledger
-from consumer.engine.results import Answered
-from consumer.engine.writer import SinkWriter
-from consumer.observe.metrics import Metrics
-from consumer.observe.scaling import ScalingSignal
-from consumer.sinks.base import Sink
-from consumer.sources.base import DeadLetterReason, Delivery, Source
+from rowbatch.consumer.engine.batcher import Batcher, Segment
+from rowbatch.consumer.engine.budget import ByteBudget
+from rowbatch.consumer.engine.ledger import Entry, Ledger
+from rowbatch.consumer.engine.results import Answered
+from rowbatch.consumer.engine.writer import SinkWriter
+from rowbatch.consumer.observe.metrics import Metrics
+from rowbatch.consumer.observe.scaling import ScalingSignal
+from rowbatch.consumer.sinks.base import Sink
+from rowbatch.consumer.sources.base import DeadLetterReason, Delivery, Source
 
 log = logging.getLogger(__name__)
 

@@ -10,10 +10,10 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from consumer.engine.batcher import Clock
-from consumer.engine.ledger import Ledger
-from consumer.observe.metrics import Metrics
-from consumer.observe.scaling import ScalingSignal
+from rowbatch.consumer.engine.batcher import Clock
+from rowbatch.consumer.engine.ledger import Ledger
+from rowbatch.consumer.observe.metrics import Metrics
+from rowbatch.consumer.observe.scaling import ScalingSignal
 
 log = logging.getLogger(__name__)
 

@@ -3,8 +3,8 @@
 (group commit), then settles the messages whose rows are all written.
 
 What a write holds besides the rows' values (the joined batch, its encode buffers:
-:func:`consumer.engine.results.write_cost`) is taken from ``allowance``, the writers' share of
-the memory budget: a write waits while the other writers hold it, and a coalesced write larger
+:func:`rowbatch.consumer.engine.results.write_cost`) is taken from ``allowance``, the writers' share
+of the memory budget: a write waits while the other writers hold it, and a coalesced write larger
 than the whole share is split (written a part at a time)."""
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ import asyncio
 from collections import deque
 from collections.abc import Callable, Sequence
 
-from consumer.engine.batcher import Clock
-from consumer.engine.budget import ByteBudget
-from consumer.engine.ledger import Ledger
-from consumer.engine.results import Answered, write_cost
-from consumer.engine.settle import Settler
-from consumer.engine.writer import SinkWriter
-from consumer.observe.metrics import Metrics
-from consumer.sources.base import DeadLetterReason, ReasonClass
+from rowbatch.consumer.engine.batcher import Clock
+from rowbatch.consumer.engine.budget import ByteBudget
+from rowbatch.consumer.engine.ledger import Ledger
+from rowbatch.consumer.engine.results import Answered, write_cost
+from rowbatch.consumer.engine.settle import Settler
+from rowbatch.consumer.engine.writer import SinkWriter
+from rowbatch.consumer.observe.metrics import Metrics
+from rowbatch.consumer.sources.base import DeadLetterReason, ReasonClass
 
 
 class WriteStage:

@@ -18,8 +18,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from consumer.observe.metrics import Metrics
-from consumer.sinks.base import ResultRows, RowsRejected, SinkUnavailable
+from rowbatch.consumer.observe.metrics import Metrics
+from rowbatch.consumer.sinks.base import ResultRows, RowsRejected, SinkUnavailable
 
 log = logging.getLogger(__name__)
 

@@ -17,10 +17,10 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any
 
-from consumer.model.answer import Answer
-from consumer.model.discovery import ModelSpec
-from consumer.model.endpoint_probe import HealthTiming, Prober, Reference
-from consumer.model.endpoint_state import (
+from rowbatch.consumer.model.answer import Answer
+from rowbatch.consumer.model.discovery import ModelSpec
+from rowbatch.consumer.model.endpoint_probe import HealthTiming, Prober, Reference
+from rowbatch.consumer.model.endpoint_state import (
     Endpoint,
     EndpointClient,
     EndpointMeter,
@@ -28,7 +28,7 @@ from consumer.model.endpoint_state import (
     NoMeter,
     choose,
 )
-from consumer.model.inference.errors import (
+from rowbatch.consumer.model.inference.errors import (
     InferenceError,
     RetryableInferenceError,
     error_kind,
@@ -48,7 +48,7 @@ def _no_meter(_: str) -> EndpointMeter:
 
 class Balancer:
     """Least-outstanding-requests balancing with failover over model-server endpoints; an
-    :class:`consumer.model.inference.Inferencer`.
+    :class:`rowbatch.consumer.model.inference.Inferencer`.
 
     Life cycle: :meth:`track` the addresses found at start (clients come from ``connect``),
     discover their model, then :meth:`start` with the reference spec, the per-endpoint limit

@@ -1,7 +1,8 @@
 """The model binding: which table column feeds which model input, which model output becomes
 which result column, and which input columns pass through to the result row; and its check
 against the model's spec at start-up (:func:`check_binding`). The per-message check is in
-:mod:`consumer.model.chunk_check`, tensor building per batch in :mod:`consumer.model.tensors`.
+:mod:`rowbatch.consumer.model.chunk_check`, tensor building per batch in
+:mod:`rowbatch.consumer.model.tensors`.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final
 
-from consumer.model.discovery import ModelSpec
+from rowbatch.consumer.model.discovery import ModelSpec
 
 #: Result-table columns the consumer writes itself; no output or passthrough may take them.
 RESERVED_COLUMNS: Final = frozenset(

@@ -12,13 +12,13 @@ from typing import Any, Final
 
 import numpy as np
 
-from consumer.model.binding import Binding, BindingError
-from consumer.model.discovery import ModelSpec, TensorSpec
-from consumer.model.mismatch import SchemaMismatch
-from consumer.model.tensors import NUMPY_DTYPES, check_range, check_values, fit_dims
-from consumer.model.text_tensor import check_text
-from wire.chunks import DecodedChunk
-from wire.columns import Column, ColumnType, Kind
+from rowbatch.consumer.model.binding import Binding, BindingError
+from rowbatch.consumer.model.discovery import ModelSpec, TensorSpec
+from rowbatch.consumer.model.mismatch import SchemaMismatch
+from rowbatch.consumer.model.tensors import NUMPY_DTYPES, check_range, check_values, fit_dims
+from rowbatch.consumer.model.text_tensor import check_text
+from rowbatch.wire.chunks import DecodedChunk
+from rowbatch.wire.columns import Column, ColumnType, Kind
 
 #: Which model datatypes a column kind can feed (a cast happens where the dtypes differ).
 _FEEDS: Final[Mapping[Kind, tuple[str, ...]]] = MappingProxyType(

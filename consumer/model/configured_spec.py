@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from consumer.model.spec import SOURCE_NAMES, ModelConfigError, ModelSpec, TensorSpec
-from consumer.model.spec_match import tensor_differences
+from rowbatch.consumer.model.spec import SOURCE_NAMES, ModelConfigError, ModelSpec, TensorSpec
+from rowbatch.consumer.model.spec_match import tensor_differences
 
 
 class ConfiguredSpecMismatch(ModelConfigError):

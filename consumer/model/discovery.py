@@ -6,14 +6,14 @@ memory budget). Works with any KServe v2 / Open Inference Protocol gRPC server:
    sizes, instance count (:func:`spec_from_config`).
 2. Where that RPC is UNIMPLEMENTED (MLServer, KServe's Python model server): ``ModelMetadata``,
    inputs and outputs with datatype and shape, a leading ``-1`` being the batch axis
-   (:mod:`consumer.model.metadata_spec`).
+   (:mod:`rowbatch.consumer.model.metadata_spec`).
 3. Where the metadata does not describe the model (no tensors listed, no batch axis): the
-   configured ``model.inputs`` / ``model.outputs`` (:mod:`consumer.model.configured_spec`);
+   configured ``model.inputs`` / ``model.outputs`` (:mod:`rowbatch.consumer.model.configured_spec`);
    configured specs that differ from the server's stop start-up.
 
 The server's ServerMetadata (name, version) is recorded on the spec: the defaults for batch size
-and requests in flight depend on its kind (:mod:`consumer.model.server_kind`). A model the server
-does not serve raises :class:`ModelNotFound`; an unreachable server
+and requests in flight depend on its kind (:mod:`rowbatch.consumer.model.server_kind`). A model the
+server does not serve raises :class:`ModelNotFound`; an unreachable server
 :class:`ModelServerUnavailable` (start-up waits for it).
 """
 
@@ -27,10 +27,18 @@ from typing import Any, Final
 
 from tritonclient.utils import InferenceServerException
 
-from consumer.model.configured_spec import ConfiguredSpec, ConfiguredSpecMismatch
-from consumer.model.metadata_spec import MetadataUnusable, latest_version, spec_from_metadata
-from consumer.model.server_kind import DEFAULT_BATCH_SIZE, default_in_flight, target_batch_size
-from consumer.model.spec import (
+from rowbatch.consumer.model.configured_spec import ConfiguredSpec, ConfiguredSpecMismatch
+from rowbatch.consumer.model.metadata_spec import (
+    MetadataUnusable,
+    latest_version,
+    spec_from_metadata,
+)
+from rowbatch.consumer.model.server_kind import (
+    DEFAULT_BATCH_SIZE,
+    default_in_flight,
+    target_batch_size,
+)
+from rowbatch.consumer.model.spec import (
     DATATYPES,
     DTYPE_SIZES,
     ModelConfigError,

@@ -11,10 +11,10 @@ import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from consumer.model.discovery import ModelSpec
-from consumer.model.endpoint_state import Endpoint, EndpointClient, Health
-from consumer.model.inference.retry import RetryPolicy
-from consumer.model.spec_match import describe_mismatch, spec_differences
+from rowbatch.consumer.model.discovery import ModelSpec
+from rowbatch.consumer.model.endpoint_state import Endpoint, EndpointClient, Health
+from rowbatch.consumer.model.inference.retry import RetryPolicy
+from rowbatch.consumer.model.spec_match import describe_mismatch, spec_differences
 
 log = logging.getLogger(__name__)
 

@@ -10,12 +10,12 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from consumer.model.answer import Answer
-from consumer.model.discovery import ModelSpec
+from rowbatch.consumer.model.answer import Answer
+from rowbatch.consumer.model.discovery import ModelSpec
 
 
 class EndpointClient(Protocol):
-    """One server's client (an :class:`consumer.model.inference.InferenceClient`)."""
+    """One server's client (an :class:`rowbatch.consumer.model.inference.InferenceClient`)."""
 
     url: str
 
@@ -31,7 +31,7 @@ class EndpointClient(Protocol):
 
 
 class EndpointMeter(Protocol):
-    """Per-endpoint metrics (:class:`consumer.observe.metrics.EndpointMetrics`)."""
+    """Per-endpoint metrics (:class:`rowbatch.consumer.observe.metrics.EndpointMetrics`)."""
 
     def sent(self) -> None: ...
 

@@ -2,7 +2,7 @@
 ``ModelHandler``) checks each message's chunk once at intake, runs one batch and answers its
 outputs with the version that answered, and sorts a failure into poison (the rows are bad:
 dead-letter them) or fatal (the server failed them: nack, redeliver). The engine calls it
-directly and drives isolation (bisection) itself; ``consumer.service`` only builds one.
+directly and drives isolation (bisection) itself; ``rowbatch.consumer.service`` only builds one.
 
 :class:`OipHandler` is the one for servers speaking the Open Inference Protocol (KServe v2)
 over gRPC: Triton, MLServer, KServe."""
@@ -15,15 +15,15 @@ from typing import Any, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from consumer.model.answer import Answer
-from consumer.model.binding import Binding
-from consumer.model.chunk_check import check_chunk, memoized_check
-from consumer.model.discovery import ModelSpec, output_bytes_per_row
-from consumer.model.inference import FatalInferenceError, PoisonInferenceError
-from consumer.model.mismatch import SchemaMismatch
-from consumer.model.tensors import build_inputs
-from wire.chunks import DecodedChunk
-from wire.columns import ColumnType
+from rowbatch.consumer.model.answer import Answer
+from rowbatch.consumer.model.binding import Binding
+from rowbatch.consumer.model.chunk_check import check_chunk, memoized_check
+from rowbatch.consumer.model.discovery import ModelSpec, output_bytes_per_row
+from rowbatch.consumer.model.inference import FatalInferenceError, PoisonInferenceError
+from rowbatch.consumer.model.mismatch import SchemaMismatch
+from rowbatch.consumer.model.tensors import build_inputs
+from rowbatch.wire.chunks import DecodedChunk
+from rowbatch.wire.columns import ColumnType
 
 
 class BatchRows(Protocol):
@@ -40,7 +40,7 @@ class BatchRows(Protocol):
 
 class AnswersRequests(Protocol):
     """Runs one request, retrying what is transient (a
-    :class:`consumer.model.inference.RetryingInferencer`)."""
+    :class:`rowbatch.consumer.model.inference.RetryingInferencer`)."""
 
     async def infer(self, inputs: Sequence[Any], outputs: Sequence[str]) -> Answer: ...
 

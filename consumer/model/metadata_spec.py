@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from consumer.model.spec import DATATYPES, ModelSpec, TensorSpec
+from rowbatch.consumer.model.spec import DATATYPES, ModelSpec, TensorSpec
 
 
 class MetadataUnusable(ValueError):

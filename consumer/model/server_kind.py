@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final
 
-from consumer.model.spec import ModelConfigError, ModelSpec
+from rowbatch.consumer.model.spec import ModelConfigError, ModelSpec
 
 #: Rows per request for a model whose spec did not come from ModelConfig (no
 #: ``max_batch_size`` or preferred size is known) and no ``model.batch_size`` is configured.

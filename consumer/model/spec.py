@@ -1,7 +1,7 @@
 """The model's interface as the consumer sees it: :class:`TensorSpec` (one input or output),
 :class:`ModelSpec` (the model, its batching hints and where the spec came from), and the KServe
-v2 datatypes with their element sizes. Discovery (:mod:`consumer.model.discovery`) builds them
-from the server or from configuration."""
+v2 datatypes with their element sizes. Discovery (:mod:`rowbatch.consumer.model.discovery`) builds
+them from the server or from configuration."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from consumer.model.spec import ModelConfigError, ModelSpec, TensorSpec
+from rowbatch.consumer.model.spec import ModelConfigError, ModelSpec, TensorSpec
 
 log = logging.getLogger(__name__)
 

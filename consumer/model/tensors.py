@@ -1,8 +1,8 @@
 """Building one batch's model inputs: the batch's arrays become ``InferInput`` tensors in the
 model's order (:func:`build_inputs`); nulls in an input column, values the model's datatype
 cannot hold, or arrays of the wrong shape raise :class:`SchemaMismatch`. Text becomes a BYTES
-tensor once per batch (:mod:`consumer.model.text_tensor`). The same value checks run per
-message in :mod:`consumer.model.chunk_check`.
+tensor once per batch (:mod:`rowbatch.consumer.model.text_tensor`). The same value checks run per
+message in :mod:`rowbatch.consumer.model.chunk_check`.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from numpy.typing import NDArray
 
-from consumer.model.binding import Binding
-from consumer.model.discovery import ModelSpec, TensorSpec
-from consumer.model.mismatch import SchemaMismatch
-from consumer.model.text_tensor import bytes_input, check_text, serialize_text
+from rowbatch.consumer.model.binding import Binding
+from rowbatch.consumer.model.discovery import ModelSpec, TensorSpec
+from rowbatch.consumer.model.mismatch import SchemaMismatch
+from rowbatch.consumer.model.text_tensor import bytes_input, check_text, serialize_text
 
 #: numpy dtype of each datatype a column can feed, and the array dtype kinds accepted for it.
 NUMPY_DTYPES: Final[Mapping[str, tuple[np.dtype[Any], str]]] = MappingProxyType(
@@ -142,7 +142,7 @@ def build_inputs(
     nulls: Mapping[str, NDArray[np.bool_] | None] | None = None,
 ) -> list[Any]:
     """One ``tritonclient.grpc.InferInput`` per model input, in the model's order, from one
-    batch's columns (canonical numpy form, see :mod:`wire.columns`; every array has one
+    batch's columns (canonical numpy form, see :mod:`rowbatch.wire.columns`; every array has one
     entry per row). ``nulls`` maps a column to its null mask (``True`` = null), as
     ``Column.nulls``. Raises :class:`SchemaMismatch` for a null in an input column, a value
     the input's datatype cannot hold, or an array that cannot feed the input."""

@@ -17,7 +17,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from numpy.typing import NDArray
 
-from consumer.model.mismatch import SchemaMismatch
+from rowbatch.consumer.model.mismatch import SchemaMismatch
 
 _BYTES_LIKE: Final = frozenset({bytes, bytearray, memoryview, np.bytes_})
 

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from consumer.observe.memory import MemoryCollector
-from consumer.observe.scaling import ScalingGauges
-from wire.dead_letter import ReasonClass
+from rowbatch.consumer.observe.memory import MemoryCollector
+from rowbatch.consumer.observe.scaling import ScalingGauges
+from rowbatch.wire.dead_letter import ReasonClass
 
 #: ``rowbatch_messages_dead_lettered_total{reason}``: the dead-letter reason classes.
 DEAD_LETTER_REASONS = tuple(reason.value for reason in ReasonClass)

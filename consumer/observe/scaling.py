@@ -25,7 +25,7 @@ from typing import Literal
 
 from prometheus_client import CollectorRegistry, Gauge
 
-from consumer.observe.lag import ThroughputMeter, desired_replicas
+from rowbatch.consumer.observe.lag import ThroughputMeter, desired_replicas
 
 TOLERANCE = 0.1
 """A figure falls only once what is needed is this share below the lower count (the HPA's

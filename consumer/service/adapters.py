@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING, Literal
 from prometheus_client import CollectorRegistry
 from pydantic import SecretStr
 
-from consumer import __version__
-from consumer.engine.writer import SinkBackoff
-from consumer.model.discovery import (
+from rowbatch.consumer import __version__
+from rowbatch.consumer.engine.writer import SinkBackoff
+from rowbatch.consumer.model.discovery import (
     ModelSpec,
 )
-from consumer.observe.metrics import Metrics
-from consumer.observe.scaling import ScalingSignal, SignalSettings
-from consumer.service.config import (
+from rowbatch.consumer.observe.metrics import Metrics
+from rowbatch.consumer.observe.scaling import ScalingSignal, SignalSettings
+from rowbatch.consumer.service.config import (
     ConsumerConfig,
     KafkaSettings,
     ParquetSinkSettings,
@@ -29,14 +29,14 @@ from consumer.service.config import (
     SinkSettings,
     SourceSettings,
 )
-from consumer.service.startup import StartupError, StillUnavailable, wait_for
-from consumer.sinks.base import ColumnSpec, Sink, SinkUnavailable, TableSpec
-from consumer.sources.base import Source
-from wire.columns import ColumnType
-from wire.pubsub_env import project_of
+from rowbatch.consumer.service.startup import StartupError, StillUnavailable, wait_for
+from rowbatch.consumer.sinks.base import ColumnSpec, Sink, SinkUnavailable, TableSpec
+from rowbatch.consumer.sources.base import Source
+from rowbatch.wire.columns import ColumnType
+from rowbatch.wire.pubsub_env import project_of
 
 if TYPE_CHECKING:
-    from consumer.sources.kafka import KafkaSourceConfig
+    from rowbatch.consumer.sources.kafka import KafkaSourceConfig
 
 _DATATYPE_DTYPES = {
     "FP32": "float32",
@@ -79,7 +79,7 @@ def make_source(
     counted in ``rowbatch_messages_dead_lettered_total{reason}``, like the pipeline's).
     ``signal``: the consumer's scaling signal, which the Kafka source feeds with the group's
     backlog (default: one built from ``settings`` on ``metrics``)."""
-    from consumer.sources.base import DeadLetterReason  # noqa: PLC0415
+    from rowbatch.consumer.sources.base import DeadLetterReason  # noqa: PLC0415
 
     registry: CollectorRegistry | None = None
     on_dead_letter: Callable[[DeadLetterReason], None] | None = None
@@ -91,7 +91,7 @@ def make_source(
             counter.labels(reason.reason_class.value).inc()
 
     if isinstance(settings, PubSubSettings) and settings.mode == "pull":
-        from consumer.sources.pubsub import (  # noqa: PLC0415
+        from rowbatch.consumer.sources.pubsub import (  # noqa: PLC0415
             PubSubPullSource,
             PubSubPullSourceConfig,
         )
@@ -113,7 +113,7 @@ def make_source(
             on_dead_letter=on_dead_letter,
         )
     if isinstance(settings, PubSubSettings):
-        from consumer.sources.pubsub import PubSubSource, PubSubSourceConfig  # noqa: PLC0415
+        from rowbatch.consumer.sources.pubsub import PubSubSource, PubSubSourceConfig  # noqa: PLC0415
 
         return PubSubSource(
             PubSubSourceConfig(
@@ -129,7 +129,7 @@ def make_source(
             on_dead_letter=on_dead_letter,
         )
     assert isinstance(settings, KafkaSettings)
-    from consumer.sources.kafka import KafkaConfigError, KafkaSource  # noqa: PLC0415
+    from rowbatch.consumer.sources.kafka import KafkaConfigError, KafkaSource  # noqa: PLC0415
 
     try:
         config = kafka_source_config(settings)
@@ -145,7 +145,7 @@ def check_source_credentials(settings: SourceSettings) -> None:
     no Google credentials are found, so start-up says so at once instead of after waiting for
     the model server and the sink. Blocking (google-auth may ask the GCE metadata server)."""
     if isinstance(settings, PubSubSettings):
-        from consumer.sources.pubsub import check_credentials  # noqa: PLC0415
+        from rowbatch.consumer.sources.pubsub import check_credentials  # noqa: PLC0415
 
         check_credentials(project_of(settings.subscription))
 
@@ -153,7 +153,7 @@ def check_source_credentials(settings: SourceSettings) -> None:
 def kafka_source_config(settings: KafkaSettings) -> KafkaSourceConfig:
     """The Kafka source's configuration from the ``[source]`` settings (secrets unwrapped);
     ``KafkaConfigError`` when they cannot work together."""
-    from consumer.sources.kafka import KafkaSourceConfig  # noqa: PLC0415
+    from rowbatch.consumer.sources.kafka import KafkaSourceConfig  # noqa: PLC0415
 
     def secret(value: SecretStr | None) -> str | None:
         return None if value is None else value.get_secret_value()
@@ -199,14 +199,14 @@ def kafka_source_config(settings: KafkaSettings) -> KafkaSourceConfig:
 
 def make_sink(settings: SinkSettings) -> Sink:
     if isinstance(settings, PostgresSinkSettings):
-        from consumer.sinks.postgres import PostgresSink  # noqa: PLC0415
+        from rowbatch.consumer.sinks.postgres import PostgresSink  # noqa: PLC0415
 
         return PostgresSink(settings.dsn.get_secret_value(), schema=settings.db_schema)
     if isinstance(settings, ParquetSinkSettings):
-        from consumer.sinks.parquet import ParquetSink  # noqa: PLC0415
+        from rowbatch.consumer.sinks.parquet import ParquetSink  # noqa: PLC0415
 
         return ParquetSink(settings.url)
-    from consumer.sinks.sqlite import SqliteSink  # noqa: PLC0415
+    from rowbatch.consumer.sinks.sqlite import SqliteSink  # noqa: PLC0415
 
     return SqliteSink(settings.path)
 

@@ -19,20 +19,20 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from consumer.service.adapters import kafka_source_config
-from consumer.service.config import (
+from rowbatch.consumer.service.adapters import kafka_source_config
+from rowbatch.consumer.service.config import (
     ConfigError,
     KafkaSettings,
     PubSubSettings,
     SourceSettings,
     load_config,
 )
-from consumer.sources.admin_plan import AdminFailed, AdminUnreachable, Plan
-from consumer.sources.base import SourceConfigError
-from wire.pubsub_env import project_of
+from rowbatch.consumer.sources.admin_plan import AdminFailed, AdminUnreachable, Plan
+from rowbatch.consumer.sources.base import SourceConfigError
+from rowbatch.wire.pubsub_env import project_of
 
 if TYPE_CHECKING:  # each broker's client is imported only when its source is configured
-    from consumer.sources.pubsub.admin import PubSubLayout
+    from rowbatch.consumer.sources.pubsub.admin import PubSubLayout
 
 EXIT_OK = 0
 EXIT_REFUSED = 1
@@ -44,7 +44,7 @@ EXIT_UNREACHABLE = 4
 def pubsub_layout(settings: PubSubSettings) -> PubSubLayout:
     """What ``settings`` needs on Pub/Sub; ``ConfigError`` when a field the creation needs
     is missing."""
-    from consumer.sources.pubsub.admin import PubSubLayout, SubscriptionSpec  # noqa: PLC0415
+    from rowbatch.consumer.sources.pubsub.admin import PubSubLayout, SubscriptionSpec  # noqa: PLC0415
 
     if settings.topic is None or settings.dead_letter_topic is None:
         what = {"topic": "what the subscription reads", "dead_letter_topic": "for dead letters"}
@@ -68,8 +68,8 @@ def pubsub_layout(settings: PubSubSettings) -> PubSubLayout:
 
 
 def _ensure_pubsub(settings: PubSubSettings, *, dry_run: bool, timeout_s: float) -> Plan:
-    from consumer.sources.pubsub.admin import GooglePubSubAdmin  # noqa: PLC0415
-    from consumer.sources.pubsub.admin import ensure as ensure_pubsub  # noqa: PLC0415
+    from rowbatch.consumer.sources.pubsub.admin import GooglePubSubAdmin  # noqa: PLC0415
+    from rowbatch.consumer.sources.pubsub.admin import ensure as ensure_pubsub  # noqa: PLC0415
 
     layout = pubsub_layout(settings)
     admin = GooglePubSubAdmin(timeout_s=timeout_s, project=project_of(settings.subscription))
@@ -80,8 +80,8 @@ def _ensure_pubsub(settings: PubSubSettings, *, dry_run: bool, timeout_s: float)
 
 
 async def _ensure_kafka(settings: KafkaSettings, *, dry_run: bool, timeout_s: float) -> Plan:
-    from consumer.sources.kafka.admin import AioKafkaAdmin, TopicSpec  # noqa: PLC0415
-    from consumer.sources.kafka.admin import ensure as ensure_kafka  # noqa: PLC0415
+    from rowbatch.consumer.sources.kafka.admin import AioKafkaAdmin, TopicSpec  # noqa: PLC0415
+    from rowbatch.consumer.sources.kafka.admin import ensure as ensure_kafka  # noqa: PLC0415
 
     connection = kafka_source_config(settings)
     topics = [

@@ -1,5 +1,5 @@
-"""The rowbatch-consumer command (also python -m consumer): run the subscriber service, check
-its configuration, or create what it needs on the broker. The help text (DESCRIPTION, EPILOG)
+"""The rowbatch-consumer command (also python -m rowbatch.consumer): run the subscriber service,
+check its configuration, or create what it needs on the broker. The help text (DESCRIPTION, EPILOG)
 says how; the exit codes of admin ensure are consumer/service/admin.py's."""
 
 from __future__ import annotations
@@ -11,27 +11,31 @@ import signal
 import sys
 from pathlib import Path
 
-from consumer.engine.pipeline import PipelineFailed
-from consumer.model.binding import Binding, BindingError, check_binding
-from consumer.model.discovery import ModelConfigError, ModelDiscoveryError
-from consumer.observe.memory import return_freed_memory
-from consumer.service import admin, logs
-from consumer.service.adapters import check_source_credentials
-from consumer.service.config import ConfigError, ConsumerConfig, load_config
-from consumer.service.model_wiring import check_endpoints, describe_batching, describe_origin
-from consumer.service.runner import run_consumer
-from consumer.service.shutdown import (
+from rowbatch.consumer.engine.pipeline import PipelineFailed
+from rowbatch.consumer.model.binding import Binding, BindingError, check_binding
+from rowbatch.consumer.model.discovery import ModelConfigError, ModelDiscoveryError
+from rowbatch.consumer.observe.memory import return_freed_memory
+from rowbatch.consumer.service import admin, logs
+from rowbatch.consumer.service.adapters import check_source_credentials
+from rowbatch.consumer.service.config import ConfigError, ConsumerConfig, load_config
+from rowbatch.consumer.service.model_wiring import (
+    check_endpoints,
+    describe_batching,
+    describe_origin,
+)
+from rowbatch.consumer.service.runner import run_consumer
+from rowbatch.consumer.service.shutdown import (
     CLOSE_MARGIN_S,
     Watchdog,
     exit_past_stuck_threads,
     run_bounded,
     watch_stop,
 )
-from consumer.service.startup import StartupError
-from consumer.sinks.base import SinkError
-from consumer.sources.base import SourceConfigError, SourceUnreachable
+from rowbatch.consumer.service.startup import StartupError
+from rowbatch.consumer.sinks.base import SinkError
+from rowbatch.consumer.sources.base import SourceConfigError, SourceUnreachable
 
-log = logging.getLogger("consumer")
+log = logging.getLogger("rowbatch.consumer")
 
 DESCRIPTION = """\
 Run the rowbatch consumer: read row chunks from Pub/Sub or Kafka, run them through a model

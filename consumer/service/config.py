@@ -27,10 +27,10 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from consumer.model.configured_spec import ConfiguredSpec
-from consumer.model.endpoints import Endpoints, EndpointSpecError, parse_endpoints
-from consumer.model.spec import DATATYPES, TensorSpec
-from consumer.model.tls import (
+from rowbatch.consumer.model.configured_spec import ConfiguredSpec
+from rowbatch.consumer.model.endpoints import Endpoints, EndpointSpecError, parse_endpoints
+from rowbatch.consumer.model.spec import DATATYPES, TensorSpec
+from rowbatch.consumer.model.tls import (
     TlsConfigError,
     TlsOptions,
     check_ca_file,
@@ -38,14 +38,14 @@ from consumer.model.tls import (
     check_key_file,
     check_pair,
 )
-from consumer.service.source_config import (
+from rowbatch.consumer.service.source_config import (
     KafkaSettings,
     MiB,
     PubSubSettings,
     Section,
     SourceSettings,
 )
-from wire.columns import ColumnType
+from rowbatch.wire.columns import ColumnType
 
 __all__ = [
     "BindingSettings",
@@ -73,7 +73,7 @@ class TensorSettings(Section):
     """The tensor's name on the server."""
     datatype: str
     """KServe v2 datatype: ``FP32``, ``INT64``, ``BYTES``, ``BOOL``... (see
-    :data:`consumer.model.spec.DATATYPES`)."""
+    :data:`rowbatch.consumer.model.spec.DATATYPES`)."""
     dims: tuple[int, ...]
     """One row's shape, *without* the batch axis (``[16]`` for a shape ``[-1, 16]`` on the
     server; ``[]`` for one value per row); ``-1`` marks a variable dimension."""
@@ -117,16 +117,16 @@ class ModelSettings(Section):
     version: str = ""
     """Empty: the server's choice (its version policy)."""
     batch_size: int | None = Field(default=None, ge=1)
-    """Rows per request. Default per server kind (:mod:`consumer.model.server_kind`): Triton,
-    from its ModelConfig, the largest preferred batch size, else ``max_batch_size``; servers
+    """Rows per request. Default per server kind (:mod:`rowbatch.consumer.model.server_kind`):
+    Triton, from its ModelConfig, the largest preferred batch size, else ``max_batch_size``; servers
     without ModelConfig (MLServer, KServe, others) 256. Must not exceed a ModelConfig's
     ``max_batch_size``; required for a Triton model that does not batch."""
     max_wait_ms: float = Field(default=100.0, ge=0)
     """Latency bound: a partial batch is sent once its oldest row has waited this long."""
     max_in_flight: int | None = Field(default=None, ge=1)
     """Batches in flight at once per server (the consumer keeps the sum over the servers
-    found at start). Default per server kind (:mod:`consumer.model.server_kind`): Triton, per
-    model instance, enough for two executions of the model's ``max_batch_size`` (one running,
+    found at start). Default per server kind (:mod:`rowbatch.consumer.model.server_kind`): Triton,
+    per model instance, enough for two executions of the model's ``max_batch_size`` (one running,
     one queued), at least 2: 4 for a model with preferred size 128 and max_batch_size 256;
     MLServer 8 (its adaptive batching merges requests, so it needs several in flight: raise
     this with its ``max_batch_size``); KServe and others 4. The memory budget still bounds

@@ -1,6 +1,6 @@
 """The model side of the wiring: clients for the model-server endpoints, discovering the model
 on each (waiting while none is up yet) and the in-flight limit per endpoint. The model handler
-the engine calls is :class:`consumer.model.handler.OipHandler`, built by the runner."""
+the engine calls is :class:`rowbatch.consumer.model.handler.OipHandler`, built by the runner."""
 
 from __future__ import annotations
 
@@ -9,26 +9,26 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
-from consumer.engine.writer import SinkBackoff
-from consumer.model.balancer import Balancer
-from consumer.model.discovery import (
+from rowbatch.consumer.engine.writer import SinkBackoff
+from rowbatch.consumer.model.balancer import Balancer
+from rowbatch.consumer.model.discovery import (
     ModelServerUnavailable,
     ModelSpec,
     default_in_flight,
 )
-from consumer.model.endpoint_probe import HealthTiming
-from consumer.model.endpoints import Membership
-from consumer.model.inference import (
+from rowbatch.consumer.model.endpoint_probe import HealthTiming
+from rowbatch.consumer.model.endpoints import Membership
+from rowbatch.consumer.model.inference import (
     InferenceClient,
     RetryPolicy,
 )
-from consumer.model.server_kind import describe_defaults
-from consumer.model.spec import SOURCE_NAMES
-from consumer.model.spec_match import same_spec
-from consumer.service.config import (
+from rowbatch.consumer.model.server_kind import describe_defaults
+from rowbatch.consumer.model.spec import SOURCE_NAMES
+from rowbatch.consumer.model.spec_match import same_spec
+from rowbatch.consumer.service.config import (
     ModelSettings,
 )
-from consumer.service.startup import StartupError, StillUnavailable, wait_for
+from rowbatch.consumer.service.startup import StartupError, StillUnavailable, wait_for
 
 
 def connector(settings: ModelSettings, membership: Membership) -> Callable[[str], InferenceClient]:
@@ -101,7 +101,7 @@ async def discover_endpoints_waiting(
 async def check_endpoints(settings: ModelSettings) -> dict[str, ModelSpec]:
     """Each endpoint's spec, asked once without waiting (``rowbatch-consumer check``); raises
     :class:`StartupError` when none answers, and
-    :class:`consumer.model.spec_match.EndpointSpecMismatch` when two differ."""
+    :class:`rowbatch.consumer.model.spec_match.EndpointSpecMismatch` when two differ."""
     membership = Membership(settings.endpoints())
     balancer = Balancer(settings.name, connector(settings, membership))
     try:
@@ -125,8 +125,9 @@ def health_timing(settings: ModelSettings) -> HealthTiming:
 
 def per_endpoint_limit(settings: ModelSettings, target: int) -> Callable[[ModelSpec], int]:
     """Requests in flight per endpoint: ``model.max_in_flight``, else what the endpoint's own
-    model config or its server kind calls for (:func:`consumer.model.discovery.default_in_flight`,
-    :mod:`consumer.model.server_kind`)."""
+    model config or its server kind calls for
+    (:func:`rowbatch.consumer.model.discovery.default_in_flight`,
+    :mod:`rowbatch.consumer.model.server_kind`)."""
 
     def limit(spec: ModelSpec) -> int:
         return settings.max_in_flight or default_in_flight(spec, target)

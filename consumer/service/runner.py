@@ -8,57 +8,57 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from consumer.engine.budget import ByteBudget
-from consumer.engine.intake import Intake, IntakeLimits
-from consumer.engine.pipeline import Pipeline, PipelineSettings
-from consumer.engine.writer import SinkBackoff
-from consumer.model.balancer import Balancer
-from consumer.model.binding import (
+from rowbatch.consumer.engine.budget import ByteBudget
+from rowbatch.consumer.engine.intake import Intake, IntakeLimits
+from rowbatch.consumer.engine.pipeline import Pipeline, PipelineSettings
+from rowbatch.consumer.engine.writer import SinkBackoff
+from rowbatch.consumer.model.balancer import Balancer
+from rowbatch.consumer.model.binding import (
     Binding,
     check_binding,
 )
-from consumer.model.discovery import (
+from rowbatch.consumer.model.discovery import (
     ModelSpec,
     target_batch_size,
 )
-from consumer.model.endpoints import Membership
-from consumer.model.handler import OipHandler
-from consumer.model.inference import (
+from rowbatch.consumer.model.endpoints import Membership
+from rowbatch.consumer.model.handler import OipHandler
+from rowbatch.consumer.model.inference import (
     RetryingInferencer,
     RetryPolicy,
     error_kind,
 )
-from consumer.model.spec_match import same_spec
-from consumer.observe.memory import trim
-from consumer.observe.metrics import Metrics
-from consumer.service.adapters import (
+from rowbatch.consumer.model.spec_match import same_spec
+from rowbatch.consumer.observe.memory import trim
+from rowbatch.consumer.observe.metrics import Metrics
+from rowbatch.consumer.service.adapters import (
     make_sink,
     make_source,
     open_sink,
     scaling_signal,
     table_spec,
 )
-from consumer.service.config import (
+from rowbatch.consumer.service.config import (
     ConsumerConfig,
 )
-from consumer.service.health import HealthServer
-from consumer.service.model_wiring import (
+from rowbatch.consumer.service.health import HealthServer
+from rowbatch.consumer.service.model_wiring import (
     connector,
     discover_endpoints_waiting,
     health_timing,
     per_endpoint_limit,
 )
-from consumer.service.shutdown import (
+from rowbatch.consumer.service.shutdown import (
     CLOSE_STEP_S,
     SOURCE_CLOSE_S,
     StoppedDuringStartup,
     close_bounded,
     unless_stopped,
 )
-from consumer.service.startup import StartupError
-from consumer.sinks.base import Sink
-from consumer.sources.base import Source
-from wire.columns import ColumnType
+from rowbatch.consumer.service.startup import StartupError
+from rowbatch.consumer.sinks.base import Sink
+from rowbatch.consumer.sources.base import Source
+from rowbatch.wire.columns import ColumnType
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from consumer.engine.writer import SinkBackoff
+from rowbatch.consumer.engine.writer import SinkBackoff
 
 log = logging.getLogger(__name__)
 

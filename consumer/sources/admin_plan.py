@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from consumer.sources.base import SourceError, SourceUnreachable
+from rowbatch.consumer.sources.base import SourceError, SourceUnreachable
 
 
 class Outcome(StrEnum):

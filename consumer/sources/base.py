@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Protocol, Self, runtime_checkable
 
-from wire.dead_letter import DEFAULT_CODES, ReasonClass
+from rowbatch.wire.dead_letter import DEFAULT_CODES, ReasonClass
 
 __all__ = [
     "DEFAULT_CODES",
@@ -138,7 +138,7 @@ class Source(Protocol):
 
 class SharedBudget(Protocol):
     """The pipeline's byte budget as a source that reads ahead sees it
-    (:class:`consumer.engine.budget.ByteBudget` is one)."""
+    (:class:`rowbatch.consumer.engine.budget.ByteBudget` is one)."""
 
     limit: int
 

@@ -1,12 +1,12 @@
-"""``python -m producer`` (``rowbatch-producer``): publish a file of rows to Pub/Sub or Kafka, or
-generate load. One module per subcommand (``publish``, ``loadgen``); ``parser`` builds the
+"""``python -m rowbatch.producer`` (``rowbatch-producer``): publish a file of rows to Pub/Sub or
+Kafka, or generate load. One module per subcommand (``publish``, ``loadgen``); ``parser`` builds the
 command line and ``main`` runs it.
 
-    python -m producer publish --broker kafka --bootstrap localhost:9092 --topic rows \\
+    python -m rowbatch.producer publish --broker kafka --bootstrap localhost:9092 --topic rows \\
         --file orders.csv --chunk-rows 1000 --encoding arrow --table orders
-    python -m producer publish --broker pubsub --project my-proj --topic rows \\
+    python -m rowbatch.producer publish --broker pubsub --project my-proj --topic rows \\
         --file - --format jsonl --table orders < orders.jsonl
-    python -m producer loadgen --broker kafka --bootstrap localhost:9092 --topic rows \\
+    python -m rowbatch.producer loadgen --broker kafka --bootstrap localhost:9092 --topic rows \\
         --rows 100000 --rate max --kind text --malformed 0.02 --manifest sent.json
 
 Progress goes to stderr (a bar on a terminal: rows, rows/s, ETA); the summary line (rows,
@@ -22,12 +22,12 @@ the same ids and the consumer writes each row once; ``--id-prefix`` sets it.
 
 from __future__ import annotations
 
-from producer.cli.brokers import make_publisher
-from producer.cli.loadgen import run_loadgen
-from producer.cli.main import main
-from producer.cli.parser import build_parser
-from producer.cli.publish import default_id_prefix, run_publish
-from producer.cli.running import Outcome, UsageError
+from rowbatch.producer.cli.brokers import make_publisher
+from rowbatch.producer.cli.loadgen import run_loadgen
+from rowbatch.producer.cli.main import main
+from rowbatch.producer.cli.parser import build_parser
+from rowbatch.producer.cli.publish import default_id_prefix, run_publish
+from rowbatch.producer.cli.running import Outcome, UsageError
 
 __all__ = [
     "Outcome",

@@ -7,8 +7,8 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from producer.cli.running import UsageError
-from producer.publishers import KafkaPublisher, Publisher, PubSubPublisher, RetryPolicy
+from rowbatch.producer.cli.running import UsageError
+from rowbatch.producer.publishers import KafkaPublisher, Publisher, PubSubPublisher, RetryPolicy
 
 PublisherFactory = Callable[[argparse.Namespace], Publisher]
 

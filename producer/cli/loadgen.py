@@ -10,13 +10,13 @@ import uuid
 from collections.abc import Callable
 from typing import TextIO
 
-from producer.cli.parser import ENCODINGS
-from producer.cli.running import Outcome, Sleep, Submit, Tally, UsageError, run_to_outcome
-from producer.loadgen import LoadSpec, Manifest, RateLimiter, publish_load
-from producer.progress import Progress
-from producer.publishers import Publisher
-from wire.errors import WireError
-from wire.headers import check_table
+from rowbatch.producer.cli.parser import ENCODINGS
+from rowbatch.producer.cli.running import Outcome, Sleep, Submit, Tally, UsageError, run_to_outcome
+from rowbatch.producer.loadgen import LoadSpec, Manifest, RateLimiter, publish_load
+from rowbatch.producer.progress import Progress
+from rowbatch.producer.publishers import Publisher
+from rowbatch.wire.errors import WireError
+from rowbatch.wire.headers import check_table
 
 
 async def run_loadgen(

@@ -1,5 +1,5 @@
-"""The entry point (``rowbatch-producer``, ``python -m producer``): parses the command line, runs
-the subcommand, prints errors as one line, and returns the exit status."""
+"""The entry point (``rowbatch-producer``, ``python -m rowbatch.producer``): parses the command
+line, runs the subcommand, prints errors as one line, and returns the exit status."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ import time
 from collections.abc import Callable, Sequence
 from typing import IO, TextIO
 
-from producer.cli.brokers import PublisherFactory, make_publisher
-from producer.cli.loadgen import run_loadgen
-from producer.cli.parser import PROG, build_parser
-from producer.cli.publish import run_publish
-from producer.cli.report import report, write_manifest
-from producer.cli.running import Outcome, RunFailed, Sleep, UsageError
-from producer.publishers import PublisherConfigError, PublishError
-from producer.readers import InputError
+from rowbatch.producer.cli.brokers import PublisherFactory, make_publisher
+from rowbatch.producer.cli.loadgen import run_loadgen
+from rowbatch.producer.cli.parser import PROG, build_parser
+from rowbatch.producer.cli.publish import run_publish
+from rowbatch.producer.cli.report import report, write_manifest
+from rowbatch.producer.cli.running import Outcome, RunFailed, Sleep, UsageError
+from rowbatch.producer.publishers import PublisherConfigError, PublishError
+from rowbatch.producer.readers import InputError
 
 
 def _setup_logging(verbose: bool) -> None:

@@ -8,9 +8,9 @@ import os
 from pathlib import Path
 from typing import Final
 
-from producer.loadgen import DECODE_KINDS, MalformedKind
-from producer.readers import InputFormat
-from wire.headers import Encoding
+from rowbatch.producer.loadgen import DECODE_KINDS, MalformedKind
+from rowbatch.producer.readers import InputFormat
+from rowbatch.wire.headers import Encoding
 
 PROG: Final = "rowbatch-producer"
 ENCODINGS: Final = {"json": Encoding.JSON, "arrow": Encoding.ARROW}

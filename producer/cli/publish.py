@@ -18,11 +18,11 @@ from typing import IO, Any, Final, TextIO
 
 import pyarrow as pa
 
-from producer.cli.parser import ENCODINGS
-from producer.cli.running import Outcome, Submit, Tally, UsageError, run_to_outcome
-from producer.progress import Progress
-from producer.publishers import Publisher, split_for
-from producer.readers import (
+from rowbatch.producer.cli.parser import ENCODINGS
+from rowbatch.producer.cli.running import Outcome, Submit, Tally, UsageError, run_to_outcome
+from rowbatch.producer.progress import Progress
+from rowbatch.producer.publishers import Publisher, split_for
+from rowbatch.producer.readers import (
     STDIN,
     InputError,
     InputFormat,
@@ -32,10 +32,10 @@ from producer.readers import (
     rechunk,
     wire_columns,
 )
-from wire.chunks import EncodedChunk
-from wire.columns import ColumnType
-from wire.errors import RowTooLarge, WireError
-from wire.headers import MAX_TABLE_LEN, Encoding, check_table, derive_chunk_id
+from rowbatch.wire.chunks import EncodedChunk
+from rowbatch.wire.columns import ColumnType
+from rowbatch.wire.errors import RowTooLarge, WireError
+from rowbatch.wire.headers import MAX_TABLE_LEN, Encoding, check_table, derive_chunk_id
 
 _UNSAFE: Final = re.compile(r"[^A-Za-z0-9_.-]+")
 

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any, TextIO
 
-from producer.cli.running import Outcome
+from rowbatch.producer.cli.running import Outcome
 
 
 def write_manifest(path: Path, outcome: Outcome) -> None:

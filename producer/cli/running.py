@@ -8,10 +8,16 @@ import argparse
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from producer.loadgen import Manifest
-from producer.progress import Progress, Summary
-from producer.publishers import Message, PublishedChunk, Publisher, PublishError, PublishWindow
-from producer.readers import InputError
+from rowbatch.producer.loadgen import Manifest
+from rowbatch.producer.progress import Progress, Summary
+from rowbatch.producer.publishers import (
+    Message,
+    PublishedChunk,
+    Publisher,
+    PublishError,
+    PublishWindow,
+)
+from rowbatch.producer.readers import InputError
 
 Submit = Callable[[Message, int | None], Awaitable[None]]
 Sleep = Callable[[float], Awaitable[None]]

@@ -14,18 +14,18 @@ chunk ``i`` holds ids ``i * chunk_rows ...`` and has chunk id ``<id_prefix>:<i>`
 gives the same rows and the same choice of malformed chunks.
 
 The malformed kinds and the dead-letter reason each gets are listed in
-:mod:`producer.loadgen.malformed`.
+:mod:`rowbatch.producer.loadgen.malformed`.
 """
 
 from __future__ import annotations
 
-from producer.loadgen.generate import generate_columns
-from producer.loadgen.malformed import expected_reason, plan_malformed
-from producer.loadgen.manifest import Manifest
-from producer.loadgen.plan import PlannedMessage, plan_chunk, plan_messages
-from producer.loadgen.rate import RateLimiter
-from producer.loadgen.run import publish_load
-from producer.loadgen.spec import (
+from rowbatch.producer.loadgen.generate import generate_columns
+from rowbatch.producer.loadgen.malformed import expected_reason, plan_malformed
+from rowbatch.producer.loadgen.manifest import Manifest
+from rowbatch.producer.loadgen.plan import PlannedMessage, plan_chunk, plan_messages
+from rowbatch.producer.loadgen.rate import RateLimiter
+from rowbatch.producer.loadgen.run import publish_load
+from rowbatch.producer.loadgen.spec import (
     DECODE_KINDS,
     DEFAULT_REJECT_MARKER,
     LoadKind,

@@ -1,12 +1,12 @@
-"""The generated rows: chunk ``i`` of a :class:`~producer.loadgen.spec.LoadSpec`, a function of
-the seed and the index only."""
+"""The generated rows: chunk ``i`` of a :class:`~rowbatch.producer.loadgen.spec.LoadSpec`, a
+function of the seed and the index only."""
 
 from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
 
-from producer.loadgen.spec import LoadSpec
+from rowbatch.producer.loadgen.spec import LoadSpec
 
 
 def generate_columns(spec: LoadSpec, index: int) -> dict[str, pa.Array]:

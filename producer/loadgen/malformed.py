@@ -27,11 +27,11 @@ import json
 import numpy as np
 import pyarrow as pa
 
-from producer.loadgen.spec import LoadSpec, MalformedKind
-from producer.publishers.messages import Message, RawMessage, message_size
-from wire.chunks import EncodedChunk, decode_chunk, encode_chunk
-from wire.errors import WireError
-from wire.headers import H_ROW_COUNT, Encoding
+from rowbatch.producer.loadgen.spec import LoadSpec, MalformedKind
+from rowbatch.producer.publishers.messages import Message, RawMessage, message_size
+from rowbatch.wire.chunks import EncodedChunk, decode_chunk, encode_chunk
+from rowbatch.wire.errors import WireError
+from rowbatch.wire.headers import H_ROW_COUNT, Encoding
 
 
 def expected_reason(kind: MalformedKind, encoding: Encoding) -> str | None:

@@ -7,9 +7,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from producer.loadgen.plan import PlannedMessage
-from producer.loadgen.spec import LoadSpec, MalformedKind
-from wire.headers import Encoding
+from rowbatch.producer.loadgen.plan import PlannedMessage
+from rowbatch.producer.loadgen.spec import LoadSpec, MalformedKind
+from rowbatch.wire.headers import Encoding
 
 
 @dataclass

@@ -9,11 +9,11 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from producer.loadgen.generate import generate_columns
-from producer.loadgen.malformed import malformed_message, plan_malformed, with_marker
-from producer.loadgen.spec import LoadSpec, MalformedKind
-from producer.publishers.messages import Message
-from wire.chunks import EncodedChunk, split_rows
+from rowbatch.producer.loadgen.generate import generate_columns
+from rowbatch.producer.loadgen.malformed import malformed_message, plan_malformed, with_marker
+from rowbatch.producer.loadgen.spec import LoadSpec, MalformedKind
+from rowbatch.producer.publishers.messages import Message
+from rowbatch.wire.chunks import EncodedChunk, split_rows
 
 
 @dataclass(frozen=True)

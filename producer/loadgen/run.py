@@ -1,18 +1,18 @@
 """Running the load generator: every planned message handed to a submit function (a publish
-window's), paced by a :class:`~producer.loadgen.rate.RateLimiter`, into a manifest."""
+window's), paced by a :class:`~rowbatch.producer.loadgen.rate.RateLimiter`, into a manifest."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
 
-from producer.loadgen.malformed import plan_malformed
-from producer.loadgen.manifest import Manifest
-from producer.loadgen.plan import plan_chunk
-from producer.loadgen.rate import RateLimiter
-from producer.loadgen.spec import LoadSpec
-from producer.publishers.base import Publisher
-from producer.publishers.messages import Message
+from rowbatch.producer.loadgen.malformed import plan_malformed
+from rowbatch.producer.loadgen.manifest import Manifest
+from rowbatch.producer.loadgen.plan import plan_chunk
+from rowbatch.producer.loadgen.rate import RateLimiter
+from rowbatch.producer.loadgen.spec import LoadSpec
+from rowbatch.producer.publishers.base import Publisher
+from rowbatch.producer.publishers.messages import Message
 
 
 async def publish_load(
@@ -22,7 +22,7 @@ async def publish_load(
     limiter: RateLimiter,
 ) -> Manifest:
     """Generates the messages (in a worker thread) and hands each to ``submit`` (a
-    :class:`~producer.publishers.window.PublishWindow`'s), paced by ``limiter``."""
+    :class:`~rowbatch.producer.publishers.window.PublishWindow`'s), paced by ``limiter``."""
     manifest = Manifest(spec)
     malformed = plan_malformed(spec)
     for index in range(spec.chunks):

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Final, Literal
 
-from wire.columns import INT64, STRING, ColumnType
-from wire.headers import Encoding, derive_chunk_id
+from rowbatch.wire.columns import INT64, STRING, ColumnType
+from rowbatch.wire.headers import Encoding, derive_chunk_id
 
 LoadKind = Literal["text", "numeric"]
 
@@ -37,7 +37,7 @@ _MAX_TEXT_WIDTH: Final = 1 << 20
 
 @dataclass(frozen=True)
 class LoadSpec:
-    """What to generate; see :mod:`producer.loadgen`."""
+    """What to generate; see :mod:`rowbatch.producer.loadgen`."""
 
     rows: int
     chunk_rows: int = 1000

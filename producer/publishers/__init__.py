@@ -11,7 +11,7 @@ Both publishers
 - re-send a chunk with the same payload and chunk id on retry, so the consumer, which keys its
   results by chunk id, writes each row once even when a retry duplicates a message;
 - report :attr:`~Publisher.max_chunk_bytes`, the largest :attr:`EncodedChunk.size` that fits one
-  message, which :func:`publish_rows` hands to :func:`~wire.chunks.split_rows`.
+  message, which :func:`publish_rows` hands to :func:`~rowbatch.wire.chunks.split_rows`.
 
 Usage::
 
@@ -21,8 +21,8 @@ Usage::
 
 from __future__ import annotations
 
-from producer.publishers.base import Publisher, StartClose
-from producer.publishers.errors import (
+from rowbatch.producer.publishers.base import Publisher, StartClose
+from rowbatch.producer.publishers.errors import (
     BrokerUnavailable,
     MessageTooLarge,
     PublisherConfigError,
@@ -30,8 +30,12 @@ from producer.publishers.errors import (
     PublishFailed,
     TopicNotFound,
 )
-from producer.publishers.kafka import KafkaCompression, KafkaPublisher, check_kafka_compression
-from producer.publishers.messages import (
+from rowbatch.producer.publishers.kafka import (
+    KafkaCompression,
+    KafkaPublisher,
+    check_kafka_compression,
+)
+from rowbatch.producer.publishers.messages import (
     Message,
     PublishedChunk,
     RawMessage,
@@ -39,15 +43,15 @@ from producer.publishers.messages import (
     message_size,
     rows_of,
 )
-from producer.publishers.pubsub import (
+from rowbatch.producer.publishers.pubsub import (
     PubSubBatchSettings,
     PubSubFlowControl,
     PubSubPublisher,
     pubsub_topic_path,
 )
-from producer.publishers.retry import RetryPolicy, Sleep
-from producer.publishers.splitting import publish_rows, split_for
-from producer.publishers.window import PublishWindow
+from rowbatch.producer.publishers.retry import RetryPolicy, Sleep
+from rowbatch.producer.publishers.splitting import publish_rows, split_for
+from rowbatch.producer.publishers.window import PublishWindow
 
 __all__ = [
     "BrokerUnavailable",

@@ -6,7 +6,7 @@ from __future__ import annotations
 from types import TracebackType
 from typing import Protocol, Self
 
-from producer.publishers.messages import Message
+from rowbatch.producer.publishers.messages import Message
 
 
 class Publisher(Protocol):

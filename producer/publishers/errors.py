@@ -4,7 +4,7 @@ two failures every adapter words alike (a chunk refused, a chunk unanswered thro
 
 from __future__ import annotations
 
-from producer.publishers.retry import RetryPolicy
+from rowbatch.producer.publishers.retry import RetryPolicy
 
 
 class PublishError(Exception):

@@ -16,8 +16,8 @@ from aiokafka.errors import (
     UnknownTopicOrPartitionError,
 )
 
-from producer.publishers.base import StartClose
-from producer.publishers.errors import (
+from rowbatch.producer.publishers.base import StartClose
+from rowbatch.producer.publishers.errors import (
     BrokerUnavailable,
     MessageTooLarge,
     PublishError,
@@ -27,10 +27,10 @@ from producer.publishers.errors import (
     short,
     unanswered,
 )
-from producer.publishers.messages import Message, chunk_id_of, message_size
-from producer.publishers.retry import RetryPolicy, Sleep, make_retrying
-from wire.chunks import KAFKA_DEFAULT_MAX_MESSAGE_BYTES
-from wire.headers import H_CHUNK_ID, H_ORDERING_KEY
+from rowbatch.producer.publishers.messages import Message, chunk_id_of, message_size
+from rowbatch.producer.publishers.retry import RetryPolicy, Sleep, make_retrying
+from rowbatch.wire.chunks import KAFKA_DEFAULT_MAX_MESSAGE_BYTES
+from rowbatch.wire.headers import H_CHUNK_ID, H_ORDERING_KEY
 
 KafkaCompression = Literal["zstd", "lz4", "gzip", "snappy"]
 
@@ -207,7 +207,7 @@ class KafkaPublisher(StartClose):
                 f"chunk {chunk_id!r} is {size} bytes (payload + headers), over the "
                 f"{self.max_chunk_bytes}-byte limit for Kafka topic {self._topic!r} "
                 f"(max_message_bytes {self._max_message_bytes} less record framing); split it "
-                "(producer.publish.publish_rows / wire.chunks.split_rows)",
+                "(rowbatch.producer.publish.publish_rows / rowbatch.wire.chunks.split_rows)",
                 topic=self._topic,
                 address=self._bootstrap,
                 chunk_id=chunk_id,

@@ -8,11 +8,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from wire.headers import H_CHUNK_ID, H_ROW_COUNT, attributes_size
+from rowbatch.wire.headers import H_CHUNK_ID, H_ROW_COUNT, attributes_size
 
 
 class Message(Protocol):
-    """What a publisher sends: :class:`~wire.chunks.EncodedChunk`, or a :class:`RawMessage`
+    """What a publisher sends: :class:`~rowbatch.wire.chunks.EncodedChunk`, or a :class:`RawMessage`
     (any payload and attributes, e.g. the load generator's deliberately malformed ones)."""
 
     @property

@@ -27,8 +27,8 @@ from tenacity import (
     wait_random,
 )
 
-from producer.publishers.base import StartClose
-from producer.publishers.errors import (
+from rowbatch.producer.publishers.base import StartClose
+from rowbatch.producer.publishers.errors import (
     BrokerUnavailable,
     MessageTooLarge,
     PublisherConfigError,
@@ -40,11 +40,11 @@ from producer.publishers.errors import (
     short,
     unanswered,
 )
-from producer.publishers.messages import Message, chunk_id_of, message_size
-from producer.publishers.retry import RetryPolicy, Sleep, make_retrying
-from wire.chunks import PUBSUB_MAX_MESSAGE_BYTES
-from wire.headers import H_ORDERING_KEY
-from wire.pubsub_env import (
+from rowbatch.producer.publishers.messages import Message, chunk_id_of, message_size
+from rowbatch.producer.publishers.retry import RetryPolicy, Sleep, make_retrying
+from rowbatch.wire.chunks import PUBSUB_MAX_MESSAGE_BYTES
+from rowbatch.wire.headers import H_ORDERING_KEY
+from rowbatch.wire.pubsub_env import (
     CredentialsLookup,
     credentials_message,
     emulator_host,
@@ -338,7 +338,7 @@ class PubSubPublisher(StartClose):
             raise MessageTooLarge(
                 f"chunk {chunk_id!r} is {size} bytes (payload + attributes), over the "
                 f"{self.max_chunk_bytes}-byte limit for Pub/Sub topic {self._topic!r}; split "
-                "it (producer.publish.publish_rows / wire.chunks.split_rows)",
+                "it (rowbatch.producer.publish.publish_rows / rowbatch.wire.chunks.split_rows)",
                 topic=self._topic,
                 address=self.address,
                 chunk_id=chunk_id,

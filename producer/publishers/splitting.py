@@ -7,12 +7,12 @@ import asyncio
 from collections.abc import Mapping
 from datetime import datetime
 
-from producer.publishers.base import Publisher
-from producer.publishers.messages import PublishedChunk
-from wire.chunks import EncodedChunk, split_rows
-from wire.codec_arrow import Compression
-from wire.columns import ColumnData, ColumnType, TableSchema
-from wire.headers import Encoding
+from rowbatch.producer.publishers.base import Publisher
+from rowbatch.producer.publishers.messages import PublishedChunk
+from rowbatch.wire.chunks import EncodedChunk, split_rows
+from rowbatch.wire.codec_arrow import Compression
+from rowbatch.wire.columns import ColumnData, ColumnType, TableSchema
+from rowbatch.wire.headers import Encoding
 
 
 def split_for(
@@ -27,8 +27,8 @@ def split_for(
     compression: Compression | None = None,
     produced_at: datetime | None = None,
 ) -> list[EncodedChunk]:
-    """:func:`~wire.chunks.split_rows` with the publisher's message limit (CPU-bound: call it
-    in a worker thread from async code)."""
+    """:func:`~rowbatch.wire.chunks.split_rows` with the publisher's message limit (CPU-bound: call
+    it in a worker thread from async code)."""
     return split_rows(
         table,
         columns,

@@ -6,8 +6,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from producer.publishers.base import Publisher
-from producer.publishers.messages import Message, PublishedChunk, chunk_id_of, message_size, rows_of
+from rowbatch.producer.publishers.base import Publisher
+from rowbatch.producer.publishers.messages import (
+    Message,
+    PublishedChunk,
+    chunk_id_of,
+    message_size,
+    rows_of,
+)
 
 
 class PublishWindow:

@@ -6,7 +6,8 @@ column and the row.
 - :func:`open_source` opens a file (``-`` = stdin) as a :class:`TableSource` (one module per
   format: ``csv``, ``jsonl``, ``parquet``);
 - :func:`rechunk` cuts its record batches into tables of ``rows`` rows;
-- :func:`wire_columns` converts one such table to the columns :func:`wire.chunks.split_rows`
+- :func:`wire_columns` converts one such table to the columns
+:func:`rowbatch.wire.chunks.split_rows`
   takes, applying the declared schema (``--schema``) or inferring the types;
 - :func:`parse_schema` reads ``id:int64,text:string,features:vector[float32,16]``.
 
@@ -18,12 +19,12 @@ Compressed files (``.gz``, ``.bz2``, ``.zst``, ``.lz4``) are read as such.
 
 from __future__ import annotations
 
-from producer.readers.convert import wire_columns
-from producer.readers.errors import InputError, describe_wire_error
-from producer.readers.formats import STDIN, InputFormat, infer_format
-from producer.readers.rechunk import rechunk
-from producer.readers.schema import parse_schema
-from producer.readers.source import TableSource, open_source
+from rowbatch.producer.readers.convert import wire_columns
+from rowbatch.producer.readers.errors import InputError, describe_wire_error
+from rowbatch.producer.readers.formats import STDIN, InputFormat, infer_format
+from rowbatch.producer.readers.rechunk import rechunk
+from rowbatch.producer.readers.schema import parse_schema
+from rowbatch.producer.readers.source import TableSource, open_source
 
 __all__ = [
     "STDIN",

@@ -1,5 +1,5 @@
-"""Converting a table read from the input to the columns :func:`wire.chunks.split_rows` takes:
-columns named in the declared schema (``--schema``) are cast to its type, others get the type
+"""Converting a table read from the input to the columns :func:`rowbatch.wire.chunks.split_rows`
+takes: columns named in the declared schema (``--schema``) are cast to its type, others get the type
 their values have; errors name the input, the column and the data row."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from collections.abc import Callable, Mapping
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from producer.readers.errors import InputError, where
-from producer.readers.vectors import list_to_vector, parse_vectors
-from wire.columns import ColumnType, Kind, arrow_type_of, column_type_of_arrow
-from wire.errors import UnsupportedColumnType
+from rowbatch.producer.readers.errors import InputError, where
+from rowbatch.producer.readers.vectors import list_to_vector, parse_vectors
+from rowbatch.wire.columns import ColumnType, Kind, arrow_type_of, column_type_of_arrow
+from rowbatch.wire.errors import UnsupportedColumnType
 
 
 def _first_failing_row(arr: pa.Array, convert: Callable[[pa.Array], object]) -> int | None:

@@ -3,7 +3,7 @@ name the place (input, column, data row)."""
 
 from __future__ import annotations
 
-from wire.errors import WireError
+from rowbatch.wire.errors import WireError
 
 
 class InputError(ValueError):

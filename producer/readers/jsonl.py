@@ -9,7 +9,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.json as pjson
 
-from wire.columns import ColumnType, Kind, arrow_type_of
+from rowbatch.wire.columns import ColumnType, Kind, arrow_type_of
 
 
 def _json_schema(schema: Mapping[str, ColumnType]) -> pa.Schema:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import re
 from typing import Final
 
-from producer.readers.errors import InputError
-from wire.columns import ColumnType
-from wire.errors import UnsupportedColumnType
+from rowbatch.producer.readers.errors import InputError
+from rowbatch.wire.columns import ColumnType
+from rowbatch.wire.errors import UnsupportedColumnType
 
 _SCHEMA_ENTRY: Final = re.compile(r"\s*([^:,]+?)\s*:\s*(vector\s*\[[^\]]*\]|[^,]+?)\s*(?:,|$)")
 

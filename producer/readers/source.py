@@ -14,12 +14,12 @@ from typing import IO, Any, Final
 
 import pyarrow as pa
 
-from producer.readers.csv import csv_batches
-from producer.readers.errors import InputError
-from producer.readers.formats import COMPRESSION_SUFFIXES, STDIN, InputFormat, infer_format
-from producer.readers.jsonl import jsonl_batches
-from producer.readers.parquet import parquet_batches
-from wire.columns import ColumnType
+from rowbatch.producer.readers.csv import csv_batches
+from rowbatch.producer.readers.errors import InputError
+from rowbatch.producer.readers.formats import COMPRESSION_SUFFIXES, STDIN, InputFormat, infer_format
+from rowbatch.producer.readers.jsonl import jsonl_batches
+from rowbatch.producer.readers.parquet import parquet_batches
+from rowbatch.wire.columns import ColumnType
 
 BLOCK_BYTES: Final = 8 << 20
 

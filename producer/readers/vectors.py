@@ -11,8 +11,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pjson
 
-from producer.readers.errors import InputError, where
-from wire.columns import ColumnType, arrow_type_of
+from rowbatch.producer.readers.errors import InputError, where
+from rowbatch.wire.columns import ColumnType, arrow_type_of
 
 
 def _vector_row(row: object, dim: int) -> np.ndarray[Any, np.dtype[np.float32]]:

@@ -14,10 +14,10 @@ from typing import Any
 from google.cloud import pubsub_v1
 from google.pubsub_v1 import types as pstypes
 
-from consumer.service.config import ConsumerConfig
-from consumer.service.runner import Running, run_consumer
 from harness.pubsub import PubSubEndpoint
-from wire.chunks import EncodedChunk
+from rowbatch.consumer.service.config import ConsumerConfig
+from rowbatch.consumer.service.runner import Running, run_consumer
+from rowbatch.wire.chunks import EncodedChunk
 
 WAIT_S = 120.0
 QUIET_S = 1.5

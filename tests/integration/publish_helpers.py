@@ -16,8 +16,8 @@ import pyarrow as pa
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 
-from producer.cli import main
-from wire.chunks import decode_chunk
+from rowbatch.producer.cli import main
+from rowbatch.wire.chunks import decode_chunk
 
 ROWS = 100_000
 DIM = 4

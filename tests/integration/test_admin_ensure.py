@@ -20,11 +20,11 @@ from google.api_core import exceptions as gexc
 from google.cloud import pubsub_v1
 from google.pubsub_v1 import types as pstypes
 
-from consumer.service import admin as admin_cmd
 from harness.kafka import KafkaEndpoint, create_topic
 from harness.proc import free_port
 from harness.pubsub import PubSubEndpoint
 from harness.service import REPO_ROOT
+from rowbatch.consumer.service import admin as admin_cmd
 
 _MODEL = """
 [model]
@@ -154,7 +154,16 @@ def test_pubsub_unreachable_names_the_address(
 def test_the_command_line_runs_it(emulator_env: PubSubEndpoint, tmp_path: Path) -> None:
     config = _pubsub_config(tmp_path, emulator_env.project, uuid.uuid4().hex[:10])
     done = subprocess.run(
-        [sys.executable, "-m", "consumer", "admin", "ensure", "--config", str(config), "--dry-run"],
+        [
+            sys.executable,
+            "-m",
+            "rowbatch.consumer",
+            "admin",
+            "ensure",
+            "--config",
+            str(config),
+            "--dry-run",
+        ],
         capture_output=True,
         text=True,
         timeout=120,

@@ -17,17 +17,17 @@ import psycopg
 import pytest
 from prometheus_client import CollectorRegistry
 
-from consumer.service.config import ConsumerConfig
 from harness.faults import RestartablePostgres, RestartableTriton
 from harness.kafka import KafkaEndpoint
 from harness.postgres import PostgresEndpoint
 from harness.service import RunDir
 from harness.triton import TritonEndpoint
+from rowbatch.consumer.service.config import ConsumerConfig
+from rowbatch.wire.chunks import encode_chunk
 from tests.integration.consumer_helpers import Topics, consumer_running, wait_until
 from tests.integration.kafka_helpers import KafkaTopics, chunk_record, paced_producer, read_all
 from tests.integration.test_consumer_kafka import count_rows, kafka_config, scorer_chunks
 from tests.integration.test_consumer_pubsub import read_results
-from wire.chunks import encode_chunk
 
 pytestmark = pytest.mark.timeout(600)
 

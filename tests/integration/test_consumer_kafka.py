@@ -25,10 +25,6 @@ import psycopg
 import pytest
 from prometheus_client import CollectorRegistry
 
-from consumer.service.adapters import make_source
-from consumer.service.config import ConsumerConfig, KafkaSettings, PostgresSinkSettings
-from consumer.service.runner import Running, run_consumer
-from consumer.sources.kafka import KafkaSource
 from harness.chaos import ChaosControl
 from harness.kafka import KafkaEndpoint
 from harness.postgres import PostgresEndpoint
@@ -36,6 +32,11 @@ from harness.proc import free_port, log_tail
 from harness.reference_models import score
 from harness.service import REPO_ROOT
 from harness.triton import TritonEndpoint
+from rowbatch.consumer.service.adapters import make_source
+from rowbatch.consumer.service.config import ConsumerConfig, KafkaSettings, PostgresSinkSettings
+from rowbatch.consumer.service.runner import Running, run_consumer
+from rowbatch.consumer.sources.kafka import KafkaSource
+from rowbatch.wire.chunks import EncodedChunk, encode_chunk
 from tests.integration.consumer_helpers import InProcess, consumer_running, wait_until
 from tests.integration.kafka_helpers import (
     KafkaTopics,
@@ -51,7 +52,6 @@ from tests.integration.test_consumer_pubsub import (
     text_chunk,
     triton_batch_rows,
 )
-from wire.chunks import EncodedChunk, encode_chunk
 
 REWRITTEN_MAX = 0.01
 """Of the rows, the share a group that grows and shrinks may write twice (0 seen)."""
@@ -360,7 +360,7 @@ async def test_poison_records_go_to_the_dead_letter_topic_with_reasons(
 
 @dataclass
 class Child:
-    """``python -m consumer run`` configured by environment variables alone."""
+    """``python -m rowbatch.consumer run`` configured by environment variables alone."""
 
     name: str
     env: dict[str, str]
@@ -370,7 +370,7 @@ class Child:
     def start(self) -> None:
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "consumer", "run"],
+                [sys.executable, "-m", "rowbatch.consumer", "run"],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

@@ -1,4 +1,4 @@
-"""The consumer as a real process (``python -m consumer run --config FILE``) on the Pub/Sub
+"""The consumer as a real process (``python -m rowbatch.consumer run --config FILE``) on the Pub/Sub
 emulator, Triton and a real sink: kill -9 and restart, SIGTERM, and peak memory against the
 configured budget.
 
@@ -36,16 +36,16 @@ import numpy as np
 import psycopg
 import pytest
 
-from consumer.service.config import MiB, load_config
 from harness.consumer_process import ConsumerProcess, to_toml
 from harness.postgres import PostgresEndpoint
 from harness.proc import free_port
 from harness.pubsub import PubSubEndpoint
 from harness.reference_models import EXPAND_DIM, expand
 from harness.triton import TritonEndpoint
+from rowbatch.consumer.service.config import MiB, load_config
+from rowbatch.wire.chunks import encode_chunk
 from tests.integration.consumer_helpers import Topics
 from tests.integration.test_consumer_pubsub import scorer_chunks
-from wire.chunks import encode_chunk
 
 REDELIVERY_TIMEOUT_S = 180.0
 """How long the next consumer may take to finish what a killed or stopped one held: leases

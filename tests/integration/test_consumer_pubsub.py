@@ -16,14 +16,14 @@ import pytest
 import tritonclient.grpc as grpcclient
 from prometheus_client import CollectorRegistry
 
-from consumer.service.config import ConsumerConfig
 from harness.chaos import ChaosControl
 from harness.postgres import PostgresEndpoint
 from harness.pubsub import PubSubEndpoint
 from harness.reference_models import embed, score
 from harness.triton import TritonEndpoint
+from rowbatch.consumer.service.config import ConsumerConfig
+from rowbatch.wire.chunks import EncodedChunk, encode_chunk
 from tests.integration.consumer_helpers import Topics, consumer_running, wait_until
-from wire.chunks import EncodedChunk, encode_chunk
 
 
 def config(

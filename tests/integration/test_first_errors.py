@@ -17,14 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from consumer.sources.pubsub import (
+from harness.proc import free_port
+from rowbatch.consumer.sources.pubsub import (
     PubSubPullSource,
     PubSubPullSourceConfig,
     PubSubSource,
     PubSubSourceConfig,
     PubSubUnreachable,
 )
-from harness.proc import free_port
 from tests.pubsub_consumer_config import pubsub_consumer_config
 
 pytestmark = pytest.mark.timeout(180)

@@ -1,4 +1,4 @@
-"""consumer.model (discovery, binding, inference) and engine.poison against the real Triton
+"""rowbatch.consumer.model (discovery, binding, inference) and engine.poison against the real Triton
 (``harness.triton``): discovery, answers equal to ``harness.reference_models``, poison
 isolated by bisecting, and retries through an outage of the ``chaos`` model."""
 
@@ -13,10 +13,14 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from consumer.engine.poison import isolate
-from consumer.model.binding import Binding, check_binding
-from consumer.model.chunk_check import check_columns
-from consumer.model.discovery import (
+from harness.chaos import ChaosControl
+from harness.proc import LOOPBACK, free_port
+from harness.reference_models import EMBEDDING_DIM, FEATURE_DIM, embed_batch, score
+from harness.triton import TritonEndpoint
+from rowbatch.consumer.engine.poison import isolate
+from rowbatch.consumer.model.binding import Binding, check_binding
+from rowbatch.consumer.model.chunk_check import check_columns
+from rowbatch.consumer.model.discovery import (
     ModelNotFound,
     ModelServerUnavailable,
     ModelSpec,
@@ -25,7 +29,7 @@ from consumer.model.discovery import (
     output_bytes_per_row,
     target_batch_size,
 )
-from consumer.model.inference import (
+from rowbatch.consumer.model.inference import (
     FatalInferenceError,
     InferenceClient,
     PoisonInferenceError,
@@ -33,12 +37,8 @@ from consumer.model.inference import (
     RetryingInferencer,
     RetryPolicy,
 )
-from consumer.model.tensors import build_inputs
-from harness.chaos import ChaosControl
-from harness.proc import LOOPBACK, free_port
-from harness.reference_models import EMBEDDING_DIM, FEATURE_DIM, embed_batch, score
-from harness.triton import TritonEndpoint
-from wire.columns import INT64, STRING, ColumnType
+from rowbatch.consumer.model.tensors import build_inputs
+from rowbatch.wire.columns import INT64, STRING, ColumnType
 
 EMBED_BINDING = Binding({"text": "TEXT"}, {"EMBEDDING": "embedding"}, ("id",))
 SCORE_BINDING = Binding(

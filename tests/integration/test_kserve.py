@@ -4,7 +4,7 @@ formula as a custom ``kserve.Model`` (``deploy/oip_models/kserve/scorer.py``), f
 - what the server says over the Open Inference Protocol (gRPC), read with tritonclient: no
   ModelConfig, ModelMetadata with shapes but no versions, NOT_FOUND for an unknown model,
   the response's ``model_version``, and the status each kind of model error gets;
-- how rowbatch classifies those errors (:func:`consumer.model.inference.errors.classify`);
+- how rowbatch classifies those errors (:func:`rowbatch.consumer.model.inference.errors.classify`);
 - ``rowbatch-consumer check`` discovering the spec from ModelMetadata with only the model's
   name and URL configured;
 - the consumer end to end on the Pub/Sub emulator and PostgreSQL: every row once, values
@@ -28,13 +28,6 @@ import tritonclient.grpc as grpcclient
 from prometheus_client import CollectorRegistry
 from tritonclient.utils import InferenceServerException
 
-from consumer.model.inference.errors import (
-    FatalInferenceError,
-    InferenceError,
-    PoisonInferenceError,
-    classify,
-)
-from consumer.service.config import ConsumerConfig
 from harness.consumer_process import to_toml
 from harness.kserve import (
     CRASH_COUNT,
@@ -47,9 +40,16 @@ from harness.postgres import PostgresEndpoint
 from harness.pubsub import PubSubEndpoint
 from harness.reference_models import FEATURE_DIM, score
 from harness.service import RunDir
+from rowbatch.consumer.model.inference.errors import (
+    FatalInferenceError,
+    InferenceError,
+    PoisonInferenceError,
+    classify,
+)
+from rowbatch.consumer.service.config import ConsumerConfig
+from rowbatch.wire.chunks import EncodedChunk, encode_chunk
+from rowbatch.wire.dead_letter import ATTR_MESSAGE, ATTR_MESSAGE_ID, ATTR_REASON
 from tests.integration.consumer_helpers import Topics, consumer_running, wait_until
-from wire.chunks import EncodedChunk, encode_chunk
-from wire.dead_letter import ATTR_MESSAGE, ATTR_MESSAGE_ID, ATTR_REASON
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -581,7 +581,7 @@ async def test_a_crashing_message_among_ten_is_isolated_and_only_it_dead_lettere
             model={"url": kserve.grpc_url, "name": MODEL, "max_wait_ms": 2000},
         )
         ids = topics.publish(chunks)
-        with caplog.at_level("WARNING", logger="consumer.engine.inference_stage"):
+        with caplog.at_level("WARNING", logger="rowbatch.consumer.engine.inference_stage"):
             async with consumer_running(cfg) as run:
                 await wait_until(lambda: bool(run.running), 60, "consumer start", run.task)
                 registry = run.running[0].metrics.registry

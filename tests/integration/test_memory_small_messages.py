@@ -1,13 +1,13 @@
-"""Many 1-row messages on Kafka: a real consumer process (``python -m consumer run``) drains a
-backlog published before it starts, under a small budget, and its RSS stays within the budget
-plus a fixed overhead.
+"""Many 1-row messages on Kafka: a real consumer process (``python -m rowbatch.consumer run``)
+drains a backlog published before it starts, under a small budget, and its RSS stays within the
+budget plus a fixed overhead.
 
 This is the case where the budget used to lie: a 1-row message was charged its payload, its
 decoded values and its outputs (~0.8 KB) while holding it costs ~5 KB (the delivery, its
 headers and attributes, the record, the ledger and batcher entries, one numpy array per column);
 and the Kafka source read ahead without counting. With 30,000 messages and a 16 MiB budget the
 consumer then took in ~20,000 messages (~100 MB) at once. Now each held message is charged
-what it costs (``consumer.engine.budget.message_cost``) and the read-ahead is held in the
+what it costs (``rowbatch.consumer.engine.budget.message_cost``) and the read-ahead is held in the
 same budget.
 ``pytest -s`` prints the figures."""
 
@@ -23,13 +23,13 @@ from pathlib import Path
 
 import numpy as np
 
-from consumer.service.config import MiB, load_config
 from harness.consumer_process import ConsumerProcess, to_toml
 from harness.kafka import KafkaEndpoint
 from harness.proc import free_port
 from harness.triton import TritonEndpoint
+from rowbatch.consumer.service.config import MiB, load_config
+from rowbatch.wire.chunks import encode_chunk
 from tests.integration.kafka_helpers import KafkaTopics, chunk_record, produce
-from wire.chunks import encode_chunk
 
 MESSAGES = 30_000
 BUDGET = 16 * MiB

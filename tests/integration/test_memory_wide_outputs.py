@@ -24,15 +24,15 @@ import psycopg
 import pyarrow.dataset as ds
 import pytest
 
-from consumer.service.config import MiB, load_config
 from harness.consumer_process import ConsumerProcess, to_toml
 from harness.postgres import PostgresEndpoint
 from harness.proc import free_port
 from harness.pubsub import PubSubEndpoint
 from harness.reference_models import EXPAND_WIDE_DIM, expand
 from harness.triton import TritonEndpoint
+from rowbatch.consumer.service.config import MiB, load_config
+from rowbatch.wire.chunks import encode_chunk
 from tests.integration.consumer_helpers import Topics
-from wire.chunks import encode_chunk
 
 BUDGET = 64 * MiB
 OVERHEAD = 64 * MiB

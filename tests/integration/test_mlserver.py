@@ -24,12 +24,6 @@ from tritonclient.utils import InferenceServerException
 
 from bench.oip_servers import CASES
 from bench.oip_servers import run as bench_oip_servers
-from consumer.model.inference.errors import (
-    FatalInferenceError,
-    PoisonInferenceError,
-    RetryableInferenceError,
-    classify,
-)
 from harness.consumer_process import ConsumerProcess, to_toml
 from harness.kafka import KafkaEndpoint
 from harness.mlserver import MLSERVER_VERSION, MLServerEndpoint, MLServerService
@@ -37,9 +31,15 @@ from harness.postgres import PostgresEndpoint
 from harness.proc import free_port
 from harness.reference_models import score
 from harness.service import RunDir
+from rowbatch.consumer.model.inference.errors import (
+    FatalInferenceError,
+    PoisonInferenceError,
+    RetryableInferenceError,
+    classify,
+)
+from rowbatch.wire.chunks import EncodedChunk, encode_chunk
 from tests.integration.kafka_helpers import KafkaTopics, chunk_record, produce, read_all
 from tests.integration.test_consumer_pubsub import scorer_chunks
-from wire.chunks import EncodedChunk, encode_chunk
 
 #: COUNT that makes the scorer raise a plain exception (deploy/oip_models/mlserver/scorer).
 CRASH_COUNT = -999_999

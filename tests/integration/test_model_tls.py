@@ -9,9 +9,9 @@ Three Triton servers of this module's own (TLS, mutual TLS, plaintext) serve jus
 ``scorer`` model; the session's Triton is not used.
 
 gRPC reports every failed handshake as UNAVAILABLE, like a server that is down. Discovery
-(``consumer.model.discovery.discover_model``) passes gRPC's detail on in its error, with the
-URL; the tests check that :func:`consumer.model.tls.describe_handshake_failure` turns each
-such detail into the cause start-up should name (wrong CA, host name, missing or foreign
+(``rowbatch.consumer.model.discovery.discover_model``) passes gRPC's detail on in its error, with
+the URL; the tests check that :func:`rowbatch.consumer.model.tls.describe_handshake_failure` turns
+each such detail into the cause start-up should name (wrong CA, host name, missing or foreign
 client certificate, TLS on one side only).
 """
 
@@ -36,15 +36,15 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from consumer.model.discovery import ModelDiscoveryError
-from consumer.model.inference import InferenceClient
-from consumer.model.tls import TlsOptions, describe_handshake_failure
-from consumer.service.config import ConfigError, ConsumerConfig, load_config
-from consumer.service.runner import run_consumer
 from harness.consumer_process import to_toml
 from harness.reference_models import score
 from harness.service import RunDir
 from harness.triton import TritonEndpoint, TritonService, TritonTls
+from rowbatch.consumer.model.discovery import ModelDiscoveryError
+from rowbatch.consumer.model.inference import InferenceClient
+from rowbatch.consumer.model.tls import TlsOptions, describe_handshake_failure
+from rowbatch.consumer.service.config import ConfigError, ConsumerConfig, load_config
+from rowbatch.consumer.service.runner import run_consumer
 from tests.integration.consumer_helpers import Topics, consumer_running, wait_until
 from tests.integration.test_consumer_pubsub import scorer_chunks
 

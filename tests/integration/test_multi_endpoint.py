@@ -31,12 +31,12 @@ from bench.multi_endpoint import (
     sample,
     total,
 )
-from consumer.model.spec_match import EndpointSpecMismatch
-from consumer.service.runner import run_consumer
 from harness.model_repository import FixedLatency, fixed_latency_repository
 from harness.pubsub import PubSubEndpoint
 from harness.service import RunDir
 from harness.triton import TritonEndpoint, TritonService
+from rowbatch.consumer.model.spec_match import EndpointSpecMismatch
+from rowbatch.consumer.service.runner import run_consumer
 from tests.integration.consumer_helpers import Topics, consumer_running, wait_until
 
 pytestmark = pytest.mark.timeout(300)

@@ -22,7 +22,6 @@ from typing import Any
 import pytest
 import yaml
 
-from consumer.service.config import load_config
 from harness.chaos import ChaosControl
 from harness.consumer_process import ConsumerProcess, to_toml
 from harness.kafka import KafkaEndpoint
@@ -36,6 +35,7 @@ from harness.prometheus import (
 )
 from harness.service import REPO_ROOT, RunDir
 from harness.triton import TritonEndpoint
+from rowbatch.consumer.service.config import load_config
 from tests.integration.kafka_helpers import KafkaTopics, chunk_record, produce
 from tests.integration.test_consumer_pubsub import text_chunk
 

@@ -20,6 +20,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, codec
 
 from harness.kafka import KafkaEndpoint, create_topic
 from harness.proc import free_port
+from rowbatch.wire.chunks import decode_chunk
+from rowbatch.wire.columns import ColumnType
+from rowbatch.wire.errors import WireError
 from tests.integration.publish_helpers import (
     ROWS,
     SCHEMA,
@@ -30,9 +33,6 @@ from tests.integration.publish_helpers import (
     run_cli,
     write_file,
 )
-from wire.chunks import decode_chunk
-from wire.columns import ColumnType
-from wire.errors import WireError
 
 _WAIT_S = 60.0
 ARROW_TYPE = "application/vnd.apache.arrow.stream"

@@ -24,7 +24,8 @@ from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcTransp
 
 from harness.proc import free_port
 from harness.pubsub import PubSubEndpoint
-from producer.publish import PubSubPublisher, publish_rows
+from rowbatch.producer.publish import PubSubPublisher, publish_rows
+from rowbatch.wire.chunks import PUBSUB_MAX_MESSAGE_BYTES, decode_chunk
 from tests.integration.publish_helpers import (
     ROWS,
     SCHEMA,
@@ -34,7 +35,6 @@ from tests.integration.publish_helpers import (
     run_cli,
     write_file,
 )
-from wire.chunks import PUBSUB_MAX_MESSAGE_BYTES, decode_chunk
 
 _WAIT_S = 60.0
 _UNLIMITED = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]

@@ -18,9 +18,9 @@ from collections.abc import Iterator
 import pytest
 from google.pubsub_v1 import types as pstypes
 
-from consumer.sources.base import Delivery
-from consumer.sources.pubsub import PubSubSource, PubSubSourceConfig
 from harness.pubsub import PubSubEndpoint
+from rowbatch.consumer.sources.base import Delivery
+from rowbatch.consumer.sources.pubsub import PubSubSource, PubSubSourceConfig
 
 MESSAGES = 20
 BOUND_S = 5.0

@@ -23,18 +23,18 @@ import pytest
 from numpy.typing import NDArray
 from prometheus_client import CollectorRegistry
 
-from consumer.service.config import ConsumerConfig
 from harness.kafka import KafkaEndpoint
 from harness.model_repository import FixedLatency, fixed_latency_repository
 from harness.postgres import PostgresEndpoint
 from harness.reference_models import score
 from harness.service import RunDir
 from harness.triton import TritonEndpoint, TritonService
+from rowbatch.consumer.service.config import ConsumerConfig
+from rowbatch.wire.chunks import EncodedChunk, encode_chunk
 from tests.integration.consumer_helpers import wait_until
 from tests.integration.kafka_helpers import KafkaTopics, chunk_record, group_offsets, produce
 from tests.integration.test_consumer_kafka import count_rows, started, written
 from tests.integration.test_consumer_pubsub import triton_batch_rows
-from wire.chunks import EncodedChunk, encode_chunk
 
 MODEL = "scale_fixed"
 VARIANT = FixedLatency(base_ms=80.0, per_row_us=0.0, max_batch_size=256)

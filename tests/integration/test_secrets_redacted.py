@@ -1,6 +1,6 @@
 """Secrets never appear in what the consumer prints or serves: a real consumer process
-(``python -m consumer run``) whose PostgreSQL DSN, given in ``ROWBATCH_SINK__DSN``, carries a
-password, logging at DEBUG level; its whole stdout/stderr and its ``/metrics`` body are searched
+(``python -m rowbatch.consumer run``) whose PostgreSQL DSN, given in ``ROWBATCH_SINK__DSN``, carries
+a password, logging at DEBUG level; its whole stdout/stderr and its ``/metrics`` body are searched
 for the password.
 
 The session's PostgreSQL authenticates by ``trust`` (see ``harness/postgres.py``), so any
@@ -26,13 +26,13 @@ from typing import Any
 import psycopg
 import pytest
 
-from consumer.service.config import PostgresSinkSettings
 from harness.consumer_process import ConsumerProcess, to_toml
 from harness.postgres import PostgresEndpoint
 from harness.proc import free_port
 from harness.pubsub import PubSubEndpoint
 from harness.service import REPO_ROOT
 from harness.triton import TritonEndpoint
+from rowbatch.consumer.service.config import PostgresSinkSettings
 from tests.integration.consumer_helpers import Topics
 from tests.integration.test_consumer_pubsub import scorer_chunks
 
@@ -207,7 +207,7 @@ def run_check(tmp_path: Path, env: dict[str, str], sink: dict[str, Any]) -> tupl
     path = tmp_path / "check.toml"
     path.write_text(to_toml(config))
     done = subprocess.run(
-        [sys.executable, "-m", "consumer", "check", "--config", str(path)],
+        [sys.executable, "-m", "rowbatch.consumer", "check", "--config", str(path)],
         capture_output=True,
         text=True,
         env=env,

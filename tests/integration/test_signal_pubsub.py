@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from consumer.service.config import ConsumerConfig
 from harness.triton import TritonEndpoint
+from rowbatch.consumer.service.config import ConsumerConfig
+from rowbatch.wire.chunks import EncodedChunk, encode_chunk
 from tests.integration.consumer_helpers import Topics, consumer_running, wait_until
-from wire.chunks import EncodedChunk, encode_chunk
 
 CHUNKS = 60
 ROWS = 500

@@ -19,7 +19,7 @@ import pyarrow.dataset as ds
 import pytest
 from psycopg import sql
 
-from consumer.sinks.base import (
+from rowbatch.consumer.sinks.base import (
     ColumnSpec,
     ResultRows,
     RowsRejected,
@@ -28,9 +28,9 @@ from consumer.sinks.base import (
     TableMismatch,
     TableSpec,
 )
-from consumer.sinks.parquet import ParquetSink
-from consumer.sinks.postgres import PostgresSink
-from consumer.sinks.sqlite import SqliteSink
+from rowbatch.consumer.sinks.parquet import ParquetSink
+from rowbatch.consumer.sinks.postgres import PostgresSink
+from rowbatch.consumer.sinks.sqlite import SqliteSink
 from tests.sink_data import (
     CHUNK_ROWS,
     DIM,

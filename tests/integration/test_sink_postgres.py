@@ -15,7 +15,10 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from consumer.sinks.base import (
+from harness.faults import RestartablePostgres
+from harness.postgres import PostgresEndpoint
+from harness.service import RunDir
+from rowbatch.consumer.sinks.base import (
     ColumnSpec,
     ResultRows,
     RowsRejected,
@@ -24,10 +27,7 @@ from consumer.sinks.base import (
     TableMismatch,
     TableSpec,
 )
-from consumer.sinks.postgres import PostgresSink
-from harness.faults import RestartablePostgres
-from harness.postgres import PostgresEndpoint
-from harness.service import RunDir
+from rowbatch.consumer.sinks.postgres import PostgresSink
 from tests.sink_data import check_snapshot, make_rows, spec
 
 AT = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)

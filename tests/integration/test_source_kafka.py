@@ -13,15 +13,15 @@ from typing import Any
 import pytest
 from aiokafka import TopicPartition
 
-from consumer.sources.base import DeadLetterReason, Delivery, ReasonClass
-from consumer.sources.kafka import (
+from harness.kafka import KafkaEndpoint
+from harness.proc import free_port
+from rowbatch.consumer.sources.base import DeadLetterReason, Delivery, ReasonClass
+from rowbatch.consumer.sources.kafka import (
     KafkaConfigError,
     KafkaSource,
     KafkaSourceConfig,
     KafkaUnreachable,
 )
-from harness.kafka import KafkaEndpoint
-from harness.proc import free_port
 from tests.integration.kafka_helpers import KafkaTopics, group_offsets, produce, read_all
 
 WAIT_S = 60.0

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from consumer.sources.base import DeadLetterReason, ReasonClass
-from consumer.sources.kafka import KafkaSource, KafkaUnreachable
 from harness.kafka import KafkaEndpoint, KafkaService
 from harness.proc import free_port
 from harness.service import RunDir
+from rowbatch.consumer.sources.base import DeadLetterReason, ReasonClass
+from rowbatch.consumer.sources.kafka import KafkaSource, KafkaUnreachable
 from tests.integration.kafka_helpers import KafkaTopics, produce, read_all
 from tests.integration.test_source_kafka import committed_becomes, records, source_config, take
 

@@ -26,18 +26,18 @@ from google.cloud import pubsub_v1
 from google.pubsub_v1 import types as pstypes
 from google.pubsub_v1.services.publisher import PublisherClient as GapicPublisherClient
 
-from consumer.sources.base import DeadLetterReason, Delivery, ReasonClass, Source
-from consumer.sources.pubsub import (
+from harness.proc import free_port
+from harness.pubsub import PubSubEndpoint
+from rowbatch.consumer.sources.base import DeadLetterReason, Delivery, ReasonClass, Source
+from rowbatch.consumer.sources.pubsub import (
     PubSubConfigError,
     PubSubSource,
     PubSubSourceConfig,
     PubSubStreamError,
     PubSubUnreachable,
 )
-from consumer.sources.pubsub.dead_letters import DLQ_MESSAGE_MAX_BYTES
-from harness.proc import free_port
-from harness.pubsub import PubSubEndpoint
-from wire.dead_letter import (
+from rowbatch.consumer.sources.pubsub.dead_letters import DLQ_MESSAGE_MAX_BYTES
+from rowbatch.wire.dead_letter import (
     ATTR_CODE,
     ATTR_CONSUMER_VERSION,
     ATTR_DELIVERY_ATTEMPT,

@@ -23,25 +23,25 @@ from google.cloud import pubsub_v1
 from google.pubsub_v1 import types as pstypes
 from google.pubsub_v1.services.publisher import PublisherClient as GapicPublisherClient
 
-from consumer.service.config import ConsumerConfig
-from consumer.sources.base import DeadLetterReason, Delivery, ReasonClass, Source
-from consumer.sources.pubsub import (
+from harness.pubsub import PubSubEndpoint
+from harness.reference_models import score
+from harness.triton import TritonEndpoint
+from rowbatch.consumer.service.config import ConsumerConfig
+from rowbatch.consumer.sources.base import DeadLetterReason, Delivery, ReasonClass, Source
+from rowbatch.consumer.sources.pubsub import (
     PubSubConfigError,
     PubSubPullError,
     PubSubPullSource,
     PubSubPullSourceConfig,
 )
-from harness.pubsub import PubSubEndpoint
-from harness.reference_models import score
-from harness.triton import TritonEndpoint
-from tests.integration.consumer_helpers import Topics, consumer_running, wait_until
-from wire.chunks import EncodedChunk, encode_chunk
-from wire.dead_letter import (
+from rowbatch.wire.chunks import EncodedChunk, encode_chunk
+from rowbatch.wire.dead_letter import (
     ATTR_CODE,
     ATTR_DELIVERY_ATTEMPT,
     ATTR_MESSAGE_ID,
     ATTR_REASON,
 )
+from tests.integration.consumer_helpers import Topics, consumer_running, wait_until
 
 _WAIT_S = 30.0
 Clients = tuple[pubsub_v1.PublisherClient, pubsub_v1.SubscriberClient]

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from producer.publish import Message, PublishFailed, TopicNotFound, chunk_id_of
-from wire.chunks import decode_chunk
+from rowbatch.producer.publish import Message, PublishFailed, TopicNotFound, chunk_id_of
+from rowbatch.wire.chunks import decode_chunk
 
 
 @dataclass

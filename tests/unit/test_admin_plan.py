@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from consumer.service import admin as admin_cmd
-from consumer.service.config import ConfigError, KafkaSettings, PubSubSettings
-from consumer.sources.admin_plan import AdminUnreachable, Outcome
-from consumer.sources.kafka import admin as kafka_admin
-from consumer.sources.kafka.admin import TopicSpec, TopicState
-from consumer.sources.pubsub import admin as pubsub_admin
-from consumer.sources.pubsub.admin import (
+from rowbatch.consumer.service import admin as admin_cmd
+from rowbatch.consumer.service.config import ConfigError, KafkaSettings, PubSubSettings
+from rowbatch.consumer.sources.admin_plan import AdminUnreachable, Outcome
+from rowbatch.consumer.sources.kafka import admin as kafka_admin
+from rowbatch.consumer.sources.kafka.admin import TopicSpec, TopicState
+from rowbatch.consumer.sources.pubsub import admin as pubsub_admin
+from rowbatch.consumer.sources.pubsub.admin import (
     Observed,
     PubSubLayout,
     SubscriptionSpec,

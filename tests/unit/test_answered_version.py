@@ -14,19 +14,19 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from consumer.engine.batcher import Batch, Segment
-from consumer.engine.budget import ByteBudget
-from consumer.engine.intake import Intake
-from consumer.engine.ledger import Ledger
-from consumer.engine.pipeline import Pipeline, PipelineSettings
-from consumer.engine.results import Answered, ResultBuilder, split_by_message
-from consumer.model.answer import Answer
-from consumer.model.binding import Binding
-from consumer.model.handler import OipHandler
-from consumer.model.inference import InferenceClient
-from consumer.observe.metrics import Metrics
-from consumer.sinks.base import ResultRows
 from harness.model_specs import SCORER
+from rowbatch.consumer.engine.batcher import Batch, Segment
+from rowbatch.consumer.engine.budget import ByteBudget
+from rowbatch.consumer.engine.intake import Intake
+from rowbatch.consumer.engine.ledger import Ledger
+from rowbatch.consumer.engine.pipeline import Pipeline, PipelineSettings
+from rowbatch.consumer.engine.results import Answered, ResultBuilder, split_by_message
+from rowbatch.consumer.model.answer import Answer
+from rowbatch.consumer.model.binding import Binding
+from rowbatch.consumer.model.handler import OipHandler
+from rowbatch.consumer.model.inference import InferenceClient
+from rowbatch.consumer.observe.metrics import Metrics
+from rowbatch.consumer.sinks.base import ResultRows
 from tests.unit.test_inference import FakeResult, FakeTriton
 from tests.unit.test_pipeline import FakeSink, FakeSource, FnModel, message, no_check
 

@@ -13,12 +13,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from consumer.model.answer import Answer
-from consumer.model.balancer import Balancer
-from consumer.model.discovery import ModelServerUnavailable, ModelSpec, TensorSpec
-from consumer.model.endpoint_probe import HealthTiming
-from consumer.model.endpoint_state import Endpoint, Health
-from consumer.model.inference import (
+from rowbatch.consumer.model.answer import Answer
+from rowbatch.consumer.model.balancer import Balancer
+from rowbatch.consumer.model.discovery import ModelServerUnavailable, ModelSpec, TensorSpec
+from rowbatch.consumer.model.endpoint_probe import HealthTiming
+from rowbatch.consumer.model.endpoint_state import Endpoint, Health
+from rowbatch.consumer.model.inference import (
     InferenceError,
     PoisonInferenceError,
     RetryableInferenceError,

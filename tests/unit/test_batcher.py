@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from numpy.typing import NDArray
 
-from consumer.engine.batcher import Batcher
+from rowbatch.consumer.engine.batcher import Batcher
 
 
 class FakeClock:

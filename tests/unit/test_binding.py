@@ -10,13 +10,13 @@ import pytest
 from numpy.typing import NDArray
 from tritonclient.utils import deserialize_bytes_tensor
 
-from consumer.model.binding import RESERVED_COLUMNS, Binding, BindingError, check_binding
-from consumer.model.chunk_check import check_chunk, check_columns
-from consumer.model.discovery import ModelSpec, TensorSpec
-from consumer.model.mismatch import SchemaMismatch
-from consumer.model.tensors import build_inputs
 from harness.model_specs import EMBEDDER, SCORER
-from wire.columns import (
+from rowbatch.consumer.model.binding import RESERVED_COLUMNS, Binding, BindingError, check_binding
+from rowbatch.consumer.model.chunk_check import check_chunk, check_columns
+from rowbatch.consumer.model.discovery import ModelSpec, TensorSpec
+from rowbatch.consumer.model.mismatch import SchemaMismatch
+from rowbatch.consumer.model.tensors import build_inputs
+from rowbatch.wire.columns import (
     BOOL,
     BYTES,
     FLOAT32,

@@ -1,5 +1,5 @@
-"""``python -m producer publish`` end to end against a fake publisher: the rows that arrive are
-the rows of the file, chunk ids are deterministic, big chunks are split, and every error is one
+"""``python -m rowbatch.producer publish`` end to end against a fake publisher: the rows that arrive
+are the rows of the file, chunk ids are deterministic, big chunks are split, and every error is one
 line naming the file/row/column/topic."""
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 import pytest
 
-from producer.cli import build_parser, main, make_publisher
-from producer.publish import KafkaPublisher, PubSubPublisher, TopicNotFound
+from rowbatch.producer.cli import build_parser, main, make_publisher
+from rowbatch.producer.publish import KafkaPublisher, PubSubPublisher, TopicNotFound
+from rowbatch.wire.chunks import decode_chunk
+from rowbatch.wire.headers import H_CHUNK_ID, H_ROW_COUNT, H_TABLE
 from tests.unit.publish_fakes import FakePublisher, reassemble
-from wire.chunks import decode_chunk
-from wire.headers import H_CHUNK_ID, H_ROW_COUNT, H_TABLE
 
 BROKER = ["--broker", "kafka", "--bootstrap", "fake:9092", "--topic", "rows"]
 

@@ -32,13 +32,13 @@ def assert_plain(text: str, name: str) -> None:
 
 
 def _consumer_parser() -> argparse.ArgumentParser:
-    from consumer.service.cli import build_parser
+    from rowbatch.consumer.service.cli import build_parser
 
     return build_parser()
 
 
 def _producer_parsers() -> dict[str, argparse.ArgumentParser]:
-    from producer.cli import build_parser
+    from rowbatch.producer.cli import build_parser
 
     parser = build_parser()
     found = {"rowbatch-producer": parser}
@@ -70,7 +70,7 @@ def test_user_commands_help_is_plain_with_help_for_every_argument(name: str) -> 
 def test_consumer_help_lists_the_commands_and_exit_codes(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from consumer.service.cli import main
+    from rowbatch.consumer.service.cli import main
 
     text = help_of(lambda: main(["--help"]), capsys)
     assert_plain(text, "rowbatch-consumer")

@@ -4,8 +4,13 @@ from pathlib import Path
 
 import pytest
 
-from consumer.service.config import ConfigError, PubSubSettings, SqliteSinkSettings, load_config
 from harness.service import REPO_ROOT
+from rowbatch.consumer.service.config import (
+    ConfigError,
+    PubSubSettings,
+    SqliteSinkSettings,
+    load_config,
+)
 
 EXAMPLE = REPO_ROOT / "deploy" / "consumer.example.toml"
 

@@ -9,7 +9,8 @@ from collections import defaultdict
 
 from pydantic import BaseModel
 
-from consumer.service.config import (
+from harness.service import REPO_ROOT
+from rowbatch.consumer.service.config import (
     ConsumerConfig,
     KafkaSettings,
     ModelSettings,
@@ -19,7 +20,6 @@ from consumer.service.config import (
     ServerSettings,
     SqliteSinkSettings,
 )
-from harness.service import REPO_ROOT
 
 EXAMPLE = REPO_ROOT / "deploy" / "consumer.example.toml"
 _HEADER = re.compile(r"^#?\s*\[\[?([a-z_.]+)\]\]?\s*(#.*)?$")

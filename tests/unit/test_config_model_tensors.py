@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from consumer.model.discovery import ConfiguredSpec, TensorSpec
-from consumer.service.config import ConfigError, load_config
+from rowbatch.consumer.model.discovery import ConfiguredSpec, TensorSpec
+from rowbatch.consumer.service.config import ConfigError, load_config
 
 BASE = """
 [source]

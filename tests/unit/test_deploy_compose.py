@@ -17,9 +17,14 @@ import jsonschema
 import pytest
 import yaml
 
-from consumer.service.config import ConsumerConfig, KafkaSettings, PubSubSettings, load_config
 from harness.consumer_process import ConsumerProcess
-from producer.cli import build_parser
+from rowbatch.consumer.service.config import (
+    ConsumerConfig,
+    KafkaSettings,
+    PubSubSettings,
+    load_config,
+)
+from rowbatch.producer.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -207,8 +212,11 @@ def test_the_image_runs_the_command_the_tests_run(
     argv = _dockerfile_argv()
     assert argv == ["rowbatch-consumer", "run", "--config", CONFIG_MOUNT]
     pyproject = (ROOT / "pyproject.toml").read_text()
-    assert 'rowbatch-consumer = "consumer.service.cli:main"' in pyproject
-    assert "COPY wire wire" in (ROOT / "deploy" / "Dockerfile").read_text()
+    assert 'rowbatch-consumer = "rowbatch.consumer.service.cli:main"' in pyproject
+    dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()
+    for folder in ("rowbatch", "wire", "consumer", "producer"):
+        assert f"COPY {folder} {folder}" in dockerfile, folder
+    assert "COPY harness" not in dockerfile, "the image installs the wheel's package alone"
 
     started: list[list[str]] = []
 
@@ -224,7 +232,7 @@ def test_the_image_runs_the_command_the_tests_run(
     proc.start()
     proc.stop()
     (test_argv,) = started
-    assert test_argv[1:3] == ["-m", "consumer"], "python -m consumer is rowbatch-consumer"
+    assert test_argv[1:3] == ["-m", "rowbatch.consumer"], "python -m rowbatch.consumer is it"
     assert test_argv[3:5] == argv[1:3] and test_argv[5] == str(tmp_path / "c.toml")
     assert "command" not in _services(compose)["consumer"], "the image's command is used"
 

@@ -19,9 +19,14 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from consumer.model.endpoints import DnsName, parse_endpoints
-from consumer.observe.metrics import Metrics
-from consumer.service.config import ConsumerConfig, KafkaSettings, PubSubSettings, load_config
+from rowbatch.consumer.model.endpoints import DnsName, parse_endpoints
+from rowbatch.consumer.observe.metrics import Metrics
+from rowbatch.consumer.service.config import (
+    ConsumerConfig,
+    KafkaSettings,
+    PubSubSettings,
+    load_config,
+)
 from tests.required_tools import require_tool
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,7 +12,7 @@ from typing import Any, TypeAlias
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from consumer.model.discovery import (
+from rowbatch.consumer.model.discovery import (
     ConfiguredSpec,
     ConfiguredSpecMismatch,
     ModelConfigUnavailable,

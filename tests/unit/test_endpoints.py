@@ -9,8 +9,8 @@ from collections.abc import Sequence
 import pytest
 from pydantic import ValidationError
 
-from consumer.model.discovery import ModelSpec, TensorSpec
-from consumer.model.endpoints import (
+from rowbatch.consumer.model.discovery import ModelSpec, TensorSpec
+from rowbatch.consumer.model.endpoints import (
     Address,
     DnsName,
     EndpointSpecError,
@@ -18,8 +18,8 @@ from consumer.model.endpoints import (
     SystemResolver,
     parse_endpoints,
 )
-from consumer.model.spec_match import EndpointSpecMismatch, same_spec, spec_differences
-from consumer.service.config import ModelSettings
+from rowbatch.consumer.model.spec_match import EndpointSpecMismatch, same_spec, spec_differences
+from rowbatch.consumer.service.config import ModelSettings
 
 
 @pytest.mark.parametrize(

@@ -10,17 +10,17 @@ from typing import Any
 
 import pytest
 
-from consumer.model.balancer import Balancer
-from consumer.model.discovery import ModelNotFound, ModelSpec
-from consumer.model.endpoints import Address, Membership, parse_endpoints
-from consumer.service.config import ModelSettings
-from consumer.service.model_wiring import (
+from rowbatch.consumer.model.balancer import Balancer
+from rowbatch.consumer.model.discovery import ModelNotFound, ModelSpec
+from rowbatch.consumer.model.endpoints import Address, Membership, parse_endpoints
+from rowbatch.consumer.service.config import ModelSettings
+from rowbatch.consumer.service.model_wiring import (
     check_endpoints,
     connector,
     discover_endpoints_waiting,
     per_endpoint_limit,
 )
-from consumer.service.startup import StartupError
+from rowbatch.consumer.service.startup import StartupError
 from tests.unit.test_balancer import SPEC, FakeServer
 
 

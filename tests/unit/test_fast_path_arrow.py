@@ -15,11 +15,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from rowbatch.wire import codec_arrow
+from rowbatch.wire.chunks import Encoding, decode_chunk, encode_chunk
+from rowbatch.wire.codec_arrow import decode_arrow
+from rowbatch.wire.errors import WireError
 from tests.unit.wire_helpers import ChunkCase, chunk_cases
-from wire import codec_arrow
-from wire.chunks import Encoding, decode_chunk, encode_chunk
-from wire.codec_arrow import decode_arrow
-from wire.errors import WireError
 
 PROPERTY = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

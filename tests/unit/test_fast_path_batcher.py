@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from numpy.typing import NDArray
 
-from consumer.engine.batcher import Batch, Batcher, Segment
+from rowbatch.consumer.engine.batcher import Batch, Batcher, Segment
 
 
 def message(key: int, rows: int, nulls: bool) -> tuple[dict[str, NDArray[Any]], dict[str, Any]]:

@@ -15,15 +15,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from consumer.model import chunk_check as binding_module
-from consumer.model import handler as handler_module
-from consumer.model.binding import Binding
-from consumer.model.chunk_check import memoized_check
-from consumer.model.discovery import ModelSpec, TensorSpec
-from consumer.model.mismatch import SchemaMismatch
-from wire.chunks import DecodedChunk
-from wire.columns import BYTES, FLOAT64, INT64, STRING, Column, ColumnType, make_column
-from wire.headers import ChunkHeaders, Encoding
+from rowbatch.consumer.model import chunk_check as binding_module
+from rowbatch.consumer.model import handler as handler_module
+from rowbatch.consumer.model.binding import Binding
+from rowbatch.consumer.model.chunk_check import memoized_check
+from rowbatch.consumer.model.discovery import ModelSpec, TensorSpec
+from rowbatch.consumer.model.mismatch import SchemaMismatch
+from rowbatch.wire.chunks import DecodedChunk
+from rowbatch.wire.columns import BYTES, FLOAT64, INT64, STRING, Column, ColumnType, make_column
+from rowbatch.wire.headers import ChunkHeaders, Encoding
 
 SPEC = ModelSpec(
     "m",

@@ -14,9 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from wire import headers
-from wire.errors import WireError
-from wire.headers import ChunkHeaders, Encoding, chunk_headers
+from rowbatch.wire import headers
+from rowbatch.wire.errors import WireError
+from rowbatch.wire.headers import ChunkHeaders, Encoding, chunk_headers
 
 PROPERTY = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -14,12 +14,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from rowbatch.wire.chunks import Encoding, encode_chunk
+from rowbatch.wire.codec_json import decode as json_decode
+from rowbatch.wire.codec_json import decode_json
+from rowbatch.wire.codec_json import values as json_values
 from tests.unit.test_wire_json_fast import PROPERTY, documents, outcome
 from tests.unit.wire_helpers import ChunkCase, chunk_cases
-from wire.chunks import Encoding, encode_chunk
-from wire.codec_json import decode as json_decode
-from wire.codec_json import decode_json
-from wire.codec_json import values as json_values
 
 F32_MAX = float(np.finfo(np.float32).max)
 EDGE_FLOATS = [

@@ -15,14 +15,14 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from consumer.engine.batcher import Batch
-from consumer.engine.budget import ByteBudget
-from consumer.engine.intake import Intake
-from consumer.engine.pipeline import Pipeline, PipelineSettings
-from consumer.model.inference import FatalInferenceError, PoisonInferenceError
-from consumer.observe.metrics import Metrics
-from consumer.sinks.base import ResultRows
-from consumer.sources.base import ReasonClass
+from rowbatch.consumer.engine.batcher import Batch
+from rowbatch.consumer.engine.budget import ByteBudget
+from rowbatch.consumer.engine.intake import Intake
+from rowbatch.consumer.engine.pipeline import Pipeline, PipelineSettings
+from rowbatch.consumer.model.inference import FatalInferenceError, PoisonInferenceError
+from rowbatch.consumer.observe.metrics import Metrics
+from rowbatch.consumer.sinks.base import ResultRows
+from rowbatch.consumer.sources.base import ReasonClass
 from tests.unit.test_pipeline import FakeSink, FakeSource, FnModel, RunBatch, message, no_check
 
 CRASH = -9999.0

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import asyncio
 
-from consumer.observe.metrics import Metrics
-from consumer.service.health import HealthServer
+from rowbatch.consumer.observe.metrics import Metrics
+from rowbatch.consumer.service.health import HealthServer
 
 
 async def get(port: int, path: str) -> tuple[int, str]:

@@ -12,7 +12,7 @@ BROKER_CLIENTS = ("google.cloud.pubsub_v1", "aiokafka")
 
 def test_the_consumer_cli_imports_no_broker_client() -> None:
     probe = (
-        "import sys, consumer.service.cli\n"
+        "import sys, rowbatch.consumer.service.cli\n"
         f"print(','.join(m for m in {BROKER_CLIENTS!r} if m in sys.modules))"
     )
     done = subprocess.run(

@@ -14,8 +14,8 @@ import tritonclient.grpc.aio as grpcaio
 from numpy.typing import NDArray
 from tritonclient.utils import InferenceServerException
 
-from consumer.model.answer import Answer
-from consumer.model.inference import (
+from rowbatch.consumer.model.answer import Answer
+from rowbatch.consumer.model.inference import (
     MAX_GRPC_MESSAGE_BYTES,
     ChannelOptions,
     FatalInferenceError,

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from consumer.model.answer import Answer
-from consumer.model.inference import (
+from rowbatch.consumer.model.answer import Answer
+from rowbatch.consumer.model.inference import (
     FatalInferenceError,
     InferenceClient,
     InferenceError,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from consumer.engine.intake import Intake, PoisonMessage
-from consumer.sources.base import Delivery
-from wire.chunks import DecodedChunk, encode_chunk
+from rowbatch.consumer.engine.intake import Intake, PoisonMessage
+from rowbatch.consumer.sources.base import Delivery
+from rowbatch.wire.chunks import DecodedChunk, encode_chunk
 
 
 def no_check(chunk: DecodedChunk) -> None:
@@ -29,7 +29,7 @@ def test_text_is_charged_by_length_and_nulls_by_a_pointer(encoding: str) -> None
 def test_an_unexpected_decoder_error_is_poison_not_a_crash(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import consumer.engine.intake as intake_module
+    import rowbatch.consumer.engine.intake as intake_module
 
     def broken(payload: bytes, attributes: object) -> object:
         raise UnicodeDecodeError("utf-8", b"\x80", 0, 1, "invalid start byte")

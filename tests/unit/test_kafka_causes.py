@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from consumer.sources.kafka.causes import connect_causes
+from rowbatch.consumer.sources.kafka.causes import connect_causes
 
 
 def test_causes_for_the_configured_servers_are_collected_once_each() -> None:

@@ -17,13 +17,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from consumer.engine.budget import ByteBudget
-from consumer.observe.lag import ThroughputMeter, desired_replicas, partition_lag
-from consumer.service.adapters import make_source
-from consumer.service.config import KafkaSettings
-from consumer.sources import kafka as kafka_source
-from consumer.sources.base import DeadLetterReason, Delivery, ReasonClass
-from consumer.sources.kafka import KafkaConfigError, KafkaSource, KafkaSourceConfig
+from rowbatch.consumer.engine.budget import ByteBudget
+from rowbatch.consumer.observe.lag import ThroughputMeter, desired_replicas, partition_lag
+from rowbatch.consumer.service.adapters import make_source
+from rowbatch.consumer.service.config import KafkaSettings
+from rowbatch.consumer.sources import kafka as kafka_source
+from rowbatch.consumer.sources.base import DeadLetterReason, Delivery, ReasonClass
+from rowbatch.consumer.sources.kafka import KafkaConfigError, KafkaSource, KafkaSourceConfig
 
 TOPIC = "rows"
 TP0 = TopicPartition(TOPIC, 0)
@@ -435,7 +435,7 @@ async def test_own_dead_letters_are_reported_once_with_their_code_the_pipelines_
 
 
 def test_make_source_counts_the_sources_own_dead_letters_in_the_metrics() -> None:
-    from consumer.observe.metrics import Metrics
+    from rowbatch.consumer.observe.metrics import Metrics
 
     metrics = Metrics()
     source = make_source(
@@ -630,7 +630,7 @@ def test_bad_settings_are_refused(extra: dict[str, Any]) -> None:
 
 
 def test_dead_letter_header_names_match_the_pubsub_source() -> None:
-    from consumer.sources.pubsub import dead_letters as pubsub
+    from rowbatch.consumer.sources.pubsub import dead_letters as pubsub
 
     for name in (
         "ATTR_REASON",

@@ -7,9 +7,9 @@ from __future__ import annotations
 from aiokafka import TopicPartition
 from prometheus_client import CollectorRegistry
 
-from consumer.observe.scaling import ScalingGauges, ScalingSignal, SignalSettings
-from consumer.sources.kafka.config import KafkaSourceConfig
-from consumer.sources.kafka.lag import LagMonitor, standalone_signal
+from rowbatch.consumer.observe.scaling import ScalingGauges, ScalingSignal, SignalSettings
+from rowbatch.consumer.sources.kafka.config import KafkaSourceConfig
+from rowbatch.consumer.sources.kafka.lag import LagMonitor, standalone_signal
 
 TOPIC = "rows"
 

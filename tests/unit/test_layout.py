@@ -1,6 +1,6 @@
 """The package layering of docs/architecture.md holds: no package imports one above it, the
 broker, model and sink adapters do not import each other, and the wire contract imports
-nothing of rowbatch. Plus the old import paths of the wire contract keep working."""
+nothing else of rowbatch. The old alias modules of the wire contract are gone."""
 
 from __future__ import annotations
 
@@ -9,15 +9,20 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
+#: The repository folders the installed package ``rowbatch`` is made of (rowbatch/<name> links
+#: to ../<name>); harness/ and bench/ stay in the repository, out of the wheel.
+INSTALLED = ("consumer", "producer", "wire")
+DEV_ONLY = ("harness", "bench", "tests")
+
 #: Lowest first. A module may import its own layer's package or a lower layer, never a higher
 #: one; packages on the same layer (the three adapters) may not import each other.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("wire",),
-    ("consumer.observe",),
-    ("consumer.sources", "consumer.model", "consumer.sinks"),
-    ("consumer.engine",),
-    ("consumer.service",),
-    ("producer",),
+    ("rowbatch.wire",),
+    ("rowbatch.consumer.observe",),
+    ("rowbatch.consumer.sources", "rowbatch.consumer.model", "rowbatch.consumer.sinks"),
+    ("rowbatch.consumer.engine",),
+    ("rowbatch.consumer.service",),
+    ("rowbatch.producer",),
 )
 
 
@@ -37,8 +42,9 @@ def _rank(package: str) -> int:
 
 
 def _module_name(path: Path) -> str:
+    """The installed name of a file of consumer/, producer/ or wire/ (``rowbatch.consumer.x``)."""
     parts = path.relative_to(ROOT).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    return ".".join(("rowbatch", *(parts[:-1] if parts[-1] == "__init__" else parts)))
 
 
 def _imports(path: Path) -> set[str]:
@@ -53,7 +59,12 @@ def _imports(path: Path) -> set[str]:
 
 
 def _sources() -> list[Path]:
-    return sorted(p for top in ("wire", "consumer", "producer") for p in (ROOT / top).rglob("*.py"))
+    """The wheel's Python files, each once (from the real folders, not through rowbatch/'s
+    links)."""
+    return sorted(
+        [ROOT / "rowbatch" / "__init__.py"]
+        + [p for top in INSTALLED for p in (ROOT / top).rglob("*.py")]
+    )
 
 
 def test_no_package_imports_one_above_it() -> None:
@@ -75,16 +86,18 @@ def test_no_package_imports_one_above_it() -> None:
 def test_the_wire_contract_imports_nothing_of_rowbatch() -> None:
     for path in (ROOT / "wire").rglob("*.py"):
         for imported in _imports(path):
-            assert imported.split(".")[0] not in {"consumer", "producer", "harness", "bench"}, (
-                f"{path.name} imports {imported}"
+            ours = imported.split(".")[0] in {"rowbatch", *INSTALLED, *DEV_ONLY}
+            contract = imported in {"rowbatch", "rowbatch.wire"} or imported.startswith(
+                "rowbatch.wire."
             )
+            assert contract or not ours, f"{path.name} imports {imported}"
 
 
 def test_the_layering_sees_every_consumer_package() -> None:
     packages = {
         _module_name(p.parent) for p in (ROOT / "consumer").rglob("__init__.py") if p.parent.name
     }
-    unplaced = {p for p in packages if p != "consumer" and _package_of(p) is None}
+    unplaced = {p for p in packages if p != "rowbatch.consumer" and _package_of(p) is None}
     assert not unplaced
 
 

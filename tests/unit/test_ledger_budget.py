@@ -4,9 +4,9 @@ import asyncio
 
 import pytest
 
-from consumer.engine.budget import ByteBudget
-from consumer.engine.ledger import Ledger
-from consumer.sources.base import DeadLetterReason, Delivery, ReasonClass
+from rowbatch.consumer.engine.budget import ByteBudget
+from rowbatch.consumer.engine.ledger import Ledger
+from rowbatch.consumer.sources.base import DeadLetterReason, Delivery, ReasonClass
 
 
 def delivery(mid: str) -> Delivery:

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from producer.cli import main
-from producer.loadgen import (
+from rowbatch.producer.cli import main
+from rowbatch.producer.loadgen import (
     DECODE_KINDS,
     LoadKind,
     LoadSpec,
@@ -22,11 +22,11 @@ from producer.loadgen import (
     plan_malformed,
     plan_messages,
 )
+from rowbatch.wire.chunks import decode_chunk
+from rowbatch.wire.columns import INT64, STRING, ColumnType
+from rowbatch.wire.errors import WireError
+from rowbatch.wire.headers import H_CHUNK_ID, H_PRODUCED_AT, H_ROW_COUNT, Encoding
 from tests.unit.publish_fakes import FakePublisher, reassemble
-from wire.chunks import decode_chunk
-from wire.columns import INT64, STRING, ColumnType
-from wire.errors import WireError
-from wire.headers import H_CHUNK_ID, H_PRODUCED_AT, H_ROW_COUNT, Encoding
 
 BROKER = ["--broker", "kafka", "--bootstrap", "fake:9092", "--topic", "load"]
 

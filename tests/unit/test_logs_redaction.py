@@ -1,4 +1,4 @@
-"""Secrets never reach the log: ``consumer.service.logs.redact`` and the filter
+"""Secrets never reach the log: ``rowbatch.consumer.service.logs.redact`` and the filter
 ``configure`` installs."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from consumer.service import logs
-from consumer.service.logs import MASK, RedactingFilter, redact
+from rowbatch.consumer.service import logs
+from rowbatch.consumer.service.logs import MASK, RedactingFilter, redact
 
 SECRET = "Sup3r-s3cret"
 
@@ -133,7 +133,9 @@ def test_configure_installs_the_filter(
     monkeypatch.setattr(root, "handlers", list(root.handlers))
     monkeypatch.setattr(root, "level", root.level)
     logs.configure(fmt, "INFO")
-    logging.getLogger("consumer.sinks").error("connect to postgresql://u:%s@h/db failed", SECRET)
+    logging.getLogger("rowbatch.consumer.sinks").error(
+        "connect to postgresql://u:%s@h/db failed", SECRET
+    )
     err = capsys.readouterr().err
     assert "postgresql://u:***@h/db" in err
     assert SECRET not in err

@@ -36,17 +36,17 @@ from aiokafka.structs import ConsumerRecord
 from numpy.typing import NDArray
 from prometheus_client import CollectorRegistry
 
-from consumer.engine import budget as budget_module
-from consumer.engine.batcher import Batch
-from consumer.engine.budget import ByteBudget, message_cost
-from consumer.engine.intake import Intake
-from consumer.engine.pipeline import Pipeline, PipelineSettings
-from consumer.observe.metrics import Metrics
-from consumer.sinks.base import ResultRows
-from consumer.sources.base import DeadLetterReason, Delivery
-from consumer.sources.kafka import KafkaSource, KafkaSourceConfig
+from rowbatch.consumer.engine import budget as budget_module
+from rowbatch.consumer.engine.batcher import Batch
+from rowbatch.consumer.engine.budget import ByteBudget, message_cost
+from rowbatch.consumer.engine.intake import Intake
+from rowbatch.consumer.engine.pipeline import Pipeline, PipelineSettings
+from rowbatch.consumer.observe.metrics import Metrics
+from rowbatch.consumer.sinks.base import ResultRows
+from rowbatch.consumer.sources.base import DeadLetterReason, Delivery
+from rowbatch.consumer.sources.kafka import KafkaSource, KafkaSourceConfig
+from rowbatch.wire.chunks import encode_chunk
 from tests.unit.test_pipeline import FnModel
-from wire.chunks import encode_chunk
 
 REPO = Path(__file__).resolve().parents[2]
 TOPIC = "rows"

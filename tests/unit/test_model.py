@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from consumer.model.discovery import (
+from rowbatch.consumer.model.discovery import (
     DEFAULT_BYTES_ESTIMATE,
     ModelConfigError,
     ModelSpec,

@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 import yaml
 
-from consumer.observe.lag import LagGauges
-from consumer.observe.metrics import Metrics
-from consumer.service.config import ServerSettings
 from harness import prometheus
 from harness.errors import PrerequisiteMissing
 from harness.prometheus import CONSUMER_JOB, ScrapeJob, local_stack_prometheus, render_config
 from harness.service import REPO_ROOT, RunDir
+from rowbatch.consumer.observe.lag import LagGauges
+from rowbatch.consumer.observe.metrics import Metrics
+from rowbatch.consumer.service.config import ServerSettings
 from tests.required_tools import require_tool
 
 RULES_DIR = REPO_ROOT / "deploy" / "prometheus" / "rules"

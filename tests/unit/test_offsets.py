@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from consumer.sources.kafka.offsets import OffsetTracker
+from rowbatch.consumer.sources.kafka.offsets import OffsetTracker
 
 Partitions = dict[int, list[int]]
 """partition -> its offsets, strictly increasing (gaps allowed: transaction markers)."""

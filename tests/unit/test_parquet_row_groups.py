@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from consumer.sinks.parquet.files import ROW_GROUP_BYTES, DatasetFiles, row_group_rows
+from rowbatch.consumer.sinks.parquet.files import ROW_GROUP_BYTES, DatasetFiles, row_group_rows
 
 
 def wide(rows: int, dim: int = 4096) -> pa.Table:

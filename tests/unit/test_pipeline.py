@@ -11,16 +11,16 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from consumer.engine.batcher import Batch
-from consumer.engine.budget import ByteBudget
-from consumer.engine.intake import Intake
-from consumer.engine.pipeline import Pipeline, PipelineFailed, PipelineSettings
-from consumer.model.answer import Answer
-from consumer.model.handler import BatchRows
-from consumer.observe.metrics import Metrics
-from consumer.sinks.base import ResultRows, TableSpec
-from consumer.sources.base import DeadLetterReason, Delivery
-from wire.chunks import DecodedChunk, encode_chunk
+from rowbatch.consumer.engine.batcher import Batch
+from rowbatch.consumer.engine.budget import ByteBudget
+from rowbatch.consumer.engine.intake import Intake
+from rowbatch.consumer.engine.pipeline import Pipeline, PipelineFailed, PipelineSettings
+from rowbatch.consumer.model.answer import Answer
+from rowbatch.consumer.model.handler import BatchRows
+from rowbatch.consumer.observe.metrics import Metrics
+from rowbatch.consumer.sinks.base import ResultRows, TableSpec
+from rowbatch.consumer.sources.base import DeadLetterReason, Delivery
+from rowbatch.wire.chunks import DecodedChunk, encode_chunk
 
 
 class Rejected(Exception):

@@ -12,11 +12,11 @@ import numpy as np
 from numpy.typing import NDArray
 from prometheus_client import generate_latest
 
-from consumer.engine.batcher import Batch
-from consumer.engine.pipeline import Pipeline, PipelineSettings
-from consumer.engine.writer import SinkBackoff
-from consumer.observe.metrics import Metrics
-from consumer.sinks.base import ResultRows, RowsRejected, SinkUnavailable
+from rowbatch.consumer.engine.batcher import Batch
+from rowbatch.consumer.engine.pipeline import Pipeline, PipelineSettings
+from rowbatch.consumer.engine.writer import SinkBackoff
+from rowbatch.consumer.observe.metrics import Metrics
+from rowbatch.consumer.sinks.base import ResultRows, RowsRejected, SinkUnavailable
 from tests.unit.test_pipeline import FakeSink, FakeSource, FnModel, double, message, no_check
 
 
@@ -51,8 +51,8 @@ def pipeline(
     budget: int = 10_000_000,
     writers: int = 2,
 ) -> tuple[Pipeline, Metrics]:
-    from consumer.engine.budget import ByteBudget
-    from consumer.engine.intake import Intake
+    from rowbatch.consumer.engine.budget import ByteBudget
+    from rowbatch.consumer.engine.intake import Intake
 
     recorded = waits if waits is not None else []
 

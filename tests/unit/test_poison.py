@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from consumer.engine.poison import Isolation, isolate
+from rowbatch.consumer.engine.poison import Isolation, isolate
 
 
 class Poison(Exception):

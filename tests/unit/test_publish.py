@@ -21,7 +21,7 @@ from aiokafka.errors import (
 from google.api_core import exceptions as gexc
 from google.cloud.pubsub_v1.publisher.exceptions import PublishToPausedOrderingKeyException
 
-from producer.publish import (
+from rowbatch.producer.publish import (
     BrokerUnavailable,
     KafkaPublisher,
     MessageTooLarge,
@@ -35,6 +35,8 @@ from producer.publish import (
     publish_rows,
     pubsub_topic_path,
 )
+from rowbatch.wire.chunks import EncodedChunk, encode_chunk
+from rowbatch.wire.headers import H_CHUNK_ID, H_ORDERING_KEY
 from tests.unit.publish_fakes import (
     FakeKafkaProducer,
     FakePublisher,
@@ -42,8 +44,6 @@ from tests.unit.publish_fakes import (
     kafka_factory,
     reassemble,
 )
-from wire.chunks import EncodedChunk, encode_chunk
-from wire.headers import H_CHUNK_ID, H_ORDERING_KEY
 
 TOPIC = "projects/proj/topics/rows"
 
@@ -448,10 +448,12 @@ async def test_window_raises_the_first_failure() -> None:
 
 
 def test_producer_publish_is_the_stable_path_of_the_publishers_package() -> None:
-    import producer.publish
-    import producer.publishers
+    import rowbatch.producer.publish
+    import rowbatch.producer.publishers
 
-    assert producer.publish.__all__
-    assert set(producer.publish.__all__) <= set(producer.publishers.__all__)
-    for name in producer.publish.__all__:
-        assert getattr(producer.publish, name) is getattr(producer.publishers, name), name
+    assert rowbatch.producer.publish.__all__
+    assert set(rowbatch.producer.publish.__all__) <= set(rowbatch.producer.publishers.__all__)
+    for name in rowbatch.producer.publish.__all__:
+        assert getattr(rowbatch.producer.publish, name) is getattr(
+            rowbatch.producer.publishers, name
+        ), name

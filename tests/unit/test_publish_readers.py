@@ -14,8 +14,8 @@ import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 import pytest
 
-from producer.progress import Progress, Summary, format_bytes, format_duration
-from producer.readers import (
+from rowbatch.producer.progress import Progress, Summary, format_bytes, format_duration
+from rowbatch.producer.readers import (
     InputError,
     InputFormat,
     infer_format,
@@ -24,7 +24,7 @@ from producer.readers import (
     rechunk,
     wire_columns,
 )
-from wire.columns import FLOAT64, INT64, STRING, ColumnType
+from rowbatch.wire.columns import FLOAT64, INT64, STRING, ColumnType
 
 Chunk = tuple[dict[str, pa.Array], dict[str, ColumnType]]
 

@@ -16,35 +16,35 @@ import google.auth
 import pytest
 from google.auth.exceptions import DefaultCredentialsError
 
-from consumer.service import admin as service_admin
-from consumer.service import cli as consumer_cli
-from consumer.service import logs as consumer_logs
-from consumer.service.adapters import check_source_credentials
-from consumer.service.config import PubSubSettings
-from consumer.sources.base import SourceConfigError
-from consumer.sources.pubsub import (
+from rowbatch.consumer.service import admin as service_admin
+from rowbatch.consumer.service import cli as consumer_cli
+from rowbatch.consumer.service import logs as consumer_logs
+from rowbatch.consumer.service.adapters import check_source_credentials
+from rowbatch.consumer.service.config import PubSubSettings
+from rowbatch.consumer.sources.base import SourceConfigError
+from rowbatch.consumer.sources.pubsub import (
     PubSubCredentialsError,
     PubSubPullSource,
     PubSubPullSourceConfig,
     check_credentials,
 )
-from consumer.sources.pubsub.admin import GooglePubSubAdmin
-from consumer.sources.pubsub.clients import (
+from rowbatch.consumer.sources.pubsub.admin import GooglePubSubAdmin
+from rowbatch.consumer.sources.pubsub.clients import (
     client_address,
     default_async_subscriber,
     default_publisher,
     default_subscriber,
 )
-from producer.cli import main as producer_main
-from producer.publishers import PublisherConfigError, PubSubPublisher
-from tests.pubsub_consumer_config import pubsub_consumer_config
-from wire.pubsub_env import (
+from rowbatch.producer.cli import main as producer_main
+from rowbatch.producer.publishers import PublisherConfigError, PubSubPublisher
+from rowbatch.wire.pubsub_env import (
     credentials_message,
     emulator_host,
     missing_credentials,
     project_of,
     pubsub_address,
 )
+from tests.pubsub_consumer_config import pubsub_consumer_config
 
 NOT_FOUND = (
     "Your default credentials were not found. To set up Application Default Credentials, see "
@@ -84,7 +84,8 @@ def assert_names_what_to_set(message: str, project: str | None = "proj-a") -> No
         assert f"project '{project}'" in message
 
 
-# --- the shared wording (wire.pubsub_env) -----------------------------------------------------
+# --- the shared wording (rowbatch.wire.pubsub_env)
+# -----------------------------------------------------
 
 
 def test_emulator_host_and_address_come_from_the_environment() -> None:

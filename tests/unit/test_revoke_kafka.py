@@ -11,7 +11,7 @@ from collections.abc import Collection, Sequence
 import pytest
 from prometheus_client import generate_latest
 
-from consumer.sources.base import BoundsReadAhead, Delivery, WithdrawsDeliveries, WorkBound
+from rowbatch.consumer.sources.base import BoundsReadAhead, Delivery, WithdrawsDeliveries, WorkBound
 from tests.unit.test_kafka_source import TP0, TP1, make_rig, offset, partition, start, take, until
 
 

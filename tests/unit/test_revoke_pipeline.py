@@ -12,12 +12,12 @@ from typing import Any
 
 from numpy.typing import NDArray
 
-from consumer.engine.batcher import Batch
-from consumer.engine.budget import ByteBudget
-from consumer.engine.intake import Intake
-from consumer.engine.pipeline import Pipeline, PipelineSettings
-from consumer.observe.metrics import Metrics
-from consumer.sources.base import Delivery, Withdraw, WorkBound
+from rowbatch.consumer.engine.batcher import Batch
+from rowbatch.consumer.engine.budget import ByteBudget
+from rowbatch.consumer.engine.intake import Intake
+from rowbatch.consumer.engine.pipeline import Pipeline, PipelineSettings
+from rowbatch.consumer.observe.metrics import Metrics
+from rowbatch.consumer.sources.base import Delivery, Withdraw, WorkBound
 from tests.unit.test_kafka_source import until
 from tests.unit.test_pipeline import FakeSink, FakeSource, FnModel, double, message, no_check
 

@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from consumer.model.discovery import (
+from rowbatch.consumer.model.discovery import (
     DEFAULT_BATCH_SIZE,
     ModelConfigError,
     ModelSpec,
@@ -16,10 +16,14 @@ from consumer.model.discovery import (
     default_in_flight,
     target_batch_size,
 )
-from consumer.model.server_kind import OTHER, describe_defaults, server_kind
-from consumer.model.spec_match import EndpointSpecMismatch, same_spec
-from consumer.service.config import ModelSettings
-from consumer.service.model_wiring import describe_batching, describe_origin, per_endpoint_limit
+from rowbatch.consumer.model.server_kind import OTHER, describe_defaults, server_kind
+from rowbatch.consumer.model.spec_match import EndpointSpecMismatch, same_spec
+from rowbatch.consumer.service.config import ModelSettings
+from rowbatch.consumer.service.model_wiring import (
+    describe_batching,
+    describe_origin,
+    per_endpoint_limit,
+)
 from tests.unit.test_discovery import SCORER_INPUTS, SCORER_OUTPUTS
 
 TRITON_SPEC = ModelSpec(
@@ -134,7 +138,7 @@ def test_endpoints_serving_metadata_specs_are_compared_by_tensors(
         same_spec({"a:1": a, "b:2": other_dims})
     # A Triton endpoint and an MLServer one with the same tensors: the unknown max_batch_size
     # of the metadata spec is not a difference; the mix is logged.
-    with caplog.at_level(logging.WARNING, logger="consumer.model.spec_match"):
+    with caplog.at_level(logging.WARNING, logger="rowbatch.consumer.model.spec_match"):
         assert same_spec({"t:1": TRITON_SPEC, "m:2": a}) is TRITON_SPEC
     assert "triton 2.59 (spec from model_config) and mlserver 1.7.1" in caplog.text
     # Two Triton endpoints still compare max_batch_size.

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from consumer.service.shutdown import (
+from rowbatch.consumer.service.shutdown import (
     StoppedDuringStartup,
     Watchdog,
     close_bounded,

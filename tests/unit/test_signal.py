@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry
 
-from consumer.observe.metrics import Metrics
-from consumer.observe.scaling import (
+from rowbatch.consumer.observe.metrics import Metrics
+from rowbatch.consumer.observe.scaling import (
     Conditions,
     Safeguards,
     ScalingGauges,
@@ -22,8 +22,8 @@ from consumer.observe.scaling import (
     replicas_needed,
     steady_round,
 )
-from consumer.service.adapters import scaling_signal
-from consumer.service.source_config import KafkaSettings
+from rowbatch.consumer.service.adapters import scaling_signal
+from rowbatch.consumer.service.source_config import KafkaSettings
 
 # --- the formula -----------------------------------------------------------------------------
 

@@ -13,16 +13,16 @@ import pytest
 from numpy.typing import NDArray
 from prometheus_client import CollectorRegistry
 
-from consumer.engine.batcher import Batch
-from consumer.engine.budget import ByteBudget
-from consumer.engine.intake import Intake
-from consumer.engine.ledger import Ledger
-from consumer.engine.pipeline import Pipeline, PipelineSettings
-from consumer.observe.metrics import Metrics
-from consumer.observe.scaling import ScalingSignal, SignalSettings
-from consumer.sources.base import Delivery
+from rowbatch.consumer.engine.batcher import Batch
+from rowbatch.consumer.engine.budget import ByteBudget
+from rowbatch.consumer.engine.intake import Intake
+from rowbatch.consumer.engine.ledger import Ledger
+from rowbatch.consumer.engine.pipeline import Pipeline, PipelineSettings
+from rowbatch.consumer.observe.metrics import Metrics
+from rowbatch.consumer.observe.scaling import ScalingSignal, SignalSettings
+from rowbatch.consumer.sources.base import Delivery
+from rowbatch.wire.chunks import encode_chunk
 from tests.unit.test_pipeline import FakeSink, FakeSource, FnModel, double, no_check
-from wire.chunks import encode_chunk
 
 
 class Clock:

@@ -11,12 +11,18 @@ import pyarrow as pa
 import pytest
 from psycopg import errors
 
-from consumer.service.adapters import _column_spec
-from consumer.sinks.base import ColumnSpec, RowsRejected, SinkError, SinkUnavailable, first_line
-from consumer.sinks.parquet import classify_parquet_error
-from consumer.sinks.postgres import classify_pg_error
-from consumer.sinks.sqlite import classify_sqlite_error
-from wire.columns import ColumnType
+from rowbatch.consumer.service.adapters import _column_spec
+from rowbatch.consumer.sinks.base import (
+    ColumnSpec,
+    RowsRejected,
+    SinkError,
+    SinkUnavailable,
+    first_line,
+)
+from rowbatch.consumer.sinks.parquet import classify_parquet_error
+from rowbatch.consumer.sinks.postgres import classify_pg_error
+from rowbatch.consumer.sinks.sqlite import classify_sqlite_error
+from rowbatch.wire.columns import ColumnType
 
 
 def _kind(fault: SinkError) -> type[SinkError]:

@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from consumer.sinks.base import ColumnSpec, ResultRows, SinkError, TableSpec, table_columns
-from consumer.sinks.postgres import copy_binary
+from rowbatch.consumer.sinks.base import ColumnSpec, ResultRows, SinkError, TableSpec, table_columns
+from rowbatch.consumer.sinks.postgres import copy_binary
 from tests.sink_data import check_snapshot, make_rows, spec
 
 _EPOCH = datetime(2000, 1, 1, tzinfo=UTC)

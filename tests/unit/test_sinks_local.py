@@ -19,7 +19,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-from consumer.sinks.base import (
+from rowbatch.consumer.sinks.base import (
     ColumnSpec,
     ResultRows,
     RowsRejected,
@@ -28,10 +28,10 @@ from consumer.sinks.base import (
     TableMismatch,
     TableSpec,
 )
-from consumer.sinks.parquet import ParquetSink
-from consumer.sinks.parquet.files import DatasetFiles
-from consumer.sinks.parquet.index import KeyIndex
-from consumer.sinks.sqlite import SqliteSink
+from rowbatch.consumer.sinks.parquet import ParquetSink
+from rowbatch.consumer.sinks.parquet.files import DatasetFiles
+from rowbatch.consumer.sinks.parquet.index import KeyIndex
+from rowbatch.consumer.sinks.sqlite import SqliteSink
 from tests.sink_data import CHUNK_ROWS, DIM, FIRST_WRITE, check_snapshot, make_rows, spec
 
 # --- shared checks -----------------------------------------------------------------------------

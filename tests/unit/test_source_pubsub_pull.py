@@ -15,19 +15,19 @@ import pytest
 from google.api_core import exceptions as gexc
 from google.pubsub_v1 import types as pstypes
 
-from consumer.service.adapters import make_source
-from consumer.service.config import PubSubSettings
-from consumer.sources.base import DeadLetterReason, Delivery, ReasonClass, Source
-from consumer.sources.pubsub import (
+from rowbatch.consumer.service.adapters import make_source
+from rowbatch.consumer.service.config import PubSubSettings
+from rowbatch.consumer.sources.base import DeadLetterReason, Delivery, ReasonClass, Source
+from rowbatch.consumer.sources.pubsub import (
     PubSubConfigError,
     PubSubPullError,
     PubSubPullSource,
     PubSubPullSourceConfig,
     PubSubSource,
 )
-from consumer.sources.pubsub.id_batcher import IdBatcher
-from consumer.sources.pubsub.leases import LeaseBook
-from consumer.sources.pubsub.tasks import sleep_or_event
+from rowbatch.consumer.sources.pubsub.id_batcher import IdBatcher
+from rowbatch.consumer.sources.pubsub.leases import LeaseBook
+from rowbatch.consumer.sources.pubsub.tasks import sleep_or_event
 
 SUB = "projects/p/subscriptions/sub"
 

@@ -8,8 +8,8 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from consumer.engine.writer import SinkBackoff
-from consumer.service.startup import StillUnavailable, wait_for
+from rowbatch.consumer.engine.writer import SinkBackoff
+from rowbatch.consumer.service.startup import StillUnavailable, wait_for
 
 
 class Down(Exception):

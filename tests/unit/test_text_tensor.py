@@ -13,8 +13,13 @@ from hypothesis import strategies as st
 from numpy.typing import NDArray
 from tritonclient.utils import serialize_byte_tensor
 
-from consumer.model.mismatch import SchemaMismatch
-from consumer.model.text_tensor import bytes_input, check_text, serialize_text, utf8_elements
+from rowbatch.consumer.model.mismatch import SchemaMismatch
+from rowbatch.consumer.model.text_tensor import (
+    bytes_input,
+    check_text,
+    serialize_text,
+    utf8_elements,
+)
 
 _ELEMENT = st.one_of(
     st.text(),

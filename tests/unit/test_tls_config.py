@@ -16,8 +16,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from consumer.model.inference import InferenceClient
-from consumer.model.tls import (
+from harness.consumer_process import to_toml
+from rowbatch.consumer.model.inference import InferenceClient
+from rowbatch.consumer.model.tls import (
     TARGET_NAME_OVERRIDE,
     TlsConfigError,
     TlsOptions,
@@ -25,8 +26,7 @@ from consumer.model.tls import (
     describe_handshake_failure,
     handshake_failure,
 )
-from consumer.service.config import ConfigError, ModelSettings, load_config
-from harness.consumer_process import to_toml
+from rowbatch.consumer.service.config import ConfigError, ModelSettings, load_config
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.unit.wire_helpers import masked
-from wire import errors
-from wire.chunks import (
+from rowbatch.wire import errors
+from rowbatch.wire.chunks import (
     FLOAT32,
     INT64,
     STRING,
@@ -45,6 +44,7 @@ from wire.chunks import (
     encode_chunk,
     kafka_headers_to_attributes,
 )
+from tests.unit.wire_helpers import masked
 
 JSON = Encoding.JSON.value
 ARROW = Encoding.ARROW.value

@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pyarrow as pa
 
-from wire.chunks import BOOL, BYTES, FLOAT64, INT64, STRING, ColumnType, decode_chunk
+from rowbatch.wire.chunks import BOOL, BYTES, FLOAT64, INT64, STRING, ColumnType, decode_chunk
 
 
 def test_documented_json_example_decodes() -> None:

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wire.chunks import InvalidHeader
-from wire.headers import (
+from rowbatch.wire.chunks import InvalidHeader
+from rowbatch.wire.headers import (
     ChunkHeaders,
     Encoding,
     derive_chunk_id,

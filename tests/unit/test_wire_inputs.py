@@ -9,8 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tests.unit.wire_helpers import masked
-from wire.chunks import (
+from rowbatch.wire.chunks import (
     BOOL,
     BYTES,
     FLOAT32,
@@ -21,6 +20,7 @@ from wire.chunks import (
     decode_chunk,
     encode_chunk,
 )
+from tests.unit.wire_helpers import masked
 
 
 @pytest.mark.parametrize(

@@ -12,14 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from tests.unit.wire_helpers import (
-    ChunkCase,
-    assert_column_equal,
-    assert_decoded_matches,
-    chunk_cases,
-    masked,
-)
-from wire.chunks import (
+from rowbatch.wire.chunks import (
     BOOL,
     FLOAT32,
     FLOAT64,
@@ -30,6 +23,13 @@ from wire.chunks import (
     decode_chunk,
     encode_chunk,
     kafka_headers_to_attributes,
+)
+from tests.unit.wire_helpers import (
+    ChunkCase,
+    assert_column_equal,
+    assert_decoded_matches,
+    chunk_cases,
+    masked,
 )
 
 ENCODINGS = [Encoding.JSON, Encoding.ARROW]

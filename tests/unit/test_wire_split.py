@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from wire.chunks import (
+from rowbatch.wire.chunks import (
     INT64,
     STRING,
     ColumnType,

@@ -16,23 +16,23 @@ import numpy as np
 import pytest
 from prometheus_client import generate_latest
 
-from consumer.engine.batcher import Batch, Segment
-from consumer.engine.budget import ByteBudget
-from consumer.engine.ledger import Entry, Ledger
-from consumer.engine.pipeline import INPUT_ROW_BYTES, PipelineSettings, pipeline_share
-from consumer.engine.results import (
+from rowbatch.consumer.engine.batcher import Batch, Segment
+from rowbatch.consumer.engine.budget import ByteBudget
+from rowbatch.consumer.engine.ledger import Entry, Ledger
+from rowbatch.consumer.engine.pipeline import INPUT_ROW_BYTES, PipelineSettings, pipeline_share
+from rowbatch.consumer.engine.results import (
     WRITE_ROW_OVERHEAD_BYTES,
     Answered,
     largest_write_cost,
     write_cost,
 )
-from consumer.engine.write_stage import WriteStage
-from consumer.observe import memory
-from consumer.observe.memory import MemoryCollector, MemorySplit
-from consumer.observe.metrics import Metrics
-from consumer.sinks.base import ENCODE_SLICE_BYTES, ResultRows
-from consumer.sinks.postgres.sink import slice_rows
-from consumer.sources.base import Delivery
+from rowbatch.consumer.engine.write_stage import WriteStage
+from rowbatch.consumer.observe import memory
+from rowbatch.consumer.observe.memory import MemoryCollector, MemorySplit
+from rowbatch.consumer.observe.metrics import Metrics
+from rowbatch.consumer.sinks.base import ENCODE_SLICE_BYTES, ResultRows
+from rowbatch.consumer.sinks.postgres.sink import slice_rows
+from rowbatch.consumer.sources.base import Delivery
 
 DIM = 1024  # 4 KiB of float32 outputs a row
 

@@ -10,7 +10,7 @@ import numpy as np
 from hypothesis import strategies as st
 from numpy.typing import NDArray
 
-from wire.chunks import (
+from rowbatch.wire.chunks import (
     BOOL,
     BYTES,
     FLOAT32,

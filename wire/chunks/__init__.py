@@ -7,17 +7,22 @@ Public API (the contract itself is ``docs/wire-format.md``):
 - :func:`decode_chunk` payload + attributes -> :class:`DecodedChunk` (typed numpy columns)
 - :class:`ChunkHeaders` attributes (Pub/Sub) / headers (Kafka) of a chunk
 - :class:`ColumnType`, :class:`TableSchema` column types and an optional expected schema
-- errors: :class:`~wire.errors.WireError` and its subclasses, each with a ``reason``
+- errors: :class:`~rowbatch.wire.errors.WireError` and its subclasses, each with a ``reason``
 
-Encoding is :mod:`~wire.chunks.encode`, splitting :mod:`~wire.chunks.split`, decoding
-:mod:`~wire.chunks.decode`.
+Encoding is :mod:`~rowbatch.wire.chunks.encode`, splitting :mod:`~rowbatch.wire.chunks.split`,
+decoding
+:mod:`~rowbatch.wire.chunks.decode`.
 """
 
-from wire.chunks.decode import DecodedChunk, decode_chunk
-from wire.chunks.encode import EncodedChunk, build_columns, encode_chunk
-from wire.chunks.split import KAFKA_DEFAULT_MAX_MESSAGE_BYTES, PUBSUB_MAX_MESSAGE_BYTES, split_rows
-from wire.codec_arrow import Compression
-from wire.columns import (
+from rowbatch.wire.chunks.decode import DecodedChunk, decode_chunk
+from rowbatch.wire.chunks.encode import EncodedChunk, build_columns, encode_chunk
+from rowbatch.wire.chunks.split import (
+    KAFKA_DEFAULT_MAX_MESSAGE_BYTES,
+    PUBSUB_MAX_MESSAGE_BYTES,
+    split_rows,
+)
+from rowbatch.wire.codec_arrow import Compression
+from rowbatch.wire.columns import (
     BOOL,
     BYTES,
     FLOAT32,
@@ -30,7 +35,7 @@ from wire.columns import (
     Kind,
     TableSchema,
 )
-from wire.errors import (
+from rowbatch.wire.errors import (
     ColumnLengthMismatch,
     ColumnTypeMismatch,
     CorruptArrow,
@@ -52,7 +57,7 @@ from wire.errors import (
     UnsupportedFormatVersion,
     WireError,
 )
-from wire.headers import (
+from rowbatch.wire.headers import (
     FORMAT_VERSION,
     H_CHUNK_ID,
     H_CONTENT_TYPE,

@@ -1,5 +1,5 @@
 """One message's payload and attributes -> a validated :class:`DecodedChunk` of read-only,
-canonical numpy columns (:func:`decode_chunk`), or the :class:`~wire.errors.WireError` that
+canonical numpy columns (:func:`decode_chunk`), or the :class:`~rowbatch.wire.errors.WireError` that
 says how it breaks the contract."""
 
 from __future__ import annotations
@@ -12,20 +12,20 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from wire.codec_arrow import decode_arrow
-from wire.codec_json import decode_json
-from wire.columns.canonical import MAX_COLUMN_NAME_LEN, Column, check_column_name
-from wire.columns.column_type import ColumnType
-from wire.columns.schema import TableSchema, as_table_schema, check_columns
-from wire.errors import DuplicateColumn, RowCountMismatch
-from wire.headers.chunk_headers import ChunkHeaders
-from wire.headers.fields import H_ROW_COUNT, Encoding
+from rowbatch.wire.codec_arrow import decode_arrow
+from rowbatch.wire.codec_json import decode_json
+from rowbatch.wire.columns.canonical import MAX_COLUMN_NAME_LEN, Column, check_column_name
+from rowbatch.wire.columns.column_type import ColumnType
+from rowbatch.wire.columns.schema import TableSchema, as_table_schema, check_columns
+from rowbatch.wire.errors import DuplicateColumn, RowCountMismatch
+from rowbatch.wire.headers.chunk_headers import ChunkHeaders
+from rowbatch.wire.headers.fields import H_ROW_COUNT, Encoding
 
 
 @dataclass(frozen=True, eq=False)
 class DecodedChunk:
     """A decoded chunk. ``columns`` keeps the payload's column order; arrays are read-only and
-    in the canonical form of their type (see ``wire.columns``). ``null_masks`` has an entry
+    in the canonical form of their type (see ``rowbatch.wire.columns``). ``null_masks`` has an entry
     (bool array, ``True`` = null) only for columns with at least one null."""
 
     headers: ChunkHeaders

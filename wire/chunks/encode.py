@@ -12,15 +12,15 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from wire.codec_arrow import Compression, encode_arrow
-from wire.codec_json import encode_json
-from wire.columns.caller_data import ColumnData, to_column
-from wire.columns.canonical import Column
-from wire.columns.column_type import ColumnType
-from wire.columns.schema import TableSchema, as_table_schema, check_columns
-from wire.errors import MissingColumn
-from wire.headers.chunk_headers import ChunkHeaders
-from wire.headers.fields import Encoding, attributes_size
+from rowbatch.wire.codec_arrow import Compression, encode_arrow
+from rowbatch.wire.codec_json import encode_json
+from rowbatch.wire.columns.caller_data import ColumnData, to_column
+from rowbatch.wire.columns.canonical import Column
+from rowbatch.wire.columns.column_type import ColumnType
+from rowbatch.wire.columns.schema import TableSchema, as_table_schema, check_columns
+from rowbatch.wire.errors import MissingColumn
+from rowbatch.wire.headers.chunk_headers import ChunkHeaders
+from rowbatch.wire.headers.fields import Encoding, attributes_size
 
 
 @dataclass(frozen=True)

@@ -13,15 +13,15 @@ import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
 
-from wire.chunks.encode import EncodedChunk, build_columns, encode_payload, headers_for
-from wire.codec_arrow import Compression
-from wire.columns.caller_data import ColumnData
-from wire.columns.canonical import Column
-from wire.columns.column_type import ColumnType, Kind
-from wire.columns.schema import TableSchema
-from wire.errors import RowTooLarge
-from wire.headers.chunk_headers import ChunkHeaders
-from wire.headers.fields import Encoding, attributes_size
+from rowbatch.wire.chunks.encode import EncodedChunk, build_columns, encode_payload, headers_for
+from rowbatch.wire.codec_arrow import Compression
+from rowbatch.wire.columns.caller_data import ColumnData
+from rowbatch.wire.columns.canonical import Column
+from rowbatch.wire.columns.column_type import ColumnType, Kind
+from rowbatch.wire.columns.schema import TableSchema
+from rowbatch.wire.errors import RowTooLarge
+from rowbatch.wire.headers.chunk_headers import ChunkHeaders
+from rowbatch.wire.headers.fields import Encoding, attributes_size
 
 #: Pub/Sub's limit on one message (data plus attributes).
 PUBSUB_MAX_MESSAGE_BYTES: Final = 10_000_000
@@ -49,7 +49,7 @@ def split_rows(
     ``f"{chunk_id}.{part}"`` (part = 0, 1, ...). The cut is a deterministic function of the rows,
     the encoding options and ``max_bytes``: re-sending the same rows with the same settings
     yields the same parts and ids. A row that alone encodes over ``max_bytes`` raises
-    :class:`~wire.errors.RowTooLarge` naming its index and size.
+    :class:`~rowbatch.wire.errors.RowTooLarge` naming its index and size.
     """
     if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes <= 0:
         raise ValueError(f"max_bytes must be a positive integer, not {max_bytes!r}")

@@ -7,13 +7,14 @@
          "values": [[0.1, 0.2, 0.3], null, [1, 2, 3]]}
     ]}
 
-See ``docs/wire-format.md`` for the full rules. :mod:`~wire.codec_json.encode` writes it;
-:mod:`~wire.codec_json.decode` reads the document and :mod:`~wire.codec_json.values` its
-values, checking every value's JSON type against the declared column type (a float in an int64
-column, a bool in a float column, a string in a vector are errors, never silent conversions).
+See ``docs/wire-format.md`` for the full rules. :mod:`~rowbatch.wire.codec_json.encode` writes it;
+:mod:`~rowbatch.wire.codec_json.decode` reads the document and
+:mod:`~rowbatch.wire.codec_json.values` its values, checking every value's JSON type against the
+declared column type (a float in an int64 column, a bool in a float column, a string in a vector are
+errors, never silent conversions).
 """
 
-from wire.codec_json.decode import decode_json
-from wire.codec_json.encode import encode_json
+from rowbatch.wire.codec_json.decode import decode_json
+from rowbatch.wire.codec_json.encode import encode_json
 
 __all__ = ["decode_json", "encode_json"]

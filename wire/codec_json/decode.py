@@ -1,6 +1,6 @@
 """The JSON payload -> canonical columns (:func:`decode_json`): the document's shape and each
-column object's members and type (:mod:`wire.codec_json.values` converts the values). orjson
-parses where its result is certainly the stdlib parser's; the stdlib parser does the rest."""
+column object's members and type (:mod:`rowbatch.wire.codec_json.values` converts the values).
+orjson parses where its result is certainly the stdlib parser's; the stdlib parser does the rest."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from typing import Any, Final
 
 import orjson
 
-from wire.codec_json.values import convert_values
-from wire.columns.canonical import Column, has_surrogate, make_column
-from wire.columns.column_type import ColumnType, Kind, vector_type
-from wire.errors import InvalidColumnName, InvalidJson, InvalidValue, UnsupportedColumnType
+from rowbatch.wire.codec_json.values import convert_values
+from rowbatch.wire.columns.canonical import Column, has_surrogate, make_column
+from rowbatch.wire.columns.column_type import ColumnType, Kind, vector_type
+from rowbatch.wire.errors import InvalidColumnName, InvalidJson, InvalidValue, UnsupportedColumnType
 
 _ESCAPED_SURROGATE: Final = re.compile(r"\\u[dD][89a-fA-F]")
 _ESCAPED_COLON: Final = re.compile(rb"\\u003[aA]")
@@ -30,7 +30,7 @@ _MAX_VECTOR_TYPES: Final = 1024
 
 
 def decode_json(payload: bytes | bytearray | memoryview) -> list[Column]:
-    """The payload's columns; raises a :class:`~wire.errors.WireError` subclass.
+    """The payload's columns; raises a :class:`~rowbatch.wire.errors.WireError` subclass.
 
     orjson parses first; where its result might differ from the stdlib parser's (anything it
     rejects, such as NaN literals or a BOM, and duplicate members) or the payload is bad, the

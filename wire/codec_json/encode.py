@@ -12,9 +12,9 @@ from typing import Any, cast
 import numpy as np
 from numpy.typing import NDArray
 
-from wire.columns.canonical import Column, has_surrogate
-from wire.columns.column_type import Kind
-from wire.errors import InvalidValue
+from rowbatch.wire.columns.canonical import Column, has_surrogate
+from rowbatch.wire.columns.column_type import Kind
+from rowbatch.wire.errors import InvalidValue
 
 
 def _float_list(values: NDArray[Any]) -> list[Any]:

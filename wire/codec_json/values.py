@@ -15,9 +15,9 @@ from typing import Any, Final, cast
 import numpy as np
 from numpy.typing import NDArray
 
-from wire.columns.canonical import checked_float32
-from wire.columns.column_type import ColumnType, Kind
-from wire.errors import ColumnTypeMismatch, InvalidValue
+from rowbatch.wire.columns.canonical import checked_float32
+from rowbatch.wire.columns.column_type import ColumnType, Kind
+from rowbatch.wire.errors import ColumnTypeMismatch, InvalidValue
 
 _NON_FINITE: Final[Mapping[str, float]] = {
     "NaN": math.nan,

@@ -1,14 +1,14 @@
 """Column types of the wire contract and the conversions between caller data, the canonical
-numpy form that :func:`wire.chunks.decode_chunk` returns, and Arrow arrays.
+numpy form that :func:`rowbatch.wire.chunks.decode_chunk` returns, and Arrow arrays.
 
-- :mod:`~wire.columns.column_type`: :class:`Kind`, :class:`ColumnType` and the scalar types
-- :mod:`~wire.columns.canonical`: :class:`Column`, the canonical numpy form, value checks
-- :mod:`~wire.columns.schema`: :class:`TableSchema` and the checks on a chunk's columns
-- :mod:`~wire.columns.caller_data`: :func:`to_column`, caller data -> canonical
-- :mod:`~wire.columns.arrow`: Arrow types and arrays <-> column types and canonical columns
+- :mod:`~rowbatch.wire.columns.column_type`: :class:`Kind`, :class:`ColumnType` and the scalar types
+- :mod:`~rowbatch.wire.columns.canonical`: :class:`Column`, the canonical numpy form, value checks
+- :mod:`~rowbatch.wire.columns.schema`: :class:`TableSchema` and the checks on a chunk's columns
+- :mod:`~rowbatch.wire.columns.caller_data`: :func:`to_column`, caller data -> canonical
+- :mod:`~rowbatch.wire.columns.arrow`: Arrow types and arrays <-> column types and canonical columns
 """
 
-from wire.columns.arrow import (
+from rowbatch.wire.columns.arrow import (
     ArrowConverter,
     arrow_converter,
     arrow_to_column,
@@ -17,8 +17,8 @@ from wire.columns.arrow import (
     column_to_arrow,
     column_type_of_arrow,
 )
-from wire.columns.caller_data import ColumnData, to_column
-from wire.columns.canonical import (
+from rowbatch.wire.columns.caller_data import ColumnData, to_column
+from rowbatch.wire.columns.canonical import (
     MAX_COLUMN_NAME_LEN,
     Column,
     check_column_name,
@@ -26,7 +26,7 @@ from wire.columns.canonical import (
     fill_nulls,
     make_column,
 )
-from wire.columns.column_type import (
+from rowbatch.wire.columns.column_type import (
     BOOL,
     BYTES,
     FLOAT32,
@@ -40,7 +40,7 @@ from wire.columns.column_type import (
     Kind,
     vector_type,
 )
-from wire.columns.schema import TableSchema
+from rowbatch.wire.columns.schema import TableSchema
 
 __all__ = [
     "BOOL",

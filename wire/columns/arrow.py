@@ -11,8 +11,8 @@ import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
 
-from wire.columns.canonical import Column, has_surrogate, make_column, read_only
-from wire.columns.column_type import (
+from rowbatch.wire.columns.canonical import Column, has_surrogate, make_column, read_only
+from rowbatch.wire.columns.column_type import (
     BOOL,
     BYTES,
     FLOAT32,
@@ -23,7 +23,7 @@ from wire.columns.column_type import (
     Kind,
     vector_type,
 )
-from wire.errors import InvalidValue, UnsupportedColumnType
+from rowbatch.wire.errors import InvalidValue, UnsupportedColumnType
 
 _INT_TYPES: Final = frozenset(
     {pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint16(), pa.uint32()}

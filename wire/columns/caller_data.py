@@ -11,9 +11,9 @@ import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
 
-from wire.columns.arrow import arrow_to_column
-from wire.columns.canonical import Column, check_column_name, checked_float32, make_column
-from wire.columns.column_type import (
+from rowbatch.wire.columns.arrow import arrow_to_column
+from rowbatch.wire.columns.canonical import Column, check_column_name, checked_float32, make_column
+from rowbatch.wire.columns.column_type import (
     BOOL,
     BYTES,
     FLOAT32,
@@ -26,10 +26,11 @@ from wire.columns.column_type import (
     Kind,
     vector_type,
 )
-from wire.errors import ColumnTypeMismatch, InvalidValue, UnsupportedColumnType
+from rowbatch.wire.errors import ColumnTypeMismatch, InvalidValue, UnsupportedColumnType
 
-#: What :func:`wire.chunks.encode_chunk` accepts for one column: a numpy array (masked arrays
-#: mark nulls), a pyarrow Array/ChunkedArray, or a sequence of Python values (``None`` = null).
+#: What :func:`rowbatch.wire.chunks.encode_chunk` accepts for one column: a numpy array (masked
+#: arrays mark nulls), a pyarrow Array/ChunkedArray, or a sequence of Python values (``None`` =
+#: null).
 ColumnData: TypeAlias = "NDArray[Any] | Sequence[Any] | pa.Array | pa.ChunkedArray"
 
 

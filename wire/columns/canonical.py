@@ -1,4 +1,4 @@
-"""The canonical form of a column (:class:`Column`), which :func:`wire.chunks.decode_chunk`
+"""The canonical form of a column (:class:`Column`), which :func:`rowbatch.wire.chunks.decode_chunk`
 returns and both codecs write from, and the checks every column value passes on its way in.
 
 Canonical numpy form of a column (``Column.values``), one entry per row:
@@ -27,8 +27,8 @@ from typing import Any, Final
 import numpy as np
 from numpy.typing import NDArray
 
-from wire.columns.column_type import ColumnType, Kind
-from wire.errors import InvalidColumnName, InvalidValue
+from rowbatch.wire.columns.column_type import ColumnType, Kind
+from rowbatch.wire.errors import InvalidColumnName, InvalidValue
 
 MAX_COLUMN_NAME_LEN: Final = 256
 

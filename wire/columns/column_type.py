@@ -12,7 +12,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from wire.errors import UnsupportedColumnType
+from rowbatch.wire.errors import UnsupportedColumnType
 
 MAX_VECTOR_DIM: Final = 1 << 20
 INT64_MIN: Final = -(1 << 63)

@@ -10,9 +10,9 @@ from types import MappingProxyType
 
 import numpy as np
 
-from wire.columns.canonical import Column
-from wire.columns.column_type import ColumnType
-from wire.errors import (
+from rowbatch.wire.columns.canonical import Column
+from rowbatch.wire.columns.column_type import ColumnType
+from rowbatch.wire.errors import (
     ColumnLengthMismatch,
     ColumnTypeMismatch,
     DuplicateColumn,

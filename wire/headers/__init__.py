@@ -1,12 +1,13 @@
 """Chunk headers: Pub/Sub message attributes or Kafka record headers (all string-valued).
 
-:mod:`~wire.headers.fields` holds the names, encodings, timestamp form and the rules for each
-value; :mod:`~wire.headers.chunk_headers` the :class:`ChunkHeaders` value that carries them.
-See ``docs/wire-format.md`` for the contract; the names and rules here are its source of truth.
+:mod:`~rowbatch.wire.headers.fields` holds the names, encodings, timestamp form and the rules for
+each value; :mod:`~rowbatch.wire.headers.chunk_headers` the :class:`ChunkHeaders` value that carries
+them. See ``docs/wire-format.md`` for the contract; the names and rules here are its source of
+truth.
 """
 
-from wire.headers.chunk_headers import ChunkHeaders
-from wire.headers.fields import (
+from rowbatch.wire.headers.chunk_headers import ChunkHeaders
+from rowbatch.wire.headers.fields import (
     FORMAT_VERSION,
     H_CHUNK_ID,
     H_CONTENT_TYPE,

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Final
 
-from wire.errors import MissingHeader, UnsupportedFormatVersion
-from wire.headers.fields import (
+from rowbatch.wire.errors import MissingHeader, UnsupportedFormatVersion
+from rowbatch.wire.headers.fields import (
     CHUNK_ID_RE,
     FORMAT_VERSION,
     H_CHUNK_ID,
@@ -47,8 +47,8 @@ _TIMESTAMP_AS_WRITTEN_RE: Final = re.compile(
 @dataclass(frozen=True)
 class ChunkHeaders:
     """The headers of one chunk. Construction validates every field (raising
-    :class:`~wire.errors.InvalidHeader`); ``produced_at`` is normalised to UTC and truncated
-    to milliseconds, so ``from_attributes(h.to_attributes()) == h``."""
+    :class:`~rowbatch.wire.errors.InvalidHeader`); ``produced_at`` is normalised to UTC and
+    truncated to milliseconds, so ``from_attributes(h.to_attributes()) == h``."""
 
     chunk_id: str
     table: str

@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Final
 
-from wire.errors import InvalidHeader, UnsupportedContentType
+from rowbatch.wire.errors import InvalidHeader, UnsupportedContentType
 
 FORMAT_VERSION: Final = "1"
 SUPPORTED_FORMAT_VERSIONS: Final = frozenset({FORMAT_VERSION})
@@ -136,7 +136,8 @@ def now_ms() -> datetime:
 
 
 def invalid_header(header: str, expected: str, found: object) -> InvalidHeader:
-    """The :class:`~wire.errors.InvalidHeader` for a value of ``header`` that breaks its rule."""
+    """The :class:`~rowbatch.wire.errors.InvalidHeader` for a value of ``header`` that breaks its
+    rule."""
     return InvalidHeader(
         f"header {header!r}: expected {expected}, found {found!r}",
         header=header,
@@ -167,8 +168,8 @@ def check_table(table: str) -> str:
 
 def kafka_headers_to_attributes(headers: Iterable[tuple[str, bytes | None]]) -> dict[str, str]:
     """Kafka record headers (as aiokafka gives them) to the string mapping that
-    :func:`wire.chunks.decode_chunk` takes. A header repeated with different values, or a
-    value that is not UTF-8, is an :class:`~wire.errors.InvalidHeader`; a null value reads
+    :func:`rowbatch.wire.chunks.decode_chunk` takes. A header repeated with different values, or a
+    value that is not UTF-8, is an :class:`~rowbatch.wire.errors.InvalidHeader`; a null value reads
     as the empty string."""
     attrs: dict[str, str] = {}
     for key, raw in headers:

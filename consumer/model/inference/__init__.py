@@ -1,7 +1,8 @@
 """Calling the model over KServe v2 gRPC: :mod:`.client` talks to one server, :mod:`.errors`
 sorts every failure into one of three classes, and :mod:`.retry` retries the transient ones
-with exponential backoff. Several servers are balanced by :mod:`consumer.model.balancer`, which
-sends a batch a server failed with a retryable error to another one before this backoff applies.
+with exponential backoff. Several servers are balanced by :mod:`rowbatch.consumer.model.balancer`,
+which sends a batch a server failed with a retryable error to another one before this backoff
+applies.
 
 =============================  ==============================================  ===============
 class                          when                                            what to do
@@ -19,12 +20,16 @@ Fatal at start-up (discovery, ``check``) stops the consumer. While running, a ba
 fatally is bisected like poison (MLServer and KServe answer INTERNAL for any exception a
 model raises on some rows): what succeeds is written, and the messages that fail alone are
 nacked, not dead-lettered, since the server may be at fault; one that never succeeds is
-dead-lettered as ``too-many-attempts`` by the source (:mod:`consumer.engine.poison` bounds the
-bisection when the server fails everything).
+dead-lettered as ``too-many-attempts`` by the source (:mod:`rowbatch.consumer.engine.poison` bounds
+the bisection when the server fails everything).
 """
 
-from consumer.model.inference.client import MAX_GRPC_MESSAGE_BYTES, ChannelOptions, InferenceClient
-from consumer.model.inference.errors import (
+from rowbatch.consumer.model.inference.client import (
+    MAX_GRPC_MESSAGE_BYTES,
+    ChannelOptions,
+    InferenceClient,
+)
+from rowbatch.consumer.model.inference.errors import (
     FatalInferenceError,
     InferenceError,
     PoisonInferenceError,
@@ -34,7 +39,7 @@ from consumer.model.inference.errors import (
     grpc_status,
     is_exhausted,
 )
-from consumer.model.inference.retry import Inferencer, RetryingInferencer, RetryPolicy
+from rowbatch.consumer.model.inference.retry import Inferencer, RetryingInferencer, RetryPolicy
 
 __all__ = [
     "MAX_GRPC_MESSAGE_BYTES",

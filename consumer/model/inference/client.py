@@ -1,7 +1,7 @@
 """Talking to one KServe v2 gRPC inference server (``tritonclient.grpc.aio``) about one model:
 the channel settings, discovery, one request at a time (its answer carrying the model version
 the response names), and the readiness probe. Failures come out classified
-(:mod:`consumer.model.inference.errors`); retries are the caller's.
+(:mod:`rowbatch.consumer.model.inference.errors`); retries are the caller's.
 """
 
 from __future__ import annotations
@@ -16,16 +16,16 @@ import tritonclient.grpc.aio as grpcaio
 from numpy.typing import NDArray
 from tritonclient.utils import InferenceServerException
 
-from consumer.model.answer import Answer
-from consumer.model.discovery import (
+from rowbatch.consumer.model.answer import Answer
+from rowbatch.consumer.model.discovery import (
     ConfiguredSpec,
     ModelDiscoveryError,
     ModelServerUnavailable,
     ModelSpec,
     discover_model,
 )
-from consumer.model.inference.errors import FatalInferenceError, classify
-from consumer.model.tls import TlsOptions, channel_credentials, describe_handshake_failure
+from rowbatch.consumer.model.inference.errors import FatalInferenceError, classify
+from rowbatch.consumer.model.tls import TlsOptions, channel_credentials, describe_handshake_failure
 
 #: tritonclient's own default for both message-length limits (INT32_MAX).
 MAX_GRPC_MESSAGE_BYTES: Final = 2**31 - 1
@@ -77,7 +77,7 @@ class InferenceClient:
     subclasses for server and connection failures.
 
     ``tls``: TLS (or mutual TLS) to the server; its files are read here, so an unreadable one
-    raises :class:`consumer.model.tls.TlsConfigError` at once. ``configured``: the tensor
+    raises :class:`rowbatch.consumer.model.tls.TlsConfigError` at once. ``configured``: the tensor
     specs from configuration (``model.inputs`` / ``model.outputs``), for discovery. ``client``
     replaces the ``tritonclient.grpc.aio.InferenceServerClient`` (tests)."""
 
@@ -118,8 +118,9 @@ class InferenceClient:
         await self._client.close()
 
     async def discover(self, client_timeout: float | None = 30.0) -> ModelSpec:
-        """This model's spec from the server (see :func:`consumer.model.discovery.discover_model`).
-        A failed TLS handshake (which gRPC reports as UNAVAILABLE) is named as such."""
+        """This model's spec from the server (see
+        :func:`rowbatch.consumer.model.discovery.discover_model`). A failed TLS handshake (which
+        gRPC reports as UNAVAILABLE) is named as such."""
         try:
             spec = await discover_model(
                 self._client,

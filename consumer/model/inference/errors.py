@@ -1,6 +1,6 @@
 """How a failed inference request is classified: every server or connection failure becomes a
-retryable, poison or fatal :class:`InferenceError` (see :mod:`consumer.model.inference`), and
-the ``kind`` label of the inference-error metric."""
+retryable, poison or fatal :class:`InferenceError` (see :mod:`rowbatch.consumer.model.inference`),
+and the ``kind`` label of the inference-error metric."""
 
 from __future__ import annotations
 

@@ -17,8 +17,8 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 from tenacity.stop import stop_after_attempt, stop_base, stop_never
 from tenacity.wait import wait_base
 
-from consumer.model.answer import Answer
-from consumer.model.inference.errors import InferenceError, RetryableInferenceError
+from rowbatch.consumer.model.answer import Answer
+from rowbatch.consumer.model.inference.errors import InferenceError, RetryableInferenceError
 
 log = logging.getLogger(__name__)
 

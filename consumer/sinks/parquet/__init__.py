@@ -35,20 +35,20 @@ PostgreSQL sink for many writers. For non-local filesystems the index is kept on
 Strings are stored as is, U+0000 included; the wire's bytes are ``binary``.
 
 Faults (:func:`classify_parquet_error`, in ``faults``): a store, disk or index fault that passes
-raises :class:`~consumer.sinks.base.SinkUnavailable`; the next call first settles what the
+raises :class:`~rowbatch.consumer.sinks.base.SinkUnavailable`; the next call first settles what the
 failed one left (as ``open`` does after a crash), so retrying the same write neither loses nor
 duplicates rows. A value pyarrow cannot convert to its column's type raises
-:class:`~consumer.sinks.base.RowsRejected` naming the column; anything else from the store is
-a plain :class:`~consumer.sinks.base.SinkError`.
+:class:`~rowbatch.consumer.sinks.base.RowsRejected` naming the column; anything else from the store
+is a plain :class:`~rowbatch.consumer.sinks.base.SinkError`.
 
 Modules: ``files`` (where the dataset lives, file naming, atomic uploads), ``rows`` (schema and
 row conversion), ``index`` (the key index), ``faults`` (classification), ``sink``
 (:class:`ParquetSink`).
 """
 
-from consumer.sinks.parquet.faults import classify_parquet_error
-from consumer.sinks.parquet.files import PARTITION
-from consumer.sinks.parquet.rows import arrow_schema, to_arrow
-from consumer.sinks.parquet.sink import ParquetSink
+from rowbatch.consumer.sinks.parquet.faults import classify_parquet_error
+from rowbatch.consumer.sinks.parquet.files import PARTITION
+from rowbatch.consumer.sinks.parquet.rows import arrow_schema, to_arrow
+from rowbatch.consumer.sinks.parquet.sink import ParquetSink
 
 __all__ = ["PARTITION", "ParquetSink", "arrow_schema", "classify_parquet_error", "to_arrow"]

@@ -3,8 +3,9 @@ passes (:func:`classify_parquet_error`).
 
 Object-store errors that pass (HTTP 5xx, 429 / ``SlowDown`` / throttling, timeouts, connection
 errors: from pyarrow's filesystems, fsspec or obstore), a full local disk (``ENOSPC``,
-``EDQUOT``) and a busy key index raise :class:`~consumer.sinks.base.SinkUnavailable`; anything
-else from the store (not found, access denied) is a plain :class:`~consumer.sinks.base.SinkError`.
+``EDQUOT``) and a busy key index raise :class:`~rowbatch.consumer.sinks.base.SinkUnavailable`;
+anything else from the store (not found, access denied) is a plain
+:class:`~rowbatch.consumer.sinks.base.SinkError`.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from typing import Final
 
 import pyarrow as pa
 
-from consumer.sinks.base import SinkError, SinkUnavailable, demote_rejection, first_line
-from consumer.sinks.sqlite.faults import classify_sqlite_error
+from rowbatch.consumer.sinks.base import SinkError, SinkUnavailable, demote_rejection, first_line
+from rowbatch.consumer.sinks.sqlite.faults import classify_sqlite_error
 
 #: errno values of faults that pass: a full disk, and the network's own.
 _TRANSIENT_ERRNOS: Final = frozenset(

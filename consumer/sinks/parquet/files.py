@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from consumer.sinks.base import utc
+from rowbatch.consumer.sinks.base import utc
 
 #: The partition column: the UTC date of ``processed_at``.
 PARTITION: Final = "processed_date"

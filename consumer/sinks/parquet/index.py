@@ -15,8 +15,8 @@ from typing import IO, Final
 
 import pyarrow as pa
 
-from consumer.sinks.base import SinkError
-from consumer.sinks.sqlite.db import BUSY_TIMEOUT_S, sqlite_transaction
+from rowbatch.consumer.sinks.base import SinkError
+from rowbatch.consumer.sinks.sqlite.db import BUSY_TIMEOUT_S, sqlite_transaction
 
 _SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);

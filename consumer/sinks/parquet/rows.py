@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
 
-from consumer.sinks.base import (
+from rowbatch.consumer.sinks.base import (
     TEXT_DTYPES,
     ColumnSpec,
     ResultRows,
@@ -25,7 +25,7 @@ from consumer.sinks.base import (
     table_columns,
     utc,
 )
-from consumer.sinks.parquet.files import PARTITION
+from rowbatch.consumer.sinks.parquet.files import PARTITION
 
 _TIMESTAMP: Final = pa.timestamp("us", tz="UTC")
 

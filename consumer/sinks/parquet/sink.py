@@ -12,11 +12,16 @@ from typing import Any, Final
 import numpy as np
 import pyarrow as pa
 
-from consumer.sinks.base import ResultRows, SinkError, TableSpec, in_thread
-from consumer.sinks.parquet.faults import classify_parquet_error, store_fault
-from consumer.sinks.parquet.files import DatasetFiles, locate, part_path
-from consumer.sinks.parquet.index import KeyIndex
-from consumer.sinks.parquet.rows import arrow_schema, check_schema, describe_schema, to_arrow
+from rowbatch.consumer.sinks.base import ResultRows, SinkError, TableSpec, in_thread
+from rowbatch.consumer.sinks.parquet.faults import classify_parquet_error, store_fault
+from rowbatch.consumer.sinks.parquet.files import DatasetFiles, locate, part_path
+from rowbatch.consumer.sinks.parquet.index import KeyIndex
+from rowbatch.consumer.sinks.parquet.rows import (
+    arrow_schema,
+    check_schema,
+    describe_schema,
+    to_arrow,
+)
 
 _INDEX_DIR: Final = "_rowbatch"
 

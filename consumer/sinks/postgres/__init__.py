@@ -24,7 +24,7 @@ Table layout (created if absent, in ``schema``, which is created too if absent):
 
 An existing table must have each of these columns with exactly this type and a primary key
 (or unique index) on ``(chunk_id, row_index)``; extra columns are fine when nullable or
-defaulted. Otherwise ``open`` raises :class:`~consumer.sinks.base.TableMismatch` naming the
+defaulted. Otherwise ``open`` raises :class:`~rowbatch.consumer.sinks.base.TableMismatch` naming the
 column. Concurrent ``open`` calls (many replicas) serialise on an advisory lock.
 
 A ``write`` is one transaction: the rows are encoded (vectorised, in a worker thread) into
@@ -42,7 +42,7 @@ binary ``COPY`` encoding), ``table`` (creating and checking the table, the state
 ``faults`` (classification by SQLSTATE), ``sink`` (:class:`PostgresSink`: connection and writes).
 """
 
-from consumer.sinks.postgres.faults import classify_pg_error
-from consumer.sinks.postgres.sink import PostgresSink
+from rowbatch.consumer.sinks.postgres.faults import classify_pg_error
+from rowbatch.consumer.sinks.postgres.sink import PostgresSink
 
 __all__ = ["PostgresSink", "classify_pg_error"]

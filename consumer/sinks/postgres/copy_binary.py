@@ -13,7 +13,7 @@ from typing import Any, Final
 import numpy as np
 from numpy.typing import NDArray
 
-from consumer.sinks.base import (
+from rowbatch.consumer.sinks.base import (
     TEXT_DTYPES,
     ColumnSpec,
     ResultRows,

@@ -1,19 +1,20 @@
 """The PostgreSQL sink's faults, told apart by SQLSTATE (:func:`classify_pg_error`).
 
-* :class:`~consumer.sinks.base.SinkUnavailable` (the pipeline retries the same write later):
+* :class:`~rowbatch.consumer.sinks.base.SinkUnavailable` (the pipeline retries the same write
+later):
   the connection is lost or cannot be made (no SQLSTATE, class ``08``; connection refused,
   server starting up or shutting down ``57P01``-``57P03``), serialization failure ``40001``,
   deadlock ``40P01``, too many connections / out of resources (class ``53``), a read-only
   server after a failover ``25006``, a lock timeout ``55P03``. The broken or suspect connection
   is dropped, so the next call reconnects (a new staging table; nothing half-done survives,
   the failed transaction was rolled back).
-* :class:`~consumer.sinks.base.RowsRejected` (the pipeline bisects and dead-letters): data
+* :class:`~rowbatch.consumer.sinks.base.RowsRejected` (the pipeline bisects and dead-letters): data
   exceptions (class ``22``) and integrity violations (class ``23``), with the database's first
   line of message and the column when it names one. Text containing U+0000, which PostgreSQL
   cannot store in ``text``, is named as such (code ``text_contains_nul``, :func:`nul_in_text`);
   the check runs only once the server refused the write (``22021``/``22P05``), so the happy
   path pays nothing.
-* :class:`~consumer.sinks.base.SinkError` otherwise: configuration problems (class ``42``
+* :class:`~rowbatch.consumer.sinks.base.SinkError` otherwise: configuration problems (class ``42``
   undefined table/column or ``42501`` insufficient privilege, class ``28`` authentication,
   ``3D000`` no such database).
 """
@@ -29,7 +30,7 @@ import numpy as np
 import psycopg
 from numpy.typing import NDArray
 
-from consumer.sinks.base import (
+from rowbatch.consumer.sinks.base import (
     ResultRows,
     RowsRejected,
     SinkError,
@@ -38,7 +39,7 @@ from consumer.sinks.base import (
     first_line,
     null_mask,
 )
-from consumer.sinks.postgres.copy_binary import PgColumn
+from rowbatch.consumer.sinks.postgres.copy_binary import PgColumn
 
 #: SQLSTATE classes of faults that pass: connection exception, insufficient resources,
 #: operator intervention (shutdown, cannot connect now, query canceled), system error.

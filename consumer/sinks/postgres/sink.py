@@ -12,7 +12,7 @@ from typing import Any, Final, TypeVar
 import psycopg
 from psycopg import sql
 
-from consumer.sinks.base import (
+from rowbatch.consumer.sinks.base import (
     ENCODE_SLICE_BYTES,
     ResultRows,
     RowsRejected,
@@ -23,10 +23,15 @@ from consumer.sinks.base import (
     column_values,
     demote_rejection,
 )
-from consumer.sinks.postgres.copy_binary import SIGNATURE, TRAILER, encode_tuples, pg_columns
-from consumer.sinks.postgres.dsn import describe, password
-from consumer.sinks.postgres.faults import classify_pg_error, nul_in_text
-from consumer.sinks.postgres.table import PgTable, Statements
+from rowbatch.consumer.sinks.postgres.copy_binary import (
+    SIGNATURE,
+    TRAILER,
+    encode_tuples,
+    pg_columns,
+)
+from rowbatch.consumer.sinks.postgres.dsn import describe, password
+from rowbatch.consumer.sinks.postgres.faults import classify_pg_error, nul_in_text
+from rowbatch.consumer.sinks.postgres.table import PgTable, Statements
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")

@@ -10,8 +10,8 @@ from typing import Any, Final
 import psycopg
 from psycopg import sql
 
-from consumer.sinks.base import TableMismatch, check_column_types
-from consumer.sinks.postgres.copy_binary import PgColumn
+from rowbatch.consumer.sinks.base import TableMismatch, check_column_types
+from rowbatch.consumer.sinks.postgres.copy_binary import PgColumn
 
 _Conn = psycopg.AsyncConnection[Any]
 

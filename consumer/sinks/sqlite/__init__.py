@@ -29,8 +29,8 @@ parameter tuples), ``faults`` (:func:`classify_sqlite_error`), ``db`` (the trans
 the Parquet key index uses too), ``sink`` (:class:`SqliteSink`).
 """
 
-from consumer.sinks.sqlite.db import sqlite_transaction
-from consumer.sinks.sqlite.faults import classify_sqlite_error
-from consumer.sinks.sqlite.sink import SqliteSink
+from rowbatch.consumer.sinks.sqlite.db import sqlite_transaction
+from rowbatch.consumer.sinks.sqlite.faults import classify_sqlite_error
+from rowbatch.consumer.sinks.sqlite.sink import SqliteSink
 
 __all__ = ["SqliteSink", "classify_sqlite_error", "sqlite_transaction"]

@@ -1,11 +1,11 @@
 """The SQLite sink's faults, told apart by SQLite's result code.
 
 "database is locked" / busy past the busy timeout, a full disk (``SQLITE_FULL``) and I/O errors
-raise :class:`~consumer.sinks.base.SinkUnavailable` (the pipeline retries the same write; the
-failed transaction was rolled back, so the sink is usable as it is); a value SQLite refuses (a
+raise :class:`~rowbatch.consumer.sinks.base.SinkUnavailable` (the pipeline retries the same write;
+the failed transaction was rolled back, so the sink is usable as it is); a value SQLite refuses (a
 constraint, a value too big, one it cannot bind) raises
-:class:`~consumer.sinks.base.RowsRejected`; anything else plain
-:class:`~consumer.sinks.base.SinkError`.
+:class:`~rowbatch.consumer.sinks.base.RowsRejected`; anything else plain
+:class:`~rowbatch.consumer.sinks.base.SinkError`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Final
 
-from consumer.sinks.base import (
+from rowbatch.consumer.sinks.base import (
     RowsRejected,
     SinkError,
     SinkUnavailable,

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from consumer.sinks.base import (
+from rowbatch.consumer.sinks.base import (
     TEXT_DTYPES,
     ColumnSpec,
     ResultRows,
@@ -43,7 +43,8 @@ def _column_cells(rows: ResultRows, col: ColumnSpec) -> list[Any]:
 
 
 def records(table: TableSpec, rows: ResultRows) -> list[tuple[Any, ...]]:
-    """One parameter tuple per row, in :func:`~consumer.sinks.sqlite.table.layout` order."""
+    """One parameter tuple per row, in :func:`~rowbatch.consumer.sinks.sqlite.table.layout`
+    order."""
     check_keys(rows)
     at = utc(rows.processed_at).isoformat(timespec="microseconds")
     columns: list[list[Any]] = [

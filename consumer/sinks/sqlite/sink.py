@@ -10,11 +10,17 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from consumer.sinks.base import ResultRows, SinkError, TableSpec, finish_on_cancel, in_thread
-from consumer.sinks.sqlite.db import BUSY_TIMEOUT_S, sqlite_transaction
-from consumer.sinks.sqlite.faults import classify_open_error, classify_sqlite_error
-from consumer.sinks.sqlite.rows import records
-from consumer.sinks.sqlite.table import layout, prepare, quote
+from rowbatch.consumer.sinks.base import (
+    ResultRows,
+    SinkError,
+    TableSpec,
+    finish_on_cancel,
+    in_thread,
+)
+from rowbatch.consumer.sinks.sqlite.db import BUSY_TIMEOUT_S, sqlite_transaction
+from rowbatch.consumer.sinks.sqlite.faults import classify_open_error, classify_sqlite_error
+from rowbatch.consumer.sinks.sqlite.rows import records
+from rowbatch.consumer.sinks.sqlite.table import layout, prepare, quote
 
 _T = TypeVar("_T")
 

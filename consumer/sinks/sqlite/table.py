@@ -7,7 +7,7 @@ import sqlite3
 from pathlib import Path
 from typing import Final
 
-from consumer.sinks.base import (
+from rowbatch.consumer.sinks.base import (
     TEXT_DTYPES,
     ColumnSpec,
     SinkError,
@@ -15,7 +15,7 @@ from consumer.sinks.base import (
     TableSpec,
     table_columns,
 )
-from consumer.sinks.sqlite.db import sqlite_transaction
+from rowbatch.consumer.sinks.sqlite.db import sqlite_transaction
 
 _VECTOR_CODES: Final = {"bool": "B8", "float16": "F16", "float32": "F32", "float64": "F64"}
 

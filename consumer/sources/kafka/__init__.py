@@ -9,21 +9,25 @@ backpressure), ``records`` (a held record, its cost and its ``Delivery``), ``par
 rule), ``dead_letters`` (the ``rowbatch-dlq-*`` records), ``lag`` (the lag gauges),
 ``causes`` (why a broker could not be reached) and ``admin`` (creating and checking the
 topics). The ``ATTR_*`` names are the dead-letter headers it writes (from
-``wire.dead_letter``)."""
+``rowbatch.wire.dead_letter``)."""
 
-from consumer.sources.kafka.config import KafkaSourceConfig, SaslMechanism, SecurityProtocol
-from consumer.sources.kafka.dead_letters import DLQ_MESSAGE_MAX_BYTES
-from consumer.sources.kafka.errors import (
+from rowbatch.consumer.sources.kafka.config import (
+    KafkaSourceConfig,
+    SaslMechanism,
+    SecurityProtocol,
+)
+from rowbatch.consumer.sources.kafka.dead_letters import DLQ_MESSAGE_MAX_BYTES
+from rowbatch.consumer.sources.kafka.errors import (
     DeadLetterFailed,
     KafkaConfigError,
     KafkaConsumeError,
     KafkaSourceError,
     KafkaUnreachable,
 )
-from consumer.sources.kafka.readahead import READ_AHEAD_SHARE
-from consumer.sources.kafka.records import HEADER_OVERHEAD_BYTES, RECORD_OVERHEAD_BYTES
-from consumer.sources.kafka.source import KafkaSource
-from wire.dead_letter import (
+from rowbatch.consumer.sources.kafka.readahead import READ_AHEAD_SHARE
+from rowbatch.consumer.sources.kafka.records import HEADER_OVERHEAD_BYTES, RECORD_OVERHEAD_BYTES
+from rowbatch.consumer.sources.kafka.source import KafkaSource
+from rowbatch.wire.dead_letter import (
     ATTR_CODE,
     ATTR_CONSUMER_VERSION,
     ATTR_DELIVERY_ATTEMPT,

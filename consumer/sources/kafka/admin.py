@@ -14,7 +14,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
 
-from consumer.sources.admin_plan import (
+from rowbatch.consumer.sources.admin_plan import (
     AdminFailed,
     AdminUnreachable,
     Outcome,

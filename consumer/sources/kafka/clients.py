@@ -12,9 +12,13 @@ from typing import Any
 
 from aiokafka.errors import KafkaError
 
-from consumer.sources.kafka.causes import ConnectCauses, connect_causes
-from consumer.sources.kafka.config import KafkaSourceConfig
-from consumer.sources.kafka.errors import KafkaConfigError, KafkaSourceError, KafkaUnreachable
+from rowbatch.consumer.sources.kafka.causes import ConnectCauses, connect_causes
+from rowbatch.consumer.sources.kafka.config import KafkaSourceConfig
+from rowbatch.consumer.sources.kafka.errors import (
+    KafkaConfigError,
+    KafkaSourceError,
+    KafkaUnreachable,
+)
 
 _LOG = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ from typing import Any, Literal
 
 from aiokafka.helpers import create_ssl_context
 
-from consumer.sources.base import package_version
-from consumer.sources.kafka.errors import KafkaConfigError
+from rowbatch.consumer.sources.base import package_version
+from rowbatch.consumer.sources.kafka.errors import KafkaConfigError
 
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]

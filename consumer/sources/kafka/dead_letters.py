@@ -1,5 +1,6 @@
 """Kafka dead letters: the record as it came (key, value, headers) plus the ``rowbatch-dlq-*``
-headers of ``wire.dead_letter``, published to the dead-letter topic and confirmed by the broker.
+headers of ``rowbatch.wire.dead_letter``, published to the dead-letter topic and confirmed by the
+broker.
 
 Dead letters go to ``dead_letter_topic`` (``<topic>.dlq`` by default) through an idempotent
 producer (``acks=all``): the original key, value and headers plus ``rowbatch-dlq-*`` headers
@@ -22,9 +23,9 @@ from typing import Any
 
 from aiokafka.errors import KafkaError
 
-from consumer.sources.base import DeadLetterReason, Delivery
-from consumer.sources.kafka.errors import DeadLetterFailed, KafkaSourceError
-from wire.dead_letter import (
+from rowbatch.consumer.sources.base import DeadLetterReason, Delivery
+from rowbatch.consumer.sources.kafka.errors import DeadLetterFailed, KafkaSourceError
+from rowbatch.wire.dead_letter import (
     ATTR_CODE,
     ATTR_CONSUMER_VERSION,
     ATTR_DELIVERY_ATTEMPT,

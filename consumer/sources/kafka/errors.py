@@ -1,10 +1,10 @@
 """The errors the Kafka source raises; each also refines the generic source error of
-``consumer.sources.base`` that callers catch for any broker."""
+``rowbatch.consumer.sources.base`` that callers catch for any broker."""
 
 from __future__ import annotations
 
-from consumer.sources.base import DeadLetterFailed as BaseDeadLetterFailed
-from consumer.sources.base import SourceConfigError, SourceError, SourceUnreachable
+from rowbatch.consumer.sources.base import DeadLetterFailed as BaseDeadLetterFailed
+from rowbatch.consumer.sources.base import SourceConfigError, SourceError, SourceUnreachable
 
 
 class KafkaSourceError(SourceError):

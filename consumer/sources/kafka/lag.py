@@ -16,9 +16,9 @@ from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 from prometheus_client import CollectorRegistry
 
-from consumer.observe.lag import LagGauges, partition_lag
-from consumer.observe.scaling import ScalingGauges, ScalingSignal, SignalSettings, Window
-from consumer.sources.kafka.config import KafkaSourceConfig
+from rowbatch.consumer.observe.lag import LagGauges, partition_lag
+from rowbatch.consumer.observe.scaling import ScalingGauges, ScalingSignal, SignalSettings, Window
+from rowbatch.consumer.sources.kafka.config import KafkaSourceConfig
 
 _LOG = logging.getLogger(__name__)
 

@@ -37,8 +37,8 @@ from typing import Any
 from aiokafka import ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, KafkaError
 
-from consumer.sources.kafka.offsets import OffsetTracker
-from consumer.sources.kafka.records import Held, hold
+from rowbatch.consumer.sources.kafka.offsets import OffsetTracker
+from rowbatch.consumer.sources.kafka.records import Held, hold
 
 _LOG = logging.getLogger(__name__)
 

@@ -41,9 +41,9 @@ from typing import Any
 from aiokafka import TopicPartition
 from aiokafka.errors import ConsumerStoppedError, KafkaError
 
-from consumer.sources.base import SharedBudget
-from consumer.sources.kafka.config import KafkaSourceConfig
-from consumer.sources.kafka.records import Held, work_rows
+from rowbatch.consumer.sources.base import SharedBudget
+from rowbatch.consumer.sources.kafka.config import KafkaSourceConfig
+from rowbatch.consumer.sources.kafka.records import Held, work_rows
 
 _LOG = logging.getLogger(__name__)
 

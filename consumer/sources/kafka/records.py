@@ -9,9 +9,9 @@ from typing import Any
 
 from aiokafka import TopicPartition
 
-from consumer.sources.base import Delivery
-from wire.errors import WireError
-from wire.headers import H_ROW_COUNT, kafka_headers_to_attributes
+from rowbatch.consumer.sources.base import Delivery
+from rowbatch.wire.errors import WireError
+from rowbatch.wire.headers import H_ROW_COUNT, kafka_headers_to_attributes
 
 RECORD_OVERHEAD_BYTES = 800
 """Measured (tests/unit/test_memory_accounting.py): a held record's objects besides its key,

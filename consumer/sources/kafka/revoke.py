@@ -19,10 +19,10 @@ from collections.abc import Awaitable, Callable
 from aiokafka import TopicPartition
 from prometheus_client import CollectorRegistry, Counter
 
-from consumer.sources.base import Delivery, Withdraw
-from consumer.sources.kafka.partitions import Partitions, show_tps
-from consumer.sources.kafka.readahead import ReadAhead
-from consumer.sources.kafka.records import Held
+from rowbatch.consumer.sources.base import Delivery, Withdraw
+from rowbatch.consumer.sources.kafka.partitions import Partitions, show_tps
+from rowbatch.consumer.sources.kafka.readahead import ReadAhead
+from rowbatch.consumer.sources.kafka.records import Held
 
 _LOG = logging.getLogger(__name__)
 

@@ -45,8 +45,8 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from prometheus_client import CollectorRegistry
 
-from consumer.observe.scaling import ScalingSignal
-from consumer.sources.base import (
+from rowbatch.consumer.observe.scaling import ScalingSignal
+from rowbatch.consumer.sources.base import (
     DeadLetterReason,
     Delivery,
     DeliveryIterator,
@@ -55,15 +55,15 @@ from consumer.sources.base import (
     Withdraw,
     WorkBound,
 )
-from consumer.sources.kafka.clients import KafkaClients
-from consumer.sources.kafka.config import KafkaSourceConfig
-from consumer.sources.kafka.dead_letters import dead_letter_headers, publish_dead_letter
-from consumer.sources.kafka.errors import DeadLetterFailed, KafkaConsumeError
-from consumer.sources.kafka.lag import LagMonitor, standalone_signal
-from consumer.sources.kafka.partitions import Partitions, RebalanceListener
-from consumer.sources.kafka.readahead import ReadAhead
-from consumer.sources.kafka.records import Held, to_delivery
-from consumer.sources.kafka.revoke import Revoker
+from rowbatch.consumer.sources.kafka.clients import KafkaClients
+from rowbatch.consumer.sources.kafka.config import KafkaSourceConfig
+from rowbatch.consumer.sources.kafka.dead_letters import dead_letter_headers, publish_dead_letter
+from rowbatch.consumer.sources.kafka.errors import DeadLetterFailed, KafkaConsumeError
+from rowbatch.consumer.sources.kafka.lag import LagMonitor, standalone_signal
+from rowbatch.consumer.sources.kafka.partitions import Partitions, RebalanceListener
+from rowbatch.consumer.sources.kafka.readahead import ReadAhead
+from rowbatch.consumer.sources.kafka.records import Held, to_delivery
+from rowbatch.consumer.sources.kafka.revoke import Revoker
 
 _LOG = logging.getLogger(__name__)
 

@@ -2,9 +2,9 @@
 streaming pull (``PubSubSource``), with lease extension and dead letters published with their
 reason."""
 
-from consumer.sources.pubsub.clients import check_credentials
-from consumer.sources.pubsub.config import PubSubPullSourceConfig, PubSubSourceConfig
-from consumer.sources.pubsub.errors import (
+from rowbatch.consumer.sources.pubsub.clients import check_credentials
+from rowbatch.consumer.sources.pubsub.config import PubSubPullSourceConfig, PubSubSourceConfig
+from rowbatch.consumer.sources.pubsub.errors import (
     DeadLetterFailed,
     PubSubConfigError,
     PubSubCredentialsError,
@@ -13,8 +13,8 @@ from consumer.sources.pubsub.errors import (
     PubSubStreamError,
     PubSubUnreachable,
 )
-from consumer.sources.pubsub.pull import PubSubPullSource
-from consumer.sources.pubsub.streaming import PubSubSource
+from rowbatch.consumer.sources.pubsub.pull import PubSubPullSource
+from rowbatch.consumer.sources.pubsub.streaming import PubSubSource
 
 __all__ = [
     "DeadLetterFailed",

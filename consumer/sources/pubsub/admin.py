@@ -15,7 +15,7 @@ from google.api_core import exceptions as gexc
 from google.api_core.retry import Retry, if_exception_type
 from google.pubsub_v1 import types as pstypes
 
-from consumer.sources.admin_plan import (
+from rowbatch.consumer.sources.admin_plan import (
     AdminFailed,
     AdminUnreachable,
     Difference,
@@ -25,8 +25,8 @@ from consumer.sources.admin_plan import (
     compare,
     step,
 )
-from consumer.sources.pubsub.clients import default_publisher, default_subscriber
-from wire.pubsub_env import GOOGLE_PUBSUB_ADDRESS, pubsub_address
+from rowbatch.consumer.sources.pubsub.clients import default_publisher, default_subscriber
+from rowbatch.wire.pubsub_env import GOOGLE_PUBSUB_ADDRESS, pubsub_address
 
 GOOGLE_ADDRESS = GOOGLE_PUBSUB_ADDRESS
 

@@ -18,8 +18,8 @@ from google.pubsub_v1.services.subscriber.transports import (
     SubscriberGrpcTransport,
 )
 
-from consumer.sources.pubsub.errors import PubSubCredentialsError
-from wire.pubsub_env import (
+from rowbatch.consumer.sources.pubsub.errors import PubSubCredentialsError
+from rowbatch.wire.pubsub_env import (
     CredentialsLookup,
     credentials_message,
     emulator_host,

@@ -9,9 +9,9 @@ from typing import Literal
 
 from google.cloud import pubsub_v1
 
-from consumer.sources.base import package_version
-from consumer.sources.pubsub.errors import PubSubConfigError
-from consumer.sources.pubsub.pull_rpc import RPC_CHUNK
+from rowbatch.consumer.sources.base import package_version
+from rowbatch.consumer.sources.pubsub.errors import PubSubConfigError
+from rowbatch.consumer.sources.pubsub.pull_rpc import RPC_CHUNK
 
 SUBSCRIPTION_RE = re.compile(r"^projects/[^/]+/subscriptions/[^/]{3,}$")
 TOPIC_RE = re.compile(r"^projects/[^/]+/topics/[^/]{3,}$")

@@ -15,10 +15,10 @@ from google.cloud import pubsub_v1
 from google.pubsub_v1 import types as pubsub_types
 from google.pubsub_v1.services.publisher import PublisherClient as GapicPublisherClient
 
-from consumer.sources.base import DeadLetterReason, Delivery
-from consumer.sources.pubsub.clients import default_publisher
-from consumer.sources.pubsub.errors import DeadLetterFailed
-from wire.dead_letter import (
+from rowbatch.consumer.sources.base import DeadLetterReason, Delivery
+from rowbatch.consumer.sources.pubsub.clients import default_publisher
+from rowbatch.consumer.sources.pubsub.errors import DeadLetterFailed
+from rowbatch.wire.dead_letter import (
     ATTR_CODE,
     ATTR_CONSUMER_VERSION,
     ATTR_DELIVERY_ATTEMPT,
@@ -28,7 +28,7 @@ from wire.dead_letter import (
     ATTR_SOURCE,
     ATTR_TIME,
 )
-from wire.pubsub_env import project_of
+from rowbatch.wire.pubsub_env import project_of
 
 _LOG = logging.getLogger(__name__)
 

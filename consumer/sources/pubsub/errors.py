@@ -1,12 +1,17 @@
 """The errors the Pub/Sub sources raise, each also one of the broker-neutral errors of
-``consumer.sources.base``, and the two complaints both sources make about a delivery."""
+``rowbatch.consumer.sources.base``, and the two complaints both sources make about a delivery."""
 
 from __future__ import annotations
 
 import logging
 
-from consumer.sources.base import DeadLetterFailed as BaseDeadLetterFailed
-from consumer.sources.base import Delivery, SourceConfigError, SourceError, SourceUnreachable
+from rowbatch.consumer.sources.base import DeadLetterFailed as BaseDeadLetterFailed
+from rowbatch.consumer.sources.base import (
+    Delivery,
+    SourceConfigError,
+    SourceError,
+    SourceUnreachable,
+)
 
 
 class PubSubSourceError(SourceError):

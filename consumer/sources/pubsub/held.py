@@ -13,9 +13,9 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from consumer.sources.base import Delivery
-from consumer.sources.pubsub.errors import not_held
-from consumer.sources.pubsub.pull_rpc import ReceivedMessage
+from rowbatch.consumer.sources.base import Delivery
+from rowbatch.consumer.sources.pubsub.errors import not_held
+from rowbatch.consumer.sources.pubsub.pull_rpc import ReceivedMessage
 
 _NONE: tuple[str, ...] = ()
 

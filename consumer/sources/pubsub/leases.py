@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 from google.api_core import exceptions as gexc
 
-from consumer.sources.pubsub.pull_rpc import RPC_CHUNK
-from consumer.sources.pubsub.tasks import Clock, Sleep, sleep_or_event
+from rowbatch.consumer.sources.pubsub.pull_rpc import RPC_CHUNK
+from rowbatch.consumer.sources.pubsub.tasks import Clock, Sleep, sleep_or_event
 
 _LOG = logging.getLogger(__name__)
 

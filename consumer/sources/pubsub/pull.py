@@ -35,19 +35,24 @@ from collections.abc import Callable, Sequence
 from google.cloud import pubsub_v1
 from google.pubsub_v1.services.subscriber import SubscriberAsyncClient
 
-from consumer.sources.base import DeadLetterReason, Delivery, DeliveryIterator
-from consumer.sources.pubsub.clients import client_address, default_subscriber
-from consumer.sources.pubsub.config import PubSubPullSourceConfig
-from consumer.sources.pubsub.dead_letters import DeadLetters
-from consumer.sources.pubsub.errors import PubSubPullError, not_held, warn_lease_lapsed
-from consumer.sources.pubsub.held import HeldDeliveries
-from consumer.sources.pubsub.id_batcher import AckNackBatches
-from consumer.sources.pubsub.leases import MIN_ACK_DEADLINE_S, LeaseKeeper
-from consumer.sources.pubsub.pull_rpc import RPC_TIMEOUT_S, PullRpc, ReceivedMessage, open_rpc
-from consumer.sources.pubsub.pulling import PullFlow, pull_loop
-from consumer.sources.pubsub.source_base import PubSubSourceBase
-from consumer.sources.pubsub.tasks import Clock, Sleep, stop_tasks
-from wire.pubsub_env import project_of
+from rowbatch.consumer.sources.base import DeadLetterReason, Delivery, DeliveryIterator
+from rowbatch.consumer.sources.pubsub.clients import client_address, default_subscriber
+from rowbatch.consumer.sources.pubsub.config import PubSubPullSourceConfig
+from rowbatch.consumer.sources.pubsub.dead_letters import DeadLetters
+from rowbatch.consumer.sources.pubsub.errors import PubSubPullError, not_held, warn_lease_lapsed
+from rowbatch.consumer.sources.pubsub.held import HeldDeliveries
+from rowbatch.consumer.sources.pubsub.id_batcher import AckNackBatches
+from rowbatch.consumer.sources.pubsub.leases import MIN_ACK_DEADLINE_S, LeaseKeeper
+from rowbatch.consumer.sources.pubsub.pull_rpc import (
+    RPC_TIMEOUT_S,
+    PullRpc,
+    ReceivedMessage,
+    open_rpc,
+)
+from rowbatch.consumer.sources.pubsub.pulling import PullFlow, pull_loop
+from rowbatch.consumer.sources.pubsub.source_base import PubSubSourceBase
+from rowbatch.consumer.sources.pubsub.tasks import Clock, Sleep, stop_tasks
+from rowbatch.wire.pubsub_env import project_of
 
 _LOG = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ from google.cloud import pubsub_v1
 from google.pubsub_v1.services.subscriber import SubscriberAsyncClient
 from google.pubsub_v1.types import PullResponse
 
-from consumer.sources.pubsub.clients import default_async_subscriber
-from wire.pubsub_env import project_of
+from rowbatch.consumer.sources.pubsub.clients import default_async_subscriber
+from rowbatch.wire.pubsub_env import project_of
 
 PULL_TIMEOUT_S = 10.0
 """Client deadline of one Pull (a long poll on an empty subscription)."""

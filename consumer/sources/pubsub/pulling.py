@@ -17,12 +17,12 @@ from collections.abc import Callable, Sequence
 
 from google.api_core import exceptions as gexc
 
-from consumer.sources.pubsub.config import PubSubPullSourceConfig
-from consumer.sources.pubsub.errors import PubSubPullError
-from consumer.sources.pubsub.held import HeldDeliveries
-from consumer.sources.pubsub.id_batcher import TRANSIENT_ERRORS
-from consumer.sources.pubsub.pull_rpc import PullRpc, ReceivedMessage
-from consumer.sources.pubsub.tasks import Clock, Sleep
+from rowbatch.consumer.sources.pubsub.config import PubSubPullSourceConfig
+from rowbatch.consumer.sources.pubsub.errors import PubSubPullError
+from rowbatch.consumer.sources.pubsub.held import HeldDeliveries
+from rowbatch.consumer.sources.pubsub.id_batcher import TRANSIENT_ERRORS
+from rowbatch.consumer.sources.pubsub.pull_rpc import PullRpc, ReceivedMessage
+from rowbatch.consumer.sources.pubsub.tasks import Clock, Sleep
 
 _LOG = logging.getLogger(__name__)
 

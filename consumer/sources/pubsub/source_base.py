@@ -8,9 +8,9 @@ from typing import Any, Protocol
 
 from google.cloud import pubsub_v1
 
-from consumer.sources.base import DeadLetterReason, Delivery
-from consumer.sources.pubsub.dead_letters import DeadLetters, dead_letter_attributes
-from consumer.sources.pubsub.startup_check import check_subscription
+from rowbatch.consumer.sources.base import DeadLetterReason, Delivery
+from rowbatch.consumer.sources.pubsub.dead_letters import DeadLetters, dead_letter_attributes
+from rowbatch.consumer.sources.pubsub.startup_check import check_subscription
 
 
 class SubscriptionSettings(Protocol):

@@ -11,7 +11,11 @@ from google.api_core.retry import Retry, if_exception_type
 from google.cloud import pubsub_v1
 from google.pubsub_v1.services.publisher import PublisherClient as GapicPublisherClient
 
-from consumer.sources.pubsub.errors import PubSubConfigError, PubSubSourceError, PubSubUnreachable
+from rowbatch.consumer.sources.pubsub.errors import (
+    PubSubConfigError,
+    PubSubSourceError,
+    PubSubUnreachable,
+)
 
 _LOG = logging.getLogger(__name__)
 

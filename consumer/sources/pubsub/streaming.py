@@ -64,14 +64,17 @@ from typing import Any
 
 from google.cloud import pubsub_v1
 
-from consumer.sources.base import DeadLetterReason, Delivery, DeliveryIterator
-from consumer.sources.pubsub.clients import client_address, default_subscriber
-from consumer.sources.pubsub.config import PubSubSourceConfig
-from consumer.sources.pubsub.dead_letters import DeadLetters
-from consumer.sources.pubsub.errors import PubSubStreamError, not_held, warn_lease_lapsed
-from consumer.sources.pubsub.source_base import PubSubSourceBase
-from consumer.sources.pubsub.streaming_shutdown import nack_after_close, stop_streaming_pull
-from wire.pubsub_env import project_of
+from rowbatch.consumer.sources.base import DeadLetterReason, Delivery, DeliveryIterator
+from rowbatch.consumer.sources.pubsub.clients import client_address, default_subscriber
+from rowbatch.consumer.sources.pubsub.config import PubSubSourceConfig
+from rowbatch.consumer.sources.pubsub.dead_letters import DeadLetters
+from rowbatch.consumer.sources.pubsub.errors import PubSubStreamError, not_held, warn_lease_lapsed
+from rowbatch.consumer.sources.pubsub.source_base import PubSubSourceBase
+from rowbatch.consumer.sources.pubsub.streaming_shutdown import (
+    nack_after_close,
+    stop_streaming_pull,
+)
+from rowbatch.wire.pubsub_env import project_of
 
 _LOG = logging.getLogger(__name__)
 
