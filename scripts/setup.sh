@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up for a fresh machine of this project's kind (Debian 12, Python 3.11):
-# system packages (PostgreSQL, Java, Maven, Prometheus) when missing, then the project's venv,
+# system packages (PostgreSQL, Java, Maven, Prometheus) when missing, then the project's venv
+# (rowbatch installed editable, plus this checkout on its path for harness/ and bench/),
 # then the model servers' own venvs (tritonserver...: `python -m harness server-venvs`), made
 # once into ${ROWBATCH_CACHE:-~/.cache/rowbatch}/venvs so no test waits on pip. Kafka's jars
 # are fetched from Maven Central by the launcher on first start into the same cache.
@@ -60,6 +61,9 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     || die "pip install -e '.[dev]' failed (see above)"
   echo "$want" > "$stamp"
 fi
+# harness/ and bench/ are not in the installed package (rowbatch): .venv finds them through a
+# .pth file naming this checkout (scripts/dev-path.sh), written on every run
+bash scripts/dev-path.sh .venv/bin/python || die "could not write .venv's rowbatch-dev.pth"
 # The model servers' venvs (a few seconds to check when made; minutes the first time)
 .venv/bin/python -m harness server-venvs | sed 's/^/[setup] server venv /' \
   || die "could not make the model servers' venvs (see above; ROWBATCH_SERVER_PYTHON picks their interpreter)"

@@ -56,7 +56,7 @@ ensure_venv() {
   local stamp=$venv/.rowbatch-installed want
   want="$( (cat pyproject.toml; "$python" -VV) | sha256sum | cut -c1-16)"
   if [ -x "$venv/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] \
-    && "$venv/bin/python" -c 'import consumer' 2>/dev/null; then
+    && "$venv/bin/python" -c 'import rowbatch.consumer, harness' 2>/dev/null; then
     return 0
   fi
   if ! "$venv/bin/python" -c 'import sys' 2>/dev/null \
@@ -68,6 +68,7 @@ ensure_venv() {
   fi
   say "installing rowbatch and its dev dependencies into $venv"
   "$venv/bin/python" -m pip install -q -e '.[dev]' || return 1
+  bash scripts/dev-path.sh "$venv/bin/python" || return 1  # harness/, bench/ (as in setup.sh)
   echo "$want" > "$stamp"
 }
 
