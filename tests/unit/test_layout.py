@@ -1,10 +1,16 @@
 """The package layering of docs/architecture.md holds: no package imports one above it, the
-broker, model and sink adapters do not import each other, and the wire contract imports
-nothing else of rowbatch. The old alias modules of the wire contract are gone."""
+broker, model and sink adapters do not import each other, the producer and the consumer are
+siblings over the wire contract, and the wire contract imports nothing else of rowbatch. The
+installed package is ``rowbatch`` alone: its parts are the folders consumer/, producer/ and wire/
+linked in under rowbatch/, nothing in it imports the repository's harness, bench or tests, and
+no code anywhere imports the folders under their old top-level names (``consumer.x``), which
+would load a second copy of each module. The old alias modules of the wire contract are gone."""
 
 from __future__ import annotations
 
 import ast
+import os
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,6 +73,25 @@ def _sources() -> list[Path]:
     )
 
 
+def _repository_python_files() -> list[Path]:
+    """Every .py file of the checkout but deploy/models (Triton's models, which import nothing of
+    rowbatch), venvs, build output and the links under rowbatch/ (their files are listed once,
+    under consumer/, producer/ and wire/)."""
+    found: list[Path] = []
+    for folder, dirs, files in os.walk(ROOT):  # does not descend into symlinked folders
+        here = Path(folder)
+        dirs[:] = [
+            d
+            for d in dirs
+            if not d.startswith(".")
+            and d not in {"build", "dist", "__pycache__", "node_modules"}
+            and not d.endswith(".egg-info")
+            and here / d != ROOT / "deploy" / "models"
+        ]
+        found.extend(here / f for f in files if f.endswith(".py"))
+    return sorted(found)
+
+
 def test_no_package_imports_one_above_it() -> None:
     wrong: list[str] = []
     for path in _sources():
@@ -93,12 +118,71 @@ def test_the_wire_contract_imports_nothing_of_rowbatch() -> None:
             assert contract or not ours, f"{path.name} imports {imported}"
 
 
+def test_the_producer_and_the_consumer_are_siblings() -> None:
+    for own, other in (("producer", "consumer"), ("consumer", "producer")):
+        for path in (ROOT / own).rglob("*.py"):
+            for imported in _imports(path):
+                assert not imported.startswith(f"rowbatch.{other}"), (
+                    f"{path.relative_to(ROOT)} imports {imported}"
+                )
+
+
 def test_the_layering_sees_every_consumer_package() -> None:
     packages = {
         _module_name(p.parent) for p in (ROOT / "consumer").rglob("__init__.py") if p.parent.name
     }
     unplaced = {p for p in packages if p != "rowbatch.consumer" and _package_of(p) is None}
     assert not unplaced
+
+
+def test_the_installed_package_imports_no_harness_bench_or_tests() -> None:
+    wrong = [
+        f"{path.relative_to(ROOT)} imports {imported}"
+        for path in _sources()
+        for imported in _imports(path)
+        if imported.split(".")[0] in DEV_ONLY
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_code_imports_the_old_top_level_names() -> None:
+    """An ``import consumer`` (or ``producer``, ``wire``, or a module of theirs) would load the
+    folder a second time under its old name (the checkout is on the dev venv's path for harness
+    and bench), with classes that are not the ones ``rowbatch.consumer`` defines."""
+    wrong = [
+        f"{path.relative_to(ROOT)} imports {imported}"
+        for path in _repository_python_files()
+        for imported in _imports(path)
+        if imported.split(".")[0] in INSTALLED
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_module_is_loaded_under_its_old_name() -> None:
+    """The same, at run time: whatever the tests imported so far, nothing came in as ``wire``,
+    ``consumer`` or ``producer`` (a string import, a subprocess-free plugin...)."""
+    import rowbatch.consumer.service.cli
+    import rowbatch.producer.cli  # noqa: F401
+
+    old = sorted(m for m in sys.modules if m.split(".")[0] in INSTALLED)
+    assert not old, old
+
+
+def test_rowbatch_links_the_repository_folders() -> None:
+    import rowbatch
+
+    for name in INSTALLED:
+        link = ROOT / "rowbatch" / name
+        assert link.is_symlink(), f"rowbatch/{name} is not a link"
+        assert str(link.readlink()) == f"../{name}", f"rowbatch/{name} -> {link.readlink()}"
+        assert (ROOT / name / "__init__.py").is_file()
+    assert {p.name for p in (ROOT / "rowbatch").iterdir()} <= {
+        *INSTALLED,
+        "__init__.py",
+        "py.typed",
+        "__pycache__",
+    }, "rowbatch/ holds only the package marker and the links"
+    assert Path(rowbatch.__file__).parent.resolve() == ROOT / "rowbatch"
 
 
 def test_the_contract_has_one_import_path() -> None:
