@@ -305,7 +305,7 @@ def _run(
 ) -> tuple[int, str, str]:
     path = tmp_path / "c.toml"
     path.write_text(_TOML)
-    monkeypatch.setattr(admin_cmd, "GooglePubSubAdmin", lambda timeout_s, project=None: fake)
+    monkeypatch.setattr(pubsub_admin, "GooglePubSubAdmin", lambda timeout_s, project=None: fake)
     out, err = io.StringIO(), io.StringIO()
     code = admin_cmd.ensure_broker(path, dry_run=dry_run, out=out, err=err)
     return code, out.getvalue(), err.getvalue()
