@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import os
 import sys
+from collections.abc import Collection, Iterable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -135,13 +136,18 @@ def test_the_layering_sees_every_consumer_package() -> None:
     assert not unplaced
 
 
-def test_the_installed_package_imports_no_harness_bench_or_tests() -> None:
-    wrong = [
+def _importing(paths: Iterable[Path], names: Collection[str]) -> list[str]:
+    """``file imports module`` for each import in ``paths`` whose top-level name is in ``names``."""
+    return [
         f"{path.relative_to(ROOT)} imports {imported}"
-        for path in _sources()
+        for path in paths
         for imported in _imports(path)
-        if imported.split(".")[0] in DEV_ONLY
+        if imported.split(".")[0] in names
     ]
+
+
+def test_the_installed_package_imports_no_harness_bench_or_tests() -> None:
+    wrong = _importing(_sources(), DEV_ONLY)
     assert not wrong, "\n".join(wrong)
 
 
@@ -149,12 +155,7 @@ def test_no_code_imports_the_old_top_level_names() -> None:
     """An ``import consumer`` (or ``producer``, ``wire``, or a module of theirs) would load the
     folder a second time under its old name (the checkout is on the dev venv's path for harness
     and bench), with classes that are not the ones ``rowbatch.consumer`` defines."""
-    wrong = [
-        f"{path.relative_to(ROOT)} imports {imported}"
-        for path in _repository_python_files()
-        for imported in _imports(path)
-        if imported.split(".")[0] in INSTALLED
-    ]
+    wrong = _importing(_repository_python_files(), INSTALLED)
     assert not wrong, "\n".join(wrong)
 
 
