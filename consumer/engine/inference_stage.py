@@ -46,7 +46,6 @@ class InferenceStage:
         self._batches = batches
         self._answered = answered
         self._model = model
-        self._is_poison = model.is_poison
         self._fail = settler.fail
         self._abandon = settler.abandon
         self._metrics = metrics
@@ -99,7 +98,7 @@ class InferenceStage:
         try:
             answer = await self._timed_run(batch)
         except Exception as exc:
-            if not self._is_poison(exc) and len(batch.segments) == 1:
+            if not self._model.is_poison(exc) and len(batch.segments) == 1:
                 log.exception("inference failed for good; nacking the batch's messages")
                 await self._abandon(batch.segments)
                 return []
@@ -129,7 +128,7 @@ class InferenceStage:
         bad = found.bad + found.failed
         nacked: list[Segment] = []
         for segment, error in bad:
-            if self._is_poison(error):
+            if self._model.is_poison(error):
                 reason = DeadLetterReason(ReasonClass.REJECTED_BY_MODEL, f"{error}")
                 await self._fail(segment, reason)
             else:
@@ -141,7 +140,7 @@ class InferenceStage:
                 len(nacked),
                 len(batch.segments),
                 sum(len(sub.segments) for sub, _ in good),
-                next(error for _, error in bad if not self._is_poison(error)),
+                next(error for _, error in bad if not self._model.is_poison(error)),
             )
             await self._abandon(nacked)
         return [Answered(sub, answer.outputs, answer.model_version) for sub, answer in good]
