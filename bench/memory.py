@@ -39,7 +39,7 @@ from bench.stack import (
     sink_config,
     unique,
 )
-from rowbatch.consumer.service.config import MiB
+from rowbatch.consumer.section import MiB
 from rowbatch.producer.publish import Message
 from rowbatch.wire.chunks import encode_chunk
 from rowbatch.wire.headers import Encoding

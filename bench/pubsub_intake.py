@@ -97,19 +97,17 @@ async def _drain(variant: str, subscription: str, expect: int) -> dict[str, Any]
     options = dict(VARIANTS[variant])
     mode = options.pop("mode")
     source: Any
+    from rowbatch.consumer.sources.pubsub.settings import PubSubSettings  # noqa: PLC0415
+
+    settings = PubSubSettings(subscription=subscription, mode=mode, **options)
     if mode == "streaming":
-        from rowbatch.consumer.sources.pubsub import PubSubSource, PubSubSourceConfig  # noqa: PLC0415
+        from rowbatch.consumer.sources.pubsub.streaming import PubSubSource  # noqa: PLC0415
 
-        source = PubSubSource(PubSubSourceConfig(subscription=subscription, dead_letter_topic=None))
+        source = PubSubSource(settings)
     else:
-        from rowbatch.consumer.sources.pubsub import (  # noqa: PLC0415
-            PubSubPullSource,
-            PubSubPullSourceConfig,
-        )
+        from rowbatch.consumer.sources.pubsub.pull import PubSubPullSource  # noqa: PLC0415
 
-        source = PubSubPullSource(
-            PubSubPullSourceConfig(subscription=subscription, dead_letter_topic=None, **options)
-        )
+        source = PubSubPullSource(settings)
     seen: set[str] = set()
     deliveries = 0
     cpu0, wall0 = time.process_time(), time.perf_counter()

@@ -61,7 +61,7 @@ from bench.stack import (
     sink_config,
     unique,
 )
-from rowbatch.consumer.service.config import MiB
+from rowbatch.consumer.section import MiB
 
 BUDGET = 256 * MiB
 """The consumer's ``budget_bytes`` (its default), for the peak-RSS target."""

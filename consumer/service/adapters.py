@@ -7,11 +7,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from prometheus_client import CollectorRegistry
-from pydantic import SecretStr
 
 from rowbatch.consumer import __version__
 from rowbatch.consumer.engine.writer import SinkBackoff
@@ -22,21 +20,18 @@ from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.observe.scaling import ScalingSignal, SignalSettings
 from rowbatch.consumer.service.config import (
     ConsumerConfig,
-    KafkaSettings,
     ParquetSinkSettings,
     PostgresSinkSettings,
-    PubSubSettings,
     SinkSettings,
     SourceSettings,
 )
 from rowbatch.consumer.service.startup import StartupError, StillUnavailable, wait_for
 from rowbatch.consumer.sinks.base import ColumnSpec, Sink, SinkUnavailable, TableSpec
 from rowbatch.consumer.sources.base import Source
+from rowbatch.consumer.sources.kafka.settings import KafkaSettings
+from rowbatch.consumer.sources.pubsub.settings import PubSubSettings
 from rowbatch.wire.columns import ColumnType
 from rowbatch.wire.pubsub_env import project_of
-
-if TYPE_CHECKING:
-    from rowbatch.consumer.sources.kafka import KafkaSourceConfig
 
 _DATATYPE_DTYPES = {
     "FP32": "float32",
@@ -91,53 +86,26 @@ def make_source(
             counter.labels(reason.reason_class.value).inc()
 
     if isinstance(settings, PubSubSettings) and settings.mode == "pull":
-        from rowbatch.consumer.sources.pubsub import (  # noqa: PLC0415
-            PubSubPullSource,
-            PubSubPullSourceConfig,
-        )
+        from rowbatch.consumer.sources.pubsub.pull import PubSubPullSource  # noqa: PLC0415
 
         return PubSubPullSource(
-            PubSubPullSourceConfig(
-                subscription=settings.subscription,
-                dead_letter_topic=settings.dead_letter_topic,
-                max_messages=settings.max_messages,
-                max_bytes=settings.max_bytes,
-                max_lease_duration_s=settings.max_lease_duration_s,
-                lease_extension_s=settings.max_lease_extension_s,
-                max_delivery_attempts=settings.max_delivery_attempts,
-                consumer_version=__version__,
-                pull_concurrency=settings.pull_concurrency,
-                pull_max_messages=settings.pull_max_messages,
-                ack_delay_s=settings.ack_delay_ms / 1000,
-            ),
-            on_dead_letter=on_dead_letter,
+            settings, consumer_version=__version__, on_dead_letter=on_dead_letter
         )
     if isinstance(settings, PubSubSettings):
-        from rowbatch.consumer.sources.pubsub import PubSubSource, PubSubSourceConfig  # noqa: PLC0415
+        from rowbatch.consumer.sources.pubsub.streaming import PubSubSource  # noqa: PLC0415
 
-        return PubSubSource(
-            PubSubSourceConfig(
-                subscription=settings.subscription,
-                dead_letter_topic=settings.dead_letter_topic,
-                max_messages=settings.max_messages,
-                max_bytes=settings.max_bytes,
-                max_lease_duration_s=settings.max_lease_duration_s,
-                max_lease_extension_s=settings.max_lease_extension_s,
-                max_delivery_attempts=settings.max_delivery_attempts,
-                consumer_version=__version__,
-            ),
-            on_dead_letter=on_dead_letter,
-        )
-    assert isinstance(settings, KafkaSettings)
-    from rowbatch.consumer.sources.kafka import KafkaConfigError, KafkaSource  # noqa: PLC0415
+        return PubSubSource(settings, consumer_version=__version__, on_dead_letter=on_dead_letter)
+    from rowbatch.consumer.sources.kafka.source import KafkaSource  # noqa: PLC0415
 
-    try:
-        config = kafka_source_config(settings)
-    except KafkaConfigError as exc:
-        raise StartupError(f"source (kafka): {exc}") from exc
     if signal is None and metrics is not None:
         signal = scaling_signal(settings, metrics)
-    return KafkaSource(config, registry=registry, on_dead_letter=on_dead_letter, signal=signal)
+    return KafkaSource(
+        settings,
+        consumer_version=__version__,
+        registry=registry,
+        on_dead_letter=on_dead_letter,
+        signal=signal,
+    )
 
 
 def check_source_credentials(settings: SourceSettings) -> None:
@@ -145,56 +113,9 @@ def check_source_credentials(settings: SourceSettings) -> None:
     no Google credentials are found, so start-up says so at once instead of after waiting for
     the model server and the sink. Blocking (google-auth may ask the GCE metadata server)."""
     if isinstance(settings, PubSubSettings):
-        from rowbatch.consumer.sources.pubsub import check_credentials  # noqa: PLC0415
+        from rowbatch.consumer.sources.pubsub.clients import check_credentials  # noqa: PLC0415
 
         check_credentials(project_of(settings.subscription))
-
-
-def kafka_source_config(settings: KafkaSettings) -> KafkaSourceConfig:
-    """The Kafka source's configuration from the ``[source]`` settings (secrets unwrapped);
-    ``KafkaConfigError`` when they cannot work together."""
-    from rowbatch.consumer.sources.kafka import KafkaSourceConfig  # noqa: PLC0415
-
-    def secret(value: SecretStr | None) -> str | None:
-        return None if value is None else value.get_secret_value()
-
-    def path(value: Path | None) -> str | None:
-        return None if value is None else str(value)
-
-    return KafkaSourceConfig(
-        bootstrap_servers=settings.bootstrap_servers,
-        topic=settings.topic,
-        group_id=settings.group_id,
-        dead_letter_topic=settings.dead_letter_topic,
-        max_delivery_attempts=settings.max_delivery_attempts,
-        redelivery_backoff_s=settings.redelivery_backoff_s,
-        redelivery_backoff_max_s=settings.redelivery_backoff_max_s,
-        commit_interval_s=settings.commit_interval_s,
-        revoke_grace_s=settings.revoke_grace_s,
-        session_timeout_ms=settings.session_timeout_ms,
-        heartbeat_interval_ms=settings.heartbeat_interval_ms,
-        max_poll_interval_ms=settings.max_poll_interval_ms,
-        rebalance_timeout_ms=settings.rebalance_timeout_ms,
-        auto_offset_reset=settings.auto_offset_reset,
-        max_buffered_records=settings.max_buffered_records,
-        max_buffered_rows=settings.max_buffered_rows,
-        max_buffered_bytes=settings.max_buffered_bytes,
-        max_partition_fetch_bytes=settings.max_partition_fetch_bytes,
-        security_protocol=settings.security_protocol,
-        sasl_mechanism=settings.sasl_mechanism,
-        sasl_plain_username=settings.sasl_plain_username,
-        sasl_plain_password=secret(settings.sasl_plain_password),
-        ssl_cafile=path(settings.ssl_cafile),
-        ssl_certfile=path(settings.ssl_certfile),
-        ssl_keyfile=path(settings.ssl_keyfile),
-        ssl_key_password=secret(settings.ssl_key_password),
-        client_id=settings.client_id,
-        consumer_version=__version__,
-        lag_interval_s=settings.lag_interval_s,
-        target_latency_s=settings.target_latency_s,
-        rows_per_s_per_replica=settings.rows_per_s_per_replica,
-        rate_window_s=settings.rate_window_s,
-    )
 
 
 def make_sink(settings: SinkSettings) -> Sink:

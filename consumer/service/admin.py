@@ -19,16 +19,11 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from rowbatch.consumer.service.adapters import kafka_source_config
-from rowbatch.consumer.service.config import (
-    ConfigError,
-    KafkaSettings,
-    PubSubSettings,
-    SourceSettings,
-    load_config,
-)
+from rowbatch.consumer.service.config import ConfigError, SourceSettings, load_config
 from rowbatch.consumer.sources.admin_plan import AdminFailed, AdminUnreachable, Plan
 from rowbatch.consumer.sources.base import SourceConfigError
+from rowbatch.consumer.sources.kafka.settings import KafkaSettings
+from rowbatch.consumer.sources.pubsub.settings import PubSubSettings
 from rowbatch.wire.pubsub_env import project_of
 
 if TYPE_CHECKING:  # each broker's client is imported only when its source is configured
@@ -83,7 +78,6 @@ async def _ensure_kafka(settings: KafkaSettings, *, dry_run: bool, timeout_s: fl
     from rowbatch.consumer.sources.kafka.admin import AioKafkaAdmin, TopicSpec  # noqa: PLC0415
     from rowbatch.consumer.sources.kafka.admin import ensure as ensure_kafka  # noqa: PLC0415
 
-    connection = kafka_source_config(settings)
     topics = [
         (
             "topic",
@@ -97,14 +91,14 @@ async def _ensure_kafka(settings: KafkaSettings, *, dry_run: bool, timeout_s: fl
         (
             "dead-letter topic",
             TopicSpec(
-                connection.dlq_topic,
+                settings.dlq_topic,
                 settings.dead_letter_partitions,
                 settings.replication_factor,
                 settings.retention_ms,
             ),
         ),
     ]
-    async with AioKafkaAdmin(connection.client_options(), timeout_s=timeout_s) as admin:
+    async with AioKafkaAdmin(settings.client_options(), timeout_s=timeout_s) as admin:
         return await ensure_kafka(admin, topics, dry_run=dry_run)
 
 

@@ -38,25 +38,18 @@ from rowbatch.consumer.model.tls import (
     check_key_file,
     check_pair,
 )
-from rowbatch.consumer.service.source_config import (
-    KafkaSettings,
-    MiB,
-    PubSubSettings,
-    Section,
-    SourceSettings,
-)
+from rowbatch.consumer.section import MiB, Section
+from rowbatch.consumer.sources.kafka.settings import KafkaSettings
+from rowbatch.consumer.sources.pubsub.settings import PubSubSettings
 from rowbatch.wire.columns import ColumnType
 
 __all__ = [
     "BindingSettings",
     "ConfigError",
     "ConsumerConfig",
-    "KafkaSettings",
-    "MiB",
     "ModelSettings",
     "ParquetSinkSettings",
     "PostgresSinkSettings",
-    "PubSubSettings",
     "ServerSettings",
     "SinkSettings",
     "SourceSettings",
@@ -64,6 +57,10 @@ __all__ = [
     "TensorSettings",
     "load_config",
 ]
+
+
+SourceSettings = Annotated[PubSubSettings | KafkaSettings, Field(discriminator="kind")]
+"""The ``[source]`` section: each source's own settings type, chosen by ``kind``."""
 
 
 class TensorSettings(Section):

@@ -25,9 +25,7 @@ from rowbatch.consumer.model.inference import (
 from rowbatch.consumer.model.server_kind import describe_defaults
 from rowbatch.consumer.model.spec import SOURCE_NAMES
 from rowbatch.consumer.model.spec_match import same_spec
-from rowbatch.consumer.service.config import (
-    ModelSettings,
-)
+from rowbatch.consumer.service.config import ModelSettings
 from rowbatch.consumer.service.startup import StartupError, StillUnavailable, wait_for
 
 

@@ -38,9 +38,7 @@ from rowbatch.consumer.service.adapters import (
     scaling_signal,
     table_spec,
 )
-from rowbatch.consumer.service.config import (
-    ConsumerConfig,
-)
+from rowbatch.consumer.service.config import ConsumerConfig
 from rowbatch.consumer.service.health import HealthServer
 from rowbatch.consumer.service.model_wiring import (
     connector,

@@ -18,13 +18,10 @@ from pathlib import Path
 import pytest
 
 from harness.proc import free_port
-from rowbatch.consumer.sources.pubsub import (
-    PubSubPullSource,
-    PubSubPullSourceConfig,
-    PubSubSource,
-    PubSubSourceConfig,
-    PubSubUnreachable,
-)
+from rowbatch.consumer.sources.pubsub.errors import PubSubUnreachable
+from rowbatch.consumer.sources.pubsub.pull import PubSubPullSource
+from rowbatch.consumer.sources.pubsub.settings import PubSubSettings
+from rowbatch.consumer.sources.pubsub.streaming import PubSubSource
 from tests.pubsub_consumer_config import pubsub_consumer_config
 
 pytestmark = pytest.mark.timeout(180)
@@ -148,13 +145,9 @@ async def test_the_sources_check_names_an_unreachable_emulator(
     monkeypatch.setenv("PUBSUB_EMULATOR_HOST", emulator)
     source: PubSubPullSource | PubSubSource
     if mode == "pull":
-        source = PubSubPullSource(
-            PubSubPullSourceConfig(SUBSCRIPTION, dead_letter_topic=None, check_timeout_s=1.0)
-        )
+        source = PubSubPullSource(PubSubSettings(subscription=SUBSCRIPTION, check_timeout_s=1.0))
     else:
-        source = PubSubSource(
-            PubSubSourceConfig(SUBSCRIPTION, dead_letter_topic=None, check_timeout_s=1.0)
-        )
+        source = PubSubSource(PubSubSettings(subscription=SUBSCRIPTION, check_timeout_s=1.0))
     try:
         assert source.host == emulator
         with pytest.raises(PubSubUnreachable) as caught:

@@ -27,7 +27,8 @@ from harness.consumer_process import ConsumerProcess, to_toml
 from harness.kafka import KafkaEndpoint
 from harness.proc import free_port
 from harness.triton import TritonEndpoint
-from rowbatch.consumer.service.config import MiB, load_config
+from rowbatch.consumer.section import MiB
+from rowbatch.consumer.service.config import load_config
 from rowbatch.wire.chunks import encode_chunk
 from tests.integration.kafka_helpers import KafkaTopics, chunk_record, produce
 

@@ -30,7 +30,8 @@ from harness.proc import free_port
 from harness.pubsub import PubSubEndpoint
 from harness.reference_models import EXPAND_WIDE_DIM, expand
 from harness.triton import TritonEndpoint
-from rowbatch.consumer.service.config import MiB, load_config
+from rowbatch.consumer.section import MiB
+from rowbatch.consumer.service.config import load_config
 from rowbatch.wire.chunks import encode_chunk
 from tests.integration.consumer_helpers import Topics
 

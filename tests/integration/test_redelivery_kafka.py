@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 
 from harness.kafka import KafkaEndpoint
-from rowbatch.consumer.sources.kafka import KafkaSource
+from rowbatch.consumer.sources.kafka.source import KafkaSource
 from tests.integration.kafka_helpers import KafkaTopics, group_offsets, produce
 from tests.integration.test_source_kafka import records, source_config, take
 

@@ -20,7 +20,8 @@ from google.pubsub_v1 import types as pstypes
 
 from harness.pubsub import PubSubEndpoint
 from rowbatch.consumer.sources.base import Delivery
-from rowbatch.consumer.sources.pubsub import PubSubSource, PubSubSourceConfig
+from rowbatch.consumer.sources.pubsub.settings import PubSubSettings
+from rowbatch.consumer.sources.pubsub.streaming import PubSubSource
 
 MESSAGES = 20
 BOUND_S = 5.0
@@ -55,7 +56,7 @@ async def test_nacked_at_close_reach_a_new_stream_within_bound(
     for key, value in pubsub.env().items():
         monkeypatch.setitem(os.environ, key, value)  # the sources build their own clients
     # Default lease settings: a message lost in transit would stay away 60 s.
-    config = PubSubSourceConfig(subscription=subscription, dead_letter_topic=None)
+    config = PubSubSettings(subscription=subscription, dead_letter_topic=None)
     first = PubSubSource(config)
     held: list[Delivery] = []
     iterator = first.deliveries()

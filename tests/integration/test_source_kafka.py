@@ -16,18 +16,15 @@ from aiokafka import TopicPartition
 from harness.kafka import KafkaEndpoint
 from harness.proc import free_port
 from rowbatch.consumer.sources.base import DeadLetterReason, Delivery, ReasonClass
-from rowbatch.consumer.sources.kafka import (
-    KafkaConfigError,
-    KafkaSource,
-    KafkaSourceConfig,
-    KafkaUnreachable,
-)
+from rowbatch.consumer.sources.kafka.errors import KafkaConfigError, KafkaUnreachable
+from rowbatch.consumer.sources.kafka.settings import KafkaSettings
+from rowbatch.consumer.sources.kafka.source import KafkaSource
 from tests.integration.kafka_helpers import KafkaTopics, group_offsets, produce, read_all
 
 WAIT_S = 60.0
 
 
-def source_config(t: KafkaTopics, **extra: Any) -> KafkaSourceConfig:
+def source_config(t: KafkaTopics, **extra: Any) -> KafkaSettings:
     settings: dict[str, Any] = {
         "bootstrap_servers": t.bootstrap,
         "topic": t.topic,
@@ -41,7 +38,7 @@ def source_config(t: KafkaTopics, **extra: Any) -> KafkaSourceConfig:
         "check_timeout_s": 20.0,
         **extra,
     }
-    return KafkaSourceConfig(**settings)
+    return KafkaSettings(**settings)
 
 
 @pytest.fixture
@@ -356,9 +353,7 @@ async def test_check_names_missing_topics(kafka: KafkaEndpoint) -> None:
 
 async def test_check_names_the_unreachable_brokers() -> None:
     address = f"127.0.0.1:{free_port()}"
-    config = KafkaSourceConfig(
-        bootstrap_servers=address, topic="t", group_id="g", check_timeout_s=3.0
-    )
+    config = KafkaSettings(bootstrap_servers=address, topic="t", group_id="g", check_timeout_s=3.0)
     source = KafkaSource(config)
     started = time.monotonic()
     try:

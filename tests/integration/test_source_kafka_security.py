@@ -17,7 +17,8 @@ from harness.kafka import KafkaEndpoint, KafkaService
 from harness.proc import free_port
 from harness.service import RunDir
 from rowbatch.consumer.sources.base import DeadLetterReason, ReasonClass
-from rowbatch.consumer.sources.kafka import KafkaSource, KafkaUnreachable
+from rowbatch.consumer.sources.kafka.errors import KafkaUnreachable
+from rowbatch.consumer.sources.kafka.source import KafkaSource
 from tests.integration.kafka_helpers import KafkaTopics, produce, read_all
 from tests.integration.test_source_kafka import committed_becomes, records, source_config, take
 

@@ -29,14 +29,14 @@ from google.pubsub_v1.services.publisher import PublisherClient as GapicPublishe
 from harness.proc import free_port
 from harness.pubsub import PubSubEndpoint
 from rowbatch.consumer.sources.base import DeadLetterReason, Delivery, ReasonClass, Source
-from rowbatch.consumer.sources.pubsub import (
+from rowbatch.consumer.sources.pubsub.dead_letters import DLQ_MESSAGE_MAX_BYTES
+from rowbatch.consumer.sources.pubsub.errors import (
     PubSubConfigError,
-    PubSubSource,
-    PubSubSourceConfig,
     PubSubStreamError,
     PubSubUnreachable,
 )
-from rowbatch.consumer.sources.pubsub.dead_letters import DLQ_MESSAGE_MAX_BYTES
+from rowbatch.consumer.sources.pubsub.settings import PubSubSettings
+from rowbatch.consumer.sources.pubsub.streaming import PubSubSource
 from rowbatch.wire.dead_letter import (
     ATTR_CODE,
     ATTR_CONSUMER_VERSION,
@@ -122,11 +122,11 @@ async def make_source(
         settings: dict[str, Any] = {
             "subscription": names.subscription,
             "dead_letter_topic": names.dlq_topic,
-            "consumer_version": _VERSION,
             **overrides,
         }
         source = PubSubSource(
-            PubSubSourceConfig(**settings),
+            PubSubSettings(**settings),
+            consumer_version=_VERSION,
             publisher=clients[0],
             subscriber=clients[1],
             host=pubsub.host,
@@ -481,7 +481,7 @@ async def test_close_nacks_unsettled_for_prompt_redelivery(
 ) -> None:
     names = _create(pubsub, clients, "close")
     # 60 s leases: messages not nacked on close would stay away for about a minute.
-    source = make_source(names, min_lease_extension_s=60, max_lease_extension_s=60)
+    source = make_source(names, max_lease_extension_s=60)
     ids = await _publish(clients[0], names.topic, [(f"c{i}".encode(), {}) for i in range(6)])
     iterator = source.deliveries()
     handed_out = [await _next(iterator) for _ in range(3)]
@@ -524,7 +524,7 @@ async def test_check_names_unreachable_host(pubsub: PubSubEndpoint) -> None:
     nowhere = PubSubEndpoint(host=f"127.0.0.1:{free_port()}", project="rowbatch", kind="emulator")
     publisher, subscriber = nowhere.publisher(), nowhere.subscriber()
     source = PubSubSource(
-        PubSubSourceConfig(
+        PubSubSettings(
             subscription="projects/rowbatch/subscriptions/any",
             dead_letter_topic="projects/rowbatch/topics/any-dlq",
             check_timeout_s=1.0,
@@ -540,24 +540,3 @@ async def test_check_names_unreachable_host(pubsub: PubSubEndpoint) -> None:
         await source.close()
         publisher.transport.close()
         subscriber.close()
-
-
-@pytest.mark.parametrize(
-    ("overrides", "complaint"),
-    [
-        ({"subscription": "subs/x"}, "subscription must be a full path"),
-        ({"dead_letter_topic": "topic-x"}, "dead_letter_topic must be a full path"),
-        ({"max_messages": 0}, "max_messages"),
-        ({"max_lease_duration_s": 0}, "max_lease_duration_s"),
-        ({"max_lease_extension_s": 5}, "max_lease_extension_s must be 0"),
-        ({"max_delivery_attempts": 0}, "max_delivery_attempts"),
-    ],
-)
-def test_config_rejects_bad_values(overrides: dict[str, Any], complaint: str) -> None:
-    settings: dict[str, Any] = {
-        "subscription": "projects/p/subscriptions/sub",
-        "dead_letter_topic": "projects/p/topics/dlq",
-        **overrides,
-    }
-    with pytest.raises(PubSubConfigError, match=complaint):
-        PubSubSourceConfig(**settings)

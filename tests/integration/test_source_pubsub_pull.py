@@ -28,12 +28,9 @@ from harness.reference_models import score
 from harness.triton import TritonEndpoint
 from rowbatch.consumer.service.config import ConsumerConfig
 from rowbatch.consumer.sources.base import DeadLetterReason, Delivery, ReasonClass, Source
-from rowbatch.consumer.sources.pubsub import (
-    PubSubConfigError,
-    PubSubPullError,
-    PubSubPullSource,
-    PubSubPullSourceConfig,
-)
+from rowbatch.consumer.sources.pubsub.errors import PubSubConfigError, PubSubPullError
+from rowbatch.consumer.sources.pubsub.pull import PubSubPullSource
+from rowbatch.consumer.sources.pubsub.settings import PubSubSettings
 from rowbatch.wire.chunks import EncodedChunk, encode_chunk
 from rowbatch.wire.dead_letter import (
     ATTR_CODE,
@@ -117,11 +114,11 @@ async def make_source(
         settings: dict[str, Any] = {
             "subscription": names.subscription,
             "dead_letter_topic": names.dlq_topic,
-            "consumer_version": "test-9.9.9",
             **overrides,
         }
         source = PubSubPullSource(
-            PubSubPullSourceConfig(**settings),
+            PubSubSettings(**settings),
+            consumer_version="test-9.9.9",
             publisher=clients[0],
             subscriber=clients[1],
             host=pubsub.host,
@@ -265,7 +262,7 @@ async def test_a_message_held_past_the_ack_deadline_is_not_redelivered(
 ) -> None:
     names = _create(pubsub, clients, "pull-lease", ack_deadline_s=10)
     # Each extension is 10 s as well, so every missed one would show as a redelivery.
-    source = make_source(names, lease_extension_s=10)
+    source = make_source(names, max_lease_extension_s=10)
     await source.check()
     collector = Collector(source)
     [message_id] = await _publish(clients[0], names.topic, [(b"slow", {})])
@@ -283,7 +280,7 @@ async def test_lease_is_dropped_after_max_lease_duration(
 ) -> None:
     """The control for the test above."""
     names = _create(pubsub, clients, "pull-expire", ack_deadline_s=10)
-    source = make_source(names, lease_extension_s=10, max_lease_duration_s=2)
+    source = make_source(names, max_lease_extension_s=10, max_lease_duration_s=2)
     collector = Collector(source)
     [message_id] = await _publish(clients[0], names.topic, [(b"too-slow", {})])
     await collector.wait_for(2, within_s=40)
@@ -320,7 +317,7 @@ async def test_close_gives_unsettled_messages_promptly_to_a_new_source(
     clients: Clients, make_source: SourceFactory, pubsub: PubSubEndpoint
 ) -> None:
     names = _create(pubsub, clients, "pull-close", ack_deadline_s=60)
-    source = make_source(names, lease_extension_s=60)
+    source = make_source(names, max_lease_extension_s=60)
     ids = await _publish(clients[0], names.topic, [(f"c{i}".encode(), {}) for i in range(6)])
     iterator = source.deliveries()
     handed_out = [await _next(iterator) for _ in range(3)]

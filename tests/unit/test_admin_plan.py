@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 
 from rowbatch.consumer.service import admin as admin_cmd
-from rowbatch.consumer.service.config import ConfigError, KafkaSettings, PubSubSettings
+from rowbatch.consumer.service.config import ConfigError
 from rowbatch.consumer.sources.admin_plan import AdminUnreachable, Outcome
 from rowbatch.consumer.sources.kafka import admin as kafka_admin
 from rowbatch.consumer.sources.kafka.admin import TopicSpec, TopicState
+from rowbatch.consumer.sources.kafka.settings import KafkaSettings
 from rowbatch.consumer.sources.pubsub import admin as pubsub_admin
 from rowbatch.consumer.sources.pubsub.admin import (
     Observed,
@@ -23,6 +24,7 @@ from rowbatch.consumer.sources.pubsub.admin import (
     SubscriptionSpec,
     SubscriptionState,
 )
+from rowbatch.consumer.sources.pubsub.settings import PubSubSettings
 
 P = "projects/p"
 

@@ -12,14 +12,14 @@ from pydantic import BaseModel
 from harness.service import REPO_ROOT
 from rowbatch.consumer.service.config import (
     ConsumerConfig,
-    KafkaSettings,
     ModelSettings,
     ParquetSinkSettings,
     PostgresSinkSettings,
-    PubSubSettings,
     ServerSettings,
     SqliteSinkSettings,
 )
+from rowbatch.consumer.sources.kafka.settings import KafkaSettings
+from rowbatch.consumer.sources.pubsub.settings import PubSubSettings
 
 EXAMPLE = REPO_ROOT / "deploy" / "consumer.example.toml"
 _HEADER = re.compile(r"^#?\s*\[\[?([a-z_.]+)\]\]?\s*(#.*)?$")

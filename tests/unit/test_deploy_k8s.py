@@ -21,12 +21,9 @@ import yaml
 
 from rowbatch.consumer.model.endpoints import DnsName, parse_endpoints
 from rowbatch.consumer.observe.metrics import Metrics
-from rowbatch.consumer.service.config import (
-    ConsumerConfig,
-    KafkaSettings,
-    PubSubSettings,
-    load_config,
-)
+from rowbatch.consumer.service.config import ConsumerConfig, load_config
+from rowbatch.consumer.sources.kafka.settings import KafkaSettings
+from rowbatch.consumer.sources.pubsub.settings import PubSubSettings
 from tests.required_tools import require_tool
 
 ROOT = Path(__file__).resolve().parents[2]

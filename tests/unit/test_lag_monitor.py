@@ -8,8 +8,8 @@ from aiokafka import TopicPartition
 from prometheus_client import CollectorRegistry
 
 from rowbatch.consumer.observe.scaling import ScalingGauges, ScalingSignal, SignalSettings
-from rowbatch.consumer.sources.kafka.config import KafkaSourceConfig
 from rowbatch.consumer.sources.kafka.lag import LagMonitor, standalone_signal
+from rowbatch.consumer.sources.kafka.settings import KafkaSettings
 
 TOPIC = "rows"
 
@@ -45,8 +45,8 @@ class Clock:
         return self.now
 
 
-def config(**over: object) -> KafkaSourceConfig:
-    return KafkaSourceConfig(
+def config(**over: object) -> KafkaSettings:
+    return KafkaSettings(
         bootstrap_servers="b:9092",
         topic=TOPIC,
         group_id="g",

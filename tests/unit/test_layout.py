@@ -25,6 +25,7 @@ DEV_ONLY = ("harness", "bench", "tests")
 #: one; packages on the same layer (the three adapters) may not import each other.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("rowbatch.wire",),
+    ("rowbatch.consumer.section",),
     ("rowbatch.consumer.observe",),
     ("rowbatch.consumer.sources", "rowbatch.consumer.model", "rowbatch.consumer.sinks"),
     ("rowbatch.consumer.engine",),

@@ -44,7 +44,8 @@ from rowbatch.consumer.engine.pipeline import Pipeline, PipelineSettings
 from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.sinks.base import ResultRows
 from rowbatch.consumer.sources.base import DeadLetterReason, Delivery
-from rowbatch.consumer.sources.kafka import KafkaSource, KafkaSourceConfig
+from rowbatch.consumer.sources.kafka.settings import KafkaSettings
+from rowbatch.consumer.sources.kafka.source import KafkaSource
 from rowbatch.wire.chunks import encode_chunk
 from tests.unit.test_pipeline import FnModel
 
@@ -176,7 +177,7 @@ def kafka_source(**extra: Any) -> tuple[KafkaSource, dict[str, FakeConsumer]]:
         made["consumer"] = FakeConsumer(options)
         return made["consumer"]
 
-    config = KafkaSourceConfig(
+    config = KafkaSettings(
         bootstrap_servers="b:9092",
         topic=TOPIC,
         group_id="g",

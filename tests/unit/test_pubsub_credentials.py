@@ -20,21 +20,18 @@ from rowbatch.consumer.service import admin as service_admin
 from rowbatch.consumer.service import cli as consumer_cli
 from rowbatch.consumer.service import logs as consumer_logs
 from rowbatch.consumer.service.adapters import check_source_credentials
-from rowbatch.consumer.service.config import PubSubSettings
 from rowbatch.consumer.sources.base import SourceConfigError
-from rowbatch.consumer.sources.pubsub import (
-    PubSubCredentialsError,
-    PubSubPullSource,
-    PubSubPullSourceConfig,
-    check_credentials,
-)
 from rowbatch.consumer.sources.pubsub.admin import GooglePubSubAdmin
 from rowbatch.consumer.sources.pubsub.clients import (
+    check_credentials,
     client_address,
     default_async_subscriber,
     default_publisher,
     default_subscriber,
 )
+from rowbatch.consumer.sources.pubsub.errors import PubSubCredentialsError
+from rowbatch.consumer.sources.pubsub.pull import PubSubPullSource
+from rowbatch.consumer.sources.pubsub.settings import PubSubSettings
 from rowbatch.producer.cli import main as producer_main
 from rowbatch.producer.publishers import PublisherConfigError, PubSubPublisher
 from rowbatch.wire.pubsub_env import (
@@ -184,7 +181,7 @@ async def test_the_async_subscriber_without_credentials_raises_ours(bare_env: No
 
 def test_the_pull_source_without_credentials_raises_ours(bare_env: None) -> None:
     with pytest.raises(PubSubCredentialsError, match="project 'proj-a'"):
-        PubSubPullSource(PubSubPullSourceConfig(subscription=SUBSCRIPTION, dead_letter_topic=None))
+        PubSubPullSource(PubSubSettings(subscription=SUBSCRIPTION, dead_letter_topic=None))
 
 
 def test_the_service_checks_a_pubsub_source_only(bare_env: None) -> None:
@@ -243,7 +240,7 @@ def test_messages_name_the_emulator_not_googles_endpoint(monkeypatch: pytest.Mon
     monkeypatch.setenv("PUBSUB_EMULATOR_HOST", "127.0.0.1:8085")
     assert client_address(FakeTarget()) == "127.0.0.1:8085"
     source = PubSubPullSource(
-        PubSubPullSourceConfig(subscription=SUBSCRIPTION, dead_letter_topic=None),
+        PubSubSettings(subscription=SUBSCRIPTION, dead_letter_topic=None),
         subscriber=FakeTarget(),
     )
     assert source.host == "127.0.0.1:8085"

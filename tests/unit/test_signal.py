@@ -23,7 +23,7 @@ from rowbatch.consumer.observe.scaling import (
     steady_round,
 )
 from rowbatch.consumer.service.adapters import scaling_signal
-from rowbatch.consumer.service.source_config import KafkaSettings
+from rowbatch.consumer.sources.kafka.settings import KafkaSettings
 
 # --- the formula -----------------------------------------------------------------------------
 

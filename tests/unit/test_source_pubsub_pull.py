@@ -14,19 +14,16 @@ from typing import Any
 import pytest
 from google.api_core import exceptions as gexc
 from google.pubsub_v1 import types as pstypes
+from pydantic import ValidationError
 
 from rowbatch.consumer.service.adapters import make_source
-from rowbatch.consumer.service.config import PubSubSettings
 from rowbatch.consumer.sources.base import DeadLetterReason, Delivery, ReasonClass, Source
-from rowbatch.consumer.sources.pubsub import (
-    PubSubConfigError,
-    PubSubPullError,
-    PubSubPullSource,
-    PubSubPullSourceConfig,
-    PubSubSource,
-)
+from rowbatch.consumer.sources.pubsub.errors import PubSubPullError
 from rowbatch.consumer.sources.pubsub.id_batcher import IdBatcher
 from rowbatch.consumer.sources.pubsub.leases import LeaseBook
+from rowbatch.consumer.sources.pubsub.pull import PubSubPullSource
+from rowbatch.consumer.sources.pubsub.settings import PubSubSettings
+from rowbatch.consumer.sources.pubsub.streaming import PubSubSource
 from rowbatch.consumer.sources.pubsub.tasks import sleep_or_event
 
 SUB = "projects/p/subscriptions/sub"
@@ -166,11 +163,14 @@ async def make(time_: FakeTime, rpc: FakeRpc) -> AsyncIterator[Factory]:
             "subscription": SUB,
             "dead_letter_topic": None,
             "close_pull_wait_s": 0.0,
-            "consumer_version": "test",
             **overrides,
         }
         source = PubSubPullSource(
-            PubSubPullSourceConfig(**settings), rpc=rpc, clock=time_.clock, sleep=time_.sleep
+            PubSubSettings(**settings),
+            consumer_version="test",
+            rpc=rpc,
+            clock=time_.clock,
+            sleep=time_.sleep,
         )
         made.append(source)
         return source
@@ -212,7 +212,7 @@ async def test_deliveries_carry_the_message(make: Factory, rpc: FakeRpc) -> None
 async def test_acks_go_out_in_calls_of_at_most_ack_max_ids(
     make: Factory, rpc: FakeRpc, time_: FakeTime
 ) -> None:
-    source = make(ack_max_ids=100, ack_delay_s=3600, max_messages=1000)
+    source = make(ack_max_ids=100, ack_delay_ms=1000, max_messages=1000)
     rpc.publish(received(250))
     deliveries = await take(source.deliveries(), 250)
     for delivery in deliveries:
@@ -228,7 +228,7 @@ async def test_acks_go_out_in_calls_of_at_most_ack_max_ids(
 
 
 async def test_an_ack_waits_at_most_ack_delay(make: Factory, rpc: FakeRpc, time_: FakeTime) -> None:
-    source = make(ack_delay_s=0.01)
+    source = make(ack_delay_ms=10)
     rpc.publish(received(5))
     deliveries = await take(source.deliveries(), 5)
     for delivery in deliveries:
@@ -244,7 +244,7 @@ async def test_an_ack_waits_at_most_ack_delay(make: Factory, rpc: FakeRpc, time_
 async def test_nacks_are_batched_modify_ack_deadline_zero(
     make: Factory, rpc: FakeRpc, time_: FakeTime
 ) -> None:
-    source = make(ack_delay_s=0.01)
+    source = make(ack_delay_ms=10)
     rpc.publish(received(3))
     for delivery in await take(source.deliveries(), 3):
         await source.nack(delivery)
@@ -256,7 +256,7 @@ async def test_nacks_are_batched_modify_ack_deadline_zero(
 
 
 async def test_a_failed_ack_call_is_retried(make: Factory, rpc: FakeRpc, time_: FakeTime) -> None:
-    source = make(ack_delay_s=0.0)
+    source = make(ack_delay_ms=0)
     rpc.ack_errors = [err(gexc.ServiceUnavailable, "down"), err(gexc.DeadlineExceeded, "slow")]
     rpc.publish(received(2))
     for delivery in await take(source.deliveries(), 2):
@@ -272,7 +272,7 @@ async def test_a_failed_ack_call_is_retried(make: Factory, rpc: FakeRpc, time_: 
 async def test_a_rejected_ack_call_is_given_up_and_logged(
     make: Factory, rpc: FakeRpc, caplog: pytest.LogCaptureFixture
 ) -> None:
-    source = make(ack_delay_s=0.0)
+    source = make(ack_delay_ms=0)
     rpc.ack_errors = [err(gexc.InvalidArgument, "bad ack ids")]
     rpc.publish(received(1))
     [delivery] = await take(source.deliveries(), 1)
@@ -315,7 +315,7 @@ async def test_leases_are_extended_at_two_thirds_of_each_deadline(
     make: Factory, rpc: FakeRpc, time_: FakeTime
 ) -> None:
     # No check(): the subscription's ack deadline is taken as 10 s, the minimum.
-    source = make(lease_extension_s=60)
+    source = make(max_lease_extension_s=60)
     rpc.publish(received(3))
     deliveries = await take(source.deliveries(), 3)
     await source.ack(deliveries[0])
@@ -337,7 +337,7 @@ async def test_leases_are_extended_at_two_thirds_of_each_deadline(
 async def test_extensions_of_nearby_pulls_share_one_call(
     make: Factory, rpc: FakeRpc, time_: FakeTime
 ) -> None:
-    source = make(lease_extension_s=60, pull_concurrency=1)
+    source = make(max_lease_extension_s=60, pull_concurrency=1)
     iterator = source.deliveries()
     rpc.publish(received(2))
     await take(iterator, 2)
@@ -375,7 +375,7 @@ async def test_a_failed_extension_is_retried(
 async def test_leases_end_after_max_lease_duration(
     make: Factory, rpc: FakeRpc, time_: FakeTime, caplog: pytest.LogCaptureFixture
 ) -> None:
-    source = make(lease_extension_s=60, max_lease_duration_s=100)
+    source = make(max_lease_extension_s=60, max_lease_duration_s=100)
     rpc.publish(received(1))
     await take(source.deliveries(), 1)
     await time_.advance(6.7)  # extended to +60 s
@@ -392,7 +392,7 @@ async def test_leases_end_after_max_lease_duration(
 async def test_a_buffered_delivery_past_max_lease_duration_is_nacked(
     make: Factory, rpc: FakeRpc, time_: FakeTime
 ) -> None:
-    source = make(max_lease_duration_s=5, ack_delay_s=0)
+    source = make(max_lease_duration_s=5, ack_delay_ms=0)
     iterator = source.deliveries()
     rpc.publish(received(1))
     [first] = await take(iterator, 1)
@@ -417,7 +417,7 @@ async def test_a_buffered_delivery_past_max_lease_duration_is_nacked(
 async def test_flow_control_holds_at_max_messages(
     make: Factory, rpc: FakeRpc, time_: FakeTime
 ) -> None:
-    source = make(max_messages=10, pull_concurrency=2, ack_delay_s=0)
+    source = make(max_messages=10, pull_concurrency=2, ack_delay_ms=0)
     rpc.publish(received(40))
     iterator = source.deliveries()
     got = await take(iterator, 10)
@@ -440,7 +440,7 @@ async def test_flow_control_holds_at_max_messages(
 
 
 async def test_flow_control_by_bytes(make: Factory, rpc: FakeRpc) -> None:
-    source = make(max_bytes=1024, pull_concurrency=1, pull_max_messages=1, ack_delay_s=0)
+    source = make(max_bytes=1024, pull_concurrency=1, pull_max_messages=1, ack_delay_ms=0)
     rpc.publish(received(5, data=b"x" * 600))
     iterator = source.deliveries()
     first, _ = await take(iterator, 2)
@@ -488,7 +488,7 @@ async def test_pause_stops_pulling_and_yielding_while_leases_continue(
 async def test_a_keys_next_message_waits_until_the_previous_is_settled(
     make: Factory, rpc: FakeRpc, time_: FakeTime
 ) -> None:
-    source = make(ack_delay_s=0)
+    source = make(ack_delay_ms=0)
     iterator = source.deliveries()
     rpc.publish([*received(3, key="k"), *received(1, start=3, key="j"), *received(1, start=4)])
     got = await take(iterator, 3)
@@ -505,7 +505,7 @@ async def test_a_keys_next_message_waits_until_the_previous_is_settled(
 async def test_nacking_a_keyed_message_nacks_the_ones_behind_it(
     make: Factory, rpc: FakeRpc
 ) -> None:
-    source = make(ack_delay_s=0)
+    source = make(ack_delay_ms=0)
     iterator = source.deliveries()
     rpc.publish(received(3, key="k"))
     [first] = await take(iterator, 1)
@@ -522,7 +522,7 @@ async def test_nacking_a_keyed_message_nacks_the_ones_behind_it(
 async def test_close_nacks_everything_unsettled_and_sends_pending_acks(
     make: Factory, rpc: FakeRpc
 ) -> None:
-    source = make(ack_delay_s=3600, max_messages=6)
+    source = make(ack_delay_ms=1000, max_messages=6)
     iterator = source.deliveries()
     rpc.publish(received(8))
     handed = await take(iterator, 3)
@@ -586,7 +586,7 @@ async def test_a_cancel_while_sleep_or_event_tidies_up_is_not_lost(steps: int) -
 
 
 async def test_dead_letter_without_topic_nacks(make: Factory, rpc: FakeRpc) -> None:
-    source = make(ack_delay_s=0)
+    source = make(ack_delay_ms=0)
     rpc.publish(received(1))
     [delivery] = await take(source.deliveries(), 1)
     await source.dead_letter(delivery, DeadLetterReason(ReasonClass.UNDECODABLE, "bad"))
@@ -622,19 +622,19 @@ async def test_a_permanent_pull_error_ends_deliveries(make: Factory, rpc: FakeRp
 @pytest.mark.parametrize(
     ("overrides", "complaint"),
     [
-        ({"subscription": "subs/x"}, "subscription must be a full path"),
-        ({"dead_letter_topic": "t"}, "dead_letter_topic must be a full path"),
+        ({"subscription": "subs/x"}, r"subscription\n  String should match pattern"),
+        ({"dead_letter_topic": "t"}, r"dead_letter_topic\n  String should match pattern"),
         ({"max_messages": 0}, "max_messages"),
         ({"pull_concurrency": 0}, "pull_concurrency"),
         ({"ack_max_ids": 1001}, "ack_max_ids"),
-        ({"lease_extension_s": 5}, "lease_extension_s"),
+        ({"max_lease_extension_s": 5}, "max_lease_extension_s"),
         ({"max_lease_duration_s": 0}, "max_lease_duration_s"),
-        ({"ack_delay_s": -1}, "ack_delay_s"),
+        ({"ack_delay_ms": -1}, "ack_delay_ms"),
     ],
 )
 def test_config_rejects_bad_values(overrides: dict[str, Any], complaint: str) -> None:
-    with pytest.raises(PubSubConfigError, match=complaint):
-        PubSubPullSourceConfig(**{"subscription": SUB, "dead_letter_topic": None, **overrides})
+    with pytest.raises(ValidationError, match=complaint):
+        PubSubSettings(**{"subscription": SUB, "dead_letter_topic": None, **overrides})
 
 
 def test_lease_book_groups_and_drops() -> None:
@@ -661,7 +661,7 @@ async def test_make_source_picks_the_mode(monkeypatch: pytest.MonkeyPatch) -> No
     streaming = make_source(PubSubSettings.model_validate({**base, "mode": "streaming"}))
     try:
         assert isinstance(default, PubSubPullSource)
-        assert default.config.lease_extension_s == 60
+        assert default.config.max_lease_extension_s == 60
         assert isinstance(streaming, PubSubSource)
     finally:
         await default.close()

@@ -13,12 +13,12 @@ from typing import Any
 from aiokafka.errors import KafkaError
 
 from rowbatch.consumer.sources.kafka.causes import ConnectCauses, connect_causes
-from rowbatch.consumer.sources.kafka.config import KafkaSourceConfig
 from rowbatch.consumer.sources.kafka.errors import (
     KafkaConfigError,
     KafkaSourceError,
     KafkaUnreachable,
 )
+from rowbatch.consumer.sources.kafka.settings import KafkaSettings
 
 _LOG = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ class KafkaClients:
 
     def __init__(
         self,
-        config: KafkaSourceConfig,
+        config: KafkaSettings,
         *,
         consumer_factory: Callable[..., Any],
         producer_factory: Callable[..., Any],

@@ -18,12 +18,12 @@ from prometheus_client import CollectorRegistry
 
 from rowbatch.consumer.observe.lag import LagGauges, partition_lag
 from rowbatch.consumer.observe.scaling import ScalingGauges, ScalingSignal, SignalSettings, Window
-from rowbatch.consumer.sources.kafka.config import KafkaSourceConfig
+from rowbatch.consumer.sources.kafka.settings import KafkaSettings
 
 _LOG = logging.getLogger(__name__)
 
 
-def standalone_signal(config: KafkaSourceConfig, registry: CollectorRegistry) -> ScalingSignal:
+def standalone_signal(config: KafkaSettings, registry: CollectorRegistry) -> ScalingSignal:
     """A scaling signal of the source's own, with its gauges in ``registry``, for a source
     used without the consumer's pipeline (which otherwise shares one with it)."""
     settings = SignalSettings(
@@ -42,7 +42,7 @@ class LagMonitor:
 
     def __init__(
         self,
-        config: KafkaSourceConfig,
+        config: KafkaSettings,
         registry: CollectorRegistry,
         *,
         rows_per_record: Callable[[], float],

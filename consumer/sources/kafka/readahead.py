@@ -42,8 +42,8 @@ from aiokafka import TopicPartition
 from aiokafka.errors import ConsumerStoppedError, KafkaError
 
 from rowbatch.consumer.sources.base import SharedBudget
-from rowbatch.consumer.sources.kafka.config import KafkaSourceConfig
 from rowbatch.consumer.sources.kafka.records import Held, work_rows
+from rowbatch.consumer.sources.kafka.settings import KafkaSettings
 
 _LOG = logging.getLogger(__name__)
 
@@ -63,9 +63,7 @@ class ReadAhead:
     ``started_consumer()`` returns the aiokafka consumer once it is started (else None): its
     partitions are paused and resumed here."""
 
-    def __init__(
-        self, config: KafkaSourceConfig, started_consumer: Callable[[], Any | None]
-    ) -> None:
+    def __init__(self, config: KafkaSettings, started_consumer: Callable[[], Any | None]) -> None:
         self._config = config
         self._started_consumer = started_consumer
         self.buffer: deque[Held] = deque()

@@ -54,9 +54,9 @@ from rowbatch.consumer.sources.base import (
     SharedBudget,
     Withdraw,
     WorkBound,
+    package_version,
 )
 from rowbatch.consumer.sources.kafka.clients import KafkaClients
-from rowbatch.consumer.sources.kafka.config import KafkaSourceConfig
 from rowbatch.consumer.sources.kafka.dead_letters import dead_letter_headers, publish_dead_letter
 from rowbatch.consumer.sources.kafka.errors import DeadLetterFailed, KafkaConsumeError
 from rowbatch.consumer.sources.kafka.lag import LagMonitor, standalone_signal
@@ -64,6 +64,7 @@ from rowbatch.consumer.sources.kafka.partitions import Partitions, RebalanceList
 from rowbatch.consumer.sources.kafka.readahead import ReadAhead
 from rowbatch.consumer.sources.kafka.records import Held, to_delivery
 from rowbatch.consumer.sources.kafka.revoke import Revoker
+from rowbatch.consumer.sources.kafka.settings import KafkaSettings
 
 _LOG = logging.getLogger(__name__)
 
@@ -81,8 +82,9 @@ class KafkaSource:
 
     def __init__(
         self,
-        config: KafkaSourceConfig,
+        config: KafkaSettings,
         *,
+        consumer_version: str | None = None,
         registry: CollectorRegistry | None = None,
         consumer_factory: Callable[..., Any] | None = None,
         producer_factory: Callable[..., Any] | None = None,
@@ -90,6 +92,8 @@ class KafkaSource:
         signal: ScalingSignal | None = None,
     ) -> None:
         self.config = config
+        self.consumer_version = consumer_version or package_version()
+        """Written to ``rowbatch-dlq-consumer-version``."""
         self._on_dead_letter = on_dead_letter
         """Called once per dead letter the source sent on its own initiative (records whose
         headers are not UTF-8), after the broker confirmed it; not for ``dead_letter`` calls
@@ -188,7 +192,7 @@ class KafkaSource:
             delivery,
             reason,
             group_id=self.config.group_id,
-            consumer_version=self.config.consumer_version,
+            consumer_version=self.consumer_version,
         )
         await publish_dead_letter(
             self._ensure_producer,

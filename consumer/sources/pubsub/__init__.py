@@ -1,32 +1,5 @@
-"""The Google Cloud Pub/Sub source: unary pull (the default, ``PubSubPullSource``) or
-streaming pull (``PubSubSource``), with lease extension and dead letters published with their
-reason."""
-
-from rowbatch.consumer.sources.pubsub.clients import check_credentials
-from rowbatch.consumer.sources.pubsub.config import PubSubPullSourceConfig, PubSubSourceConfig
-from rowbatch.consumer.sources.pubsub.errors import (
-    DeadLetterFailed,
-    PubSubConfigError,
-    PubSubCredentialsError,
-    PubSubPullError,
-    PubSubSourceError,
-    PubSubStreamError,
-    PubSubUnreachable,
-)
-from rowbatch.consumer.sources.pubsub.pull import PubSubPullSource
-from rowbatch.consumer.sources.pubsub.streaming import PubSubSource
-
-__all__ = [
-    "DeadLetterFailed",
-    "PubSubConfigError",
-    "PubSubCredentialsError",
-    "PubSubPullError",
-    "PubSubPullSource",
-    "PubSubPullSourceConfig",
-    "PubSubSource",
-    "PubSubSourceConfig",
-    "PubSubSourceError",
-    "PubSubStreamError",
-    "PubSubUnreachable",
-    "check_credentials",
-]
+"""The Google Cloud Pub/Sub source: unary pull (the default, ``pull.PubSubPullSource``) or
+streaming pull (``streaming.PubSubSource``), with lease extension and dead letters published
+with their reason; both take ``settings.PubSubSettings``. Import a name from the module that
+defines it: this package re-exports nothing, so importing the settings costs no client
+library."""

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from google.api_core import exceptions as gexc
 
-from rowbatch.consumer.sources.pubsub.pull_rpc import RPC_CHUNK
+from rowbatch.consumer.sources.pubsub.settings import RPC_CHUNK
 from rowbatch.consumer.sources.pubsub.tasks import Clock, Sleep, sleep_or_event
 
 _LOG = logging.getLogger(__name__)

@@ -35,9 +35,13 @@ from collections.abc import Callable, Sequence
 from google.cloud import pubsub_v1
 from google.pubsub_v1.services.subscriber import SubscriberAsyncClient
 
-from rowbatch.consumer.sources.base import DeadLetterReason, Delivery, DeliveryIterator
+from rowbatch.consumer.sources.base import (
+    DeadLetterReason,
+    Delivery,
+    DeliveryIterator,
+    package_version,
+)
 from rowbatch.consumer.sources.pubsub.clients import client_address, default_subscriber
-from rowbatch.consumer.sources.pubsub.config import PubSubPullSourceConfig
 from rowbatch.consumer.sources.pubsub.dead_letters import DeadLetters
 from rowbatch.consumer.sources.pubsub.errors import PubSubPullError, not_held, warn_lease_lapsed
 from rowbatch.consumer.sources.pubsub.held import HeldDeliveries
@@ -50,6 +54,7 @@ from rowbatch.consumer.sources.pubsub.pull_rpc import (
     open_rpc,
 )
 from rowbatch.consumer.sources.pubsub.pulling import PullFlow, pull_loop
+from rowbatch.consumer.sources.pubsub.settings import PubSubSettings
 from rowbatch.consumer.sources.pubsub.source_base import PubSubSourceBase
 from rowbatch.consumer.sources.pubsub.tasks import Clock, Sleep, stop_tasks
 from rowbatch.wire.pubsub_env import project_of
@@ -68,12 +73,13 @@ class PubSubPullSource(PubSubSourceBase):
     ``clock`` (monotonic seconds) and ``sleep`` drive all lease and batching timing.
     Everything runs on the event loop's thread."""
 
-    config: PubSubPullSourceConfig
+    config: PubSubSettings
 
     def __init__(
         self,
-        config: PubSubPullSourceConfig,
+        config: PubSubSettings,
         *,
+        consumer_version: str | None = None,
         subscriber: pubsub_v1.SubscriberClient | None = None,
         publisher: pubsub_v1.PublisherClient | None = None,
         async_subscriber: SubscriberAsyncClient | None = None,
@@ -84,6 +90,7 @@ class PubSubPullSource(PubSubSourceBase):
         sleep: Sleep = asyncio.sleep,
     ) -> None:
         self.config = config
+        self.consumer_version = consumer_version or package_version()
         self._on_dead_letter = on_dead_letter
         """Same hook as the other sources'; this source sends no dead letter on its own."""
         self._clock = clock
@@ -97,7 +104,7 @@ class PubSubPullSource(PubSubSourceBase):
         self._dead_letters = DeadLetters(
             publisher,
             topic=config.dead_letter_topic,
-            consumer_version=config.consumer_version,
+            consumer_version=self.consumer_version,
             timeout_s=config.dead_letter_timeout_s,
         )
         target = client_address(self._subscriber) if self._subscriber is not None else "(test)"
@@ -109,7 +116,7 @@ class PubSubPullSource(PubSubSourceBase):
         self._leases = LeaseKeeper(
             self._modify_ack_deadline,
             subscription=config.subscription,
-            extension_s=config.lease_extension_s,
+            extension_s=config.max_lease_extension_s,
             max_duration_s=config.max_lease_duration_s,
             clock=clock,
             sleep=sleep,
@@ -117,7 +124,7 @@ class PubSubPullSource(PubSubSourceBase):
         self._settling = AckNackBatches(
             self._api,
             max_ids=config.ack_max_ids,
-            max_delay_s=config.ack_delay_s,
+            max_delay_s=config.ack_delay_ms / 1000,
             retry_s=config.rpc_retry_s,
             clock=clock,
             sleep=sleep,

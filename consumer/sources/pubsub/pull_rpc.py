@@ -19,9 +19,6 @@ PULL_TIMEOUT_S = 10.0
 """Client deadline of one Pull (a long poll on an empty subscription)."""
 RPC_TIMEOUT_S = 30.0
 """Client deadline of one Acknowledge or ModifyAckDeadline."""
-RPC_CHUNK = 1000
-"""Most ack ids in one Acknowledge/ModifyAckDeadline request (the request size limit is
-512 KB)."""
 
 ReceivedMessage = Any
 """``google.pubsub_v1.types.ReceivedMessage`` as a raw protobuf (``ReceivedMessage.pb``)."""

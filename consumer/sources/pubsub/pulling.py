@@ -17,11 +17,11 @@ from collections.abc import Callable, Sequence
 
 from google.api_core import exceptions as gexc
 
-from rowbatch.consumer.sources.pubsub.config import PubSubPullSourceConfig
 from rowbatch.consumer.sources.pubsub.errors import PubSubPullError
 from rowbatch.consumer.sources.pubsub.held import HeldDeliveries
 from rowbatch.consumer.sources.pubsub.id_batcher import TRANSIENT_ERRORS
 from rowbatch.consumer.sources.pubsub.pull_rpc import PullRpc, ReceivedMessage
+from rowbatch.consumer.sources.pubsub.settings import PubSubSettings
 from rowbatch.consumer.sources.pubsub.tasks import Clock, Sleep
 
 _LOG = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ class PullFlow:
 
     def __init__(
         self,
-        config: PubSubPullSourceConfig,
+        config: PubSubSettings,
         held: HeldDeliveries,
         unconfirmed: Callable[[], int],
     ) -> None:

@@ -4,38 +4,22 @@ its dead-letter attributes, and the start-up check of the subscription."""
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any
 
 from google.cloud import pubsub_v1
 
 from rowbatch.consumer.sources.base import DeadLetterReason, Delivery
 from rowbatch.consumer.sources.pubsub.dead_letters import DeadLetters, dead_letter_attributes
+from rowbatch.consumer.sources.pubsub.settings import PubSubSettings
 from rowbatch.consumer.sources.pubsub.startup_check import check_subscription
-
-
-class SubscriptionSettings(Protocol):
-    """The settings both sources' configurations have in common (what this base reads)."""
-
-    @property
-    def subscription(self) -> str: ...
-
-    @property
-    def dead_letter_topic(self) -> str | None: ...
-
-    @property
-    def max_delivery_attempts(self) -> int | None: ...
-
-    @property
-    def consumer_version(self) -> str: ...
-
-    @property
-    def check_timeout_s(self) -> float: ...
 
 
 class PubSubSourceBase:
     """Base of both Pub/Sub sources; each sets these attributes in its ``__init__``."""
 
-    config: SubscriptionSettings
+    config: PubSubSettings
+    consumer_version: str
+    """Written to ``rowbatch-dlq-consumer-version``."""
     host: str
     """Where the service is, for error messages."""
     _subscriber: pubsub_v1.SubscriberClient | None
@@ -50,7 +34,7 @@ class PubSubSourceBase:
         self, delivery: Delivery, reason: DeadLetterReason
     ) -> dict[str, str]:
         """The original attributes plus the ``rowbatch-dlq-*`` ones (ours win on a clash)."""
-        return dead_letter_attributes(delivery, reason, self.config.consumer_version)
+        return dead_letter_attributes(delivery, reason, self.consumer_version)
 
     @property
     def _sub(self) -> str:

@@ -64,11 +64,16 @@ from typing import Any
 
 from google.cloud import pubsub_v1
 
-from rowbatch.consumer.sources.base import DeadLetterReason, Delivery, DeliveryIterator
+from rowbatch.consumer.sources.base import (
+    DeadLetterReason,
+    Delivery,
+    DeliveryIterator,
+    package_version,
+)
 from rowbatch.consumer.sources.pubsub.clients import client_address, default_subscriber
-from rowbatch.consumer.sources.pubsub.config import PubSubSourceConfig
 from rowbatch.consumer.sources.pubsub.dead_letters import DeadLetters
 from rowbatch.consumer.sources.pubsub.errors import PubSubStreamError, not_held, warn_lease_lapsed
+from rowbatch.consumer.sources.pubsub.settings import PubSubSettings
 from rowbatch.consumer.sources.pubsub.source_base import PubSubSourceBase
 from rowbatch.consumer.sources.pubsub.streaming_shutdown import (
     nack_after_close,
@@ -98,19 +103,21 @@ class PubSubSource(PubSubSourceBase):
     iteration belong to the event loop's thread.
     """
 
-    config: PubSubSourceConfig
+    config: PubSubSettings
     _subscriber: pubsub_v1.SubscriberClient
 
     def __init__(
         self,
-        config: PubSubSourceConfig,
+        config: PubSubSettings,
         *,
+        consumer_version: str | None = None,
         subscriber: pubsub_v1.SubscriberClient | None = None,
         publisher: pubsub_v1.PublisherClient | None = None,
         host: str | None = None,
         on_dead_letter: Callable[[DeadLetterReason], None] | None = None,
     ) -> None:
         self.config = config
+        self.consumer_version = consumer_version or package_version()
         self._on_dead_letter = on_dead_letter
         """Called after a dead letter the source sent on its own initiative is confirmed (the
         same hook as ``KafkaSource``'s). This source sends none today: every dead letter
@@ -124,7 +131,7 @@ class PubSubSource(PubSubSourceBase):
         self._dead_letters = DeadLetters(
             publisher,
             topic=config.dead_letter_topic,
-            consumer_version=config.consumer_version,
+            consumer_version=self.consumer_version,
             timeout_s=config.dead_letter_timeout_s,
         )
         self.host = host if host is not None else client_address(self._subscriber)

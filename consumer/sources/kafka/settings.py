@@ -1,0 +1,230 @@
+"""The ``[source]`` settings of an Apache Kafka topic (``kind = "kafka"``): brokers, topic, group,
+commit/retry/rebalance timings, read-ahead bounds, SASL and TLS, the autoscaling figure's
+inputs, and what ``rowbatch-consumer admin ensure`` creates. The one settings type:
+``KafkaSource`` takes it as it is, and turns it into the options of its two aiokafka clients."""
+
+from __future__ import annotations
+
+import ssl
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, SecretStr, model_validator
+
+from rowbatch.consumer.section import MiB, Section
+from rowbatch.consumer.sources.kafka.errors import KafkaConfigError
+
+_DAY_MS = 24 * 3600 * 1000
+
+SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
+
+
+class KafkaSettings(Section):
+    """An Apache Kafka topic read as a consumer-group member (offsets committed by the
+    consumer, per partition, only below records that are written or dead-lettered). See
+    ``sources/kafka/source.py`` for how commits, rebalances, pauses and retries work."""
+
+    kind: Literal["kafka"] = "kafka"
+    bootstrap_servers: str = Field(min_length=1)
+    """``host:port[,host:port...]``."""
+    topic: str = Field(min_length=1)
+    group_id: str = Field(min_length=1)
+    dead_letter_topic: str | None = Field(default=None, min_length=1)
+    """Default: ``<topic>.dlq``. Must exist."""
+    max_delivery_attempts: int | None = Field(default=5, ge=1)
+    """Dead-letter a record (``too-many-attempts``) after this many local deliveries; nacked
+    records are re-delivered by this consumer with a growing delay (``redelivery_backoff_s``
+    doubling up to ``redelivery_backoff_max_s``). None: retry forever."""
+    redelivery_backoff_s: float = Field(default=1.0, gt=0)
+    redelivery_backoff_max_s: float = Field(default=30.0, gt=0)
+    commit_interval_s: float = Field(default=1.0, gt=0)
+    """How often completed offsets are committed (also on rebalance and shutdown)."""
+    commit_timeout_s: float = Field(default=10.0, gt=0)
+    """How long one offset commit may take (a revoke's commit included)."""
+    revoke_grace_s: float = Field(default=5.0, ge=0)
+    """On a rebalance, how long to wait for in-flight records of revoked partitions."""
+    session_timeout_ms: int = Field(default=10_000, ge=1000)
+    heartbeat_interval_ms: int = Field(default=3_000, ge=100)
+    max_poll_interval_ms: int = Field(default=300_000, ge=1000)
+    rebalance_timeout_ms: int = Field(default=30_000, ge=1000)
+    """Must exceed ``revoke_grace_s`` plus ``commit_timeout_s``, or a revoke would get this
+    member expelled from the group."""
+    auto_offset_reset: Literal["earliest", "latest"] = "earliest"
+    """Where a group without committed offsets starts."""
+    max_buffered_records: int = Field(default=2000, ge=1)
+    """Records fetched ahead of the pipeline; fetching pauses beyond this."""
+    max_buffered_rows: int | None = Field(default=None, ge=1)
+    """Rows fetched ahead of the pipeline (from each record's row count). None: two target
+    batches per request in flight (``model.batch_size`` x ``model.max_in_flight`` x 2), so a
+    rebalance finds a batch or two in hand, not the backlog."""
+    max_buffered_bytes: int = Field(default=64 * MiB, ge=1024)
+    """What records fetched ahead of the pipeline may cost (their bytes plus ~1 KB of objects
+    each, measured); fetching pauses beyond this. The read-ahead is also held in
+    ``budget_bytes`` and takes at most a quarter of it."""
+    max_partition_fetch_bytes: int = Field(default=MiB, ge=1024)
+    """At least the topic's ``max.message.bytes``."""
+    fetch_max_bytes: int = Field(default=16 * MiB, ge=1024)
+    """Most bytes one fetch response brings (aiokafka's ``fetch_max_bytes``)."""
+    max_poll_records: int = Field(default=500, ge=1)
+    """Most records taken from the client per poll (also bounded by the read-ahead room)."""
+    security_protocol: SecurityProtocol = "PLAINTEXT"
+    sasl_mechanism: SaslMechanism | None = None
+    """Required with ``SASL_PLAINTEXT``/``SASL_SSL``."""
+    sasl_plain_username: str | None = None
+    sasl_plain_password: SecretStr | None = None
+    ssl_cafile: Path | None = None
+    """CA bundle for the brokers' certificates (default: the system's)."""
+    ssl_certfile: Path | None = None
+    """Client certificate for mutual TLS (with ``ssl_keyfile``)."""
+    ssl_keyfile: Path | None = None
+    ssl_key_password: SecretStr | None = None
+    client_id: str = "rowbatch-consumer"
+    lag_interval_s: float = Field(default=5.0, gt=0)
+    """How often per-partition lag is measured and exported."""
+    target_latency_s: float = Field(default=20.0, gt=0)
+    """For ``rowbatch_desired_replicas``: how long the backlog may take to clear
+    (docs/autoscaling.md: 20 s holds a 30 s objective)."""
+    rows_per_s_per_replica: float | None = Field(default=None, gt=0)
+    """For ``rowbatch_desired_replicas``: what one replica sustains; None: measured while
+    the replica is saturated."""
+    rate_window_s: float = Field(default=60.0, gt=0)
+    """For ``rowbatch_desired_replicas``: the group's write rate is a mean over this span."""
+    max_replicas: int | None = Field(default=None, ge=1)
+    """For ``rowbatch_desired_replicas``: the most replicas worth asking for (what the model
+    servers can feed, ``ceil(server rows/s / rows_per_s_per_replica)``); the topic's partition
+    count caps it anyway. None: the partitions alone."""
+    dead_letter_timeout_s: float = Field(default=30.0, gt=0)
+    """How long a dead letter's produce may take to be acknowledged by the brokers (else the
+    record is nacked, not committed)."""
+    check_timeout_s: float = Field(default=10.0, gt=0)
+    """How long the start-up check (and a client's start) waits for the brokers."""
+    # What ``admin ensure`` creates and checks; the consumer itself does not read these.
+    partitions: int = Field(default=6, ge=1)
+    """The topic's partition count: also the most consumer replicas that get work (an
+    autoscaler's cap)."""
+    replication_factor: int = Field(default=3, ge=1, le=32767)
+    """Of the topic and its dead-letter topic (1 on a single-broker cluster)."""
+    retention_ms: int = Field(default=7 * _DAY_MS, ge=-1)
+    """``retention.ms`` of the topic and its dead-letter topic (-1: forever)."""
+    dead_letter_partitions: int = Field(default=1, ge=1)
+    """The dead-letter topic's partition count (dead letters are few)."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> KafkaSettings:
+        sasl = self.security_protocol.startswith("SASL_")
+        if sasl and (
+            self.sasl_mechanism is None
+            or not self.sasl_plain_username
+            or self.sasl_plain_password is None
+        ):
+            raise ValueError(
+                f"security_protocol {self.security_protocol} needs sasl_mechanism (PLAIN, "
+                f"SCRAM-SHA-256 or SCRAM-SHA-512), sasl_plain_username and sasl_plain_password"
+            )
+        if not sasl and self.sasl_mechanism is not None:
+            raise ValueError(
+                f"sasl_mechanism {self.sasl_mechanism} needs security_protocol SASL_PLAINTEXT "
+                f"or SASL_SSL, not {self.security_protocol}"
+            )
+        tls_files = [n for n in ("ssl_cafile", "ssl_certfile", "ssl_keyfile") if getattr(self, n)]
+        if tls_files and not self.tls:
+            raise ValueError(
+                f"{', '.join(tls_files)} need security_protocol SSL or SASL_SSL, "
+                f"not {self.security_protocol}"
+            )
+        if self.ssl_keyfile and not self.ssl_certfile:
+            raise ValueError("ssl_keyfile needs ssl_certfile")
+        if self.heartbeat_interval_ms >= self.session_timeout_ms:
+            raise ValueError(
+                f"heartbeat_interval_ms ({self.heartbeat_interval_ms}) must be below "
+                f"session_timeout_ms ({self.session_timeout_ms})"
+            )
+        revoke_ms = (self.revoke_grace_s + self.commit_timeout_s) * 1000
+        if revoke_ms >= self.rebalance_timeout_ms:
+            raise ValueError(
+                f"rebalance_timeout_ms ({self.rebalance_timeout_ms} ms) must exceed "
+                f"revoke_grace_s + commit_timeout_s ({revoke_ms / 1000:g} s), or a revoke "
+                f"would get this member expelled from the group"
+            )
+        if self.dead_letter_topic == self.topic:
+            raise ValueError(f"dead_letter_topic must differ from topic ({self.topic!r})")
+        return self
+
+    @property
+    def dlq_topic(self) -> str:
+        """The dead-letter topic: ``dead_letter_topic``, else ``<topic>.dlq``."""
+        return self.dead_letter_topic or f"{self.topic}.dlq"
+
+    @property
+    def tls(self) -> bool:
+        return self.security_protocol in ("SSL", "SASL_SSL")
+
+    def client_options(self) -> dict[str, Any]:
+        """What both aiokafka clients take: address, identity, security (secrets unwrapped);
+        ``KafkaConfigError`` when the TLS files cannot be used."""
+        options: dict[str, Any] = {
+            "bootstrap_servers": self.bootstrap_servers,
+            "client_id": self.client_id,
+            "security_protocol": self.security_protocol,
+        }
+        if self.security_protocol.startswith("SASL_"):
+            assert self.sasl_plain_password is not None  # checked above
+            options.update(
+                sasl_mechanism=self.sasl_mechanism,
+                sasl_plain_username=self.sasl_plain_username,
+                sasl_plain_password=self.sasl_plain_password.get_secret_value(),
+            )
+        if self.tls:
+            options["ssl_context"] = self._ssl_context()
+        return options
+
+    def _ssl_context(self) -> ssl.SSLContext:
+        from aiokafka.helpers import create_ssl_context  # noqa: PLC0415 (lazy: the client)
+
+        files = {
+            "ssl_cafile": self.ssl_cafile,
+            "ssl_certfile": self.ssl_certfile,
+            "ssl_keyfile": self.ssl_keyfile,
+        }
+        password = self.ssl_key_password
+        try:
+            context: ssl.SSLContext = create_ssl_context(
+                cafile=_text(self.ssl_cafile),
+                certfile=_text(self.ssl_certfile),
+                keyfile=_text(self.ssl_keyfile),
+                password=None if password is None else password.get_secret_value(),
+            )
+        except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+            named = ", ".join(f"{k}={v}" for k, v in files.items() if v) or "system CAs"
+            raise KafkaConfigError(f"cannot build the TLS context ({named}): {exc}") from exc
+        return context
+
+    def consumer_options(self) -> dict[str, Any]:
+        return {
+            **self.client_options(),
+            "group_id": self.group_id,
+            "enable_auto_commit": False,
+            "auto_offset_reset": self.auto_offset_reset,
+            "session_timeout_ms": self.session_timeout_ms,
+            "heartbeat_interval_ms": self.heartbeat_interval_ms,
+            "max_poll_interval_ms": self.max_poll_interval_ms,
+            "rebalance_timeout_ms": self.rebalance_timeout_ms,
+            "max_partition_fetch_bytes": self.max_partition_fetch_bytes,
+            "fetch_max_bytes": self.fetch_max_bytes,
+        }
+
+    def producer_options(self) -> dict[str, Any]:
+        return {
+            **self.client_options(),
+            "acks": "all",
+            "enable_idempotence": True,
+            # A dead letter is the original record plus ~1 KB of headers: let the broker
+            # (the dead-letter topic's max.message.bytes) be the judge, not the client.
+            "max_request_size": self.max_partition_fetch_bytes + 64 * 1024,
+            "request_timeout_ms": int(self.dead_letter_timeout_s * 1000),
+        }
+
+
+def _text(path: Path | None) -> str | None:
+    return None if path is None else str(path)
