@@ -20,7 +20,7 @@ rendered from it:
     <!-- /bench -->
 
 ``python -m bench.cite`` rewrites every block from its file; ``python -m bench.cite --check``
-(and ``tests/unit/test_bench_citations.py``) fails naming each block whose text differs from
+(and ``tests/unit/bench/test_cite.py``) fails naming each block whose text differs from
 what its file gives, or whose file is missing: a figure edited by hand, or a file removed,
 is caught.
 """

@@ -6,7 +6,8 @@
 # rowbatch alone; docs/architecture.md, "Layout"), so the editable install does not provide them.
 # Idempotent: rewrites the same line each time. The checkout's top-level consumer/, producer/ and
 # wire/ become importable under their folder names too; no code may import them so
-# (tests/unit/test_layout.py): they are rowbatch.consumer, rowbatch.producer and rowbatch.wire.
+# (tests/unit/project/test_layout.py): they are rowbatch.consumer, rowbatch.producer and
+# rowbatch.wire.
 # Usage: scripts/dev-path.sh VENV_PYTHON   (e.g. .venv/bin/python)
 set -euo pipefail
 python=${1:?usage: scripts/dev-path.sh VENV_PYTHON}

@@ -36,7 +36,7 @@ if [ ! -x /usr/lib/google-cloud-sdk/platform/pubsub-emulator/bin/cloud-pubsub-em
 fi
 
 command -v kubectl >/dev/null 2>&1 \
-  || say "kubectl absent: tests/unit/test_deploy_k8s.py (kubectl kustomize deploy/k8s) will be skipped, or fail where CI is set"
+  || say "kubectl absent: tests/unit/deploy/test_k8s.py (kubectl kustomize deploy/k8s) will be skipped, or fail where CI is set"
 
 stamp=.venv/.rowbatch-installed
 want=$(cat pyproject.toml | sha256sum | cut -c1-16)

@@ -14,10 +14,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 MESSAGE_OVERHEAD_BYTES = 1600
-"""Measured (tests/unit/test_memory_accounting.py), charged once per held message on top of
-its byte sizes: the ``Delivery`` and its strings, the source's record of it (Kafka: the
-``ConsumerRecord``, its ``_Held``, the unsettled-map and offset-tracker slots), the ledger
-``Entry`` and the batcher's pending entry, and the ``MessageRows`` with its dicts."""
+"""Measured (tests/unit/consumer/engine/test_memory_accounting.py), charged once per held
+message on top of its byte sizes: the ``Delivery`` and its strings, the source's record of it
+(Kafka: the ``ConsumerRecord``, its ``_Held``, the unsettled-map and offset-tracker slots), the
+ledger ``Entry`` and the batcher's pending entry, and the ``MessageRows`` with its dicts."""
 ATTRIBUTE_OVERHEAD_BYTES = 250
 """Per attribute/header, on top of twice its name and value lengths: it is held as bytes
 (the broker's record) and as ``str`` (``Delivery.attributes``), each an object and a slot."""

@@ -14,9 +14,9 @@ from rowbatch.wire.errors import WireError
 from rowbatch.wire.headers import H_ROW_COUNT, kafka_headers_to_attributes
 
 RECORD_OVERHEAD_BYTES = 800
-"""Measured (tests/unit/test_memory_accounting.py): a held record's objects besides its key,
-value and header bytes (the ``ConsumerRecord``, its headers list, the ``Held``, the buffer
-and offset-tracker slots)."""
+"""Measured (tests/unit/consumer/engine/test_memory_accounting.py): a held record's objects
+besides its key, value and header bytes (the ``ConsumerRecord``, its headers list, the ``Held``,
+the buffer and offset-tracker slots)."""
 HEADER_OVERHEAD_BYTES = 170
 """Per header: its tuple and the ``str``/``bytes`` objects of its name and value."""
 

@@ -1,0 +1,390 @@
+"""deploy/k8s, checked offline: every overlay renders with ``kubectl kustomize``, every rendered
+object validates against the Kubernetes 1.32 OpenAPI schemas (kubernetes-validate) or, for KEDA
+and Prometheus Operator objects, against the CRD schemas in deploy/k8s/schemas; and the facts
+that break deployments hold: the config the pods get loads, probes hit what the consumer
+serves, the grace period outlasts the drain, autoscaling metrics exist and stay within the
+partition count, and the targets follow from the measured throughput."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from rowbatch.consumer.model.endpoints import DnsName, parse_endpoints
+from rowbatch.consumer.observe.metrics import Metrics
+from rowbatch.consumer.service.config import ConsumerConfig, load_config
+from rowbatch.consumer.sources.kafka.settings import KafkaSettings
+from rowbatch.consumer.sources.pubsub.settings import PubSubSettings
+from tests.required_tools import require_tool
+
+ROOT = Path(__file__).resolve().parents[3]
+K8S = ROOT / "deploy" / "k8s"
+OVERLAYS = ("gke-pubsub", "kafka-keda", "triton")
+CONSUMER_OVERLAYS = ("gke-pubsub", "kafka-keda")
+K8S_VERSION = "1.32.0"
+CONFIG_PATH = "/etc/rowbatch/consumer.toml"
+
+# The autoscaling targets' inputs (docs/deploy.md "Autoscaling targets"): one replica's
+# measured end-to-end rows/s into PostgreSQL (docs/benchmarks.md, section 2), the share of it a
+# target may count on, the drain time each target aims at (docs/autoscaling.md: the latency
+# objective / 4 for KEDA's lag; twice the objective for the Pub/Sub backlog, only a backstop
+# next to rowbatch's load), and the rows per message the producers send; rowbatch's own
+# target_latency_s with the rate term, per broker.
+MEASURED_ROWS_PER_S = {"pubsub": 19_368, "kafka": 24_409}
+HEADROOM = 0.5
+LATENCY_OBJECTIVE_S = 30
+TARGET_DRAIN_S = {"pubsub": 2 * LATENCY_OBJECTIVE_S, "kafka": LATENCY_OBJECTIVE_S / 4}
+ROWS_PER_MESSAGE = 500
+TARGET_LATENCY_S = {"pubsub": 10, "kafka": 20}
+
+
+@pytest.fixture(autouse=True)
+def _kubectl() -> None:
+    require_tool(
+        "kubectl",
+        "the Kubernetes manifests (kubectl kustomize deploy/k8s)",
+        "install kubectl (kustomize is built in)",
+    )
+
+
+@cache
+def _render(where: str) -> tuple[dict[str, Any], ...]:
+    done = subprocess.run(
+        ["kubectl", "kustomize", str(K8S / (where if where == "base" else f"overlays/{where}"))],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return tuple(d for d in yaml.safe_load_all(done.stdout) if d)
+
+
+def _one(where: str, kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [
+        d
+        for d in _render(where)
+        if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)
+    ]
+    assert len(found) == 1, f"{where}: {len(found)} {kind} {name or ''}"
+    return found[0]
+
+
+def _container(workload: dict[str, Any]) -> dict[str, Any]:
+    containers: list[dict[str, Any]] = workload["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    return containers[0]
+
+
+def _secret_placeholder(key: str) -> str:
+    return "postgresql://rowbatch:secret@postgres:5432/rowbatch" if "dsn" in key else "secret"
+
+
+def _pod_config(where: str, kind: str, tmp_path: Path) -> ConsumerConfig:
+    """The configuration ``kind``'s pod loads: the ConfigMap's TOML as mounted, plus its
+    ``ROWBATCH_*`` env (Secret values replaced by placeholders), through the real loader."""
+    workload = _one(where, kind)
+    container = _container(workload)
+    volumes = {v["name"]: v for v in workload["spec"]["template"]["spec"]["volumes"]}
+    args = container["args"]
+    path = args[args.index("--config") + 1]
+    (mount,) = [m for m in container["volumeMounts"] if path.startswith(m["mountPath"] + "/")]
+    config_map = volumes[mount["name"]]["configMap"]["name"]
+    data = _one(where, "ConfigMap", config_map)["data"]
+    file = tmp_path / f"{where}-{kind}.toml"
+    file.write_text(data[path[len(mount["mountPath"]) + 1 :]])
+    with pytest.MonkeyPatch.context() as mp:
+        for var in container.get("env", []):
+            if "value" in var:
+                mp.setenv(var["name"], var["value"])
+            else:
+                mp.setenv(var["name"], _secret_placeholder(var["valueFrom"]["secretKeyRef"]["key"]))
+        return load_config(file)
+
+
+@cache
+def _crd_schema(api_version: str, kind: str) -> dict[str, Any]:
+    group, version = api_version.split("/")
+    schema: dict[str, Any] = json.loads(
+        (K8S / "schemas" / f"{group}_{kind.lower()}_{version}.json").read_text()
+    )
+    return schema
+
+
+@pytest.mark.parametrize("where", ["base", *OVERLAYS])
+def test_renders_and_validates_offline(where: str) -> None:
+    kinds = []
+    for doc in _render(where):
+        kinds.append(doc["kind"])
+        if doc["apiVersion"].split("/")[0] in ("keda.sh", "monitoring.coreos.com"):
+            schema = _crd_schema(doc["apiVersion"], doc["kind"])
+            jsonschema.Draft202012Validator.check_schema(schema)
+            errors = list(jsonschema.Draft202012Validator(schema).iter_errors(doc))
+            assert not errors, [f"{list(e.absolute_path)}: {e.message}" for e in errors]
+        else:
+            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    assert kinds
+
+
+def test_the_crd_schemas_reject_what_the_api_server_would() -> None:
+    """The vendored schemas are strict: an unknown field or a missing required one fails."""
+    so = _one("kafka-keda", "ScaledObject")
+    schema = _crd_schema(so["apiVersion"], so["kind"])
+    validator = jsonschema.Draft202012Validator(schema)
+    typo = json.loads(json.dumps(so))
+    typo["spec"]["maxReplicas"] = typo["spec"].pop("maxReplicaCount")
+    assert not validator.is_valid(typo)
+    missing = json.loads(json.dumps(so))
+    del missing["spec"]["triggers"]
+    assert not validator.is_valid(missing)
+
+
+@pytest.mark.parametrize("where", CONSUMER_OVERLAYS)
+def test_the_pods_configuration_loads(where: str, tmp_path: Path) -> None:
+    consumer = _pod_config(where, "Deployment", tmp_path)
+    admin = _pod_config(where, "Job", tmp_path)
+    assert consumer.model_dump() == admin.model_dump(), "admin ensure reads what consumers read"
+    assert consumer.server.host == "0.0.0.0"
+    assert consumer.sink.kind == "postgres"
+
+
+@pytest.mark.parametrize("where", CONSUMER_OVERLAYS)
+def test_probes_hit_what_the_consumer_serves(where: str, tmp_path: Path) -> None:
+    config = _pod_config(where, "Deployment", tmp_path)
+    container = _container(_one(where, "Deployment"))
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    served = (ROOT / "consumer" / "service" / "health.py").read_text()
+    for probe, path in (
+        ("startupProbe", "/healthz"),
+        ("livenessProbe", "/healthz"),
+        ("readinessProbe", "/readyz"),
+    ):
+        get = container[probe]["httpGet"]
+        assert get["path"] == path
+        assert f'path == "{path}"' in served
+        assert ports[get["port"]] == config.server.port
+    startup = container["startupProbe"]
+    allowed_s = startup["periodSeconds"] * startup["failureThreshold"]
+    assert allowed_s > config.model.startup_wait_s + config.sink.startup_wait_s, (
+        "the health server starts after the start-up waits: the startup probe must outlast them"
+    )
+
+
+@pytest.mark.parametrize("where", CONSUMER_OVERLAYS)
+def test_the_grace_period_outlasts_the_drain(where: str, tmp_path: Path) -> None:
+    config = _pod_config(where, "Deployment", tmp_path)
+    deployment = _one(where, "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    pre_stop = _container(deployment)["lifecycle"]["preStop"]["exec"]["command"]
+    assert pre_stop[0] == "sleep"
+    assert pod["terminationGracePeriodSeconds"] > float(pre_stop[1]) + config.shutdown_grace_s
+
+
+@pytest.mark.parametrize("where", CONSUMER_OVERLAYS)
+def test_pods_run_hardened_with_a_memory_limit_above_the_budget(where: str, tmp_path: Path) -> None:
+    config = _pod_config(where, "Deployment", tmp_path)
+    dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()
+    uid = int(re.search(r"^USER (\d+)$", dockerfile, re.MULTILINE).group(1))  # type: ignore[union-attr]
+    for kind in ("Deployment", "Job"):
+        workload = _one(where, kind)
+        pod = workload["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["runAsUser"] == uid
+        security = _container(workload)["securityContext"]
+        assert security["readOnlyRootFilesystem"] is True
+        assert security["allowPrivilegeEscalation"] is False
+        assert "/tmp" in [m["mountPath"] for m in _container(workload)["volumeMounts"]]
+    limits = _container(_one(where, "Deployment"))["resources"]["limits"]
+    assert limits["memory"].endswith("Mi")
+    assert int(limits["memory"][:-2]) * 2**20 >= config.budget_bytes + 256 * 2**20
+
+
+@pytest.mark.parametrize("where", CONSUMER_OVERLAYS)
+def test_the_job_runs_admin_ensure_and_the_deployment_the_images_command(where: str) -> None:
+    dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()
+    cmd = re.search(r"^CMD (\[.*\])$", dockerfile, re.MULTILINE)
+    assert cmd is not None
+    assert _container(_one(where, "Deployment"))["args"] == json.loads(cmd.group(1))
+    job = _one(where, "Job")
+    assert _container(job)["args"] == ["admin", "ensure", "--config", CONFIG_PATH]
+    assert job["spec"]["template"]["spec"]["restartPolicy"] in ("Never", "OnFailure")
+
+
+@pytest.mark.parametrize("where", CONSUMER_OVERLAYS)
+def test_monitoring_and_disruption_budget_select_the_consumer_pods(
+    where: str, tmp_path: Path
+) -> None:
+    config = _pod_config(where, "Deployment", tmp_path)
+    deployment = _one(where, "Deployment")
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    ports = {p["name"]: p["containerPort"] for p in _container(deployment)["ports"]}
+    for kind in ("PodMonitor", "PodDisruptionBudget"):
+        selector = _one(where, kind)["spec"]["selector"]["matchLabels"]
+        assert selector.items() <= labels.items()
+        job_labels = _one(where, "Job")["spec"]["template"]["metadata"]["labels"]
+        assert not selector.items() <= job_labels.items(), "the Job's pod is not a consumer"
+    (endpoint,) = _one(where, "PodMonitor")["spec"]["podMetricsEndpoints"]
+    assert ports[endpoint["port"]] == config.server.port
+    assert endpoint["path"] == "/metrics"
+    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/port"] == str(config.server.port)
+
+
+def _exported_metrics() -> set[str]:
+    return {family.name for family in Metrics().registry.collect()}
+
+
+def _target(broker: str) -> int:
+    """Messages (or records) per replica: what one replica clears in the target drain time,
+    to the nearest ten."""
+    per_replica = MEASURED_ROWS_PER_S[broker] * HEADROOM * TARGET_DRAIN_S[broker] / ROWS_PER_MESSAGE
+    return int(round(per_replica, -1))
+
+
+def test_the_targets_are_the_recommended_ones() -> None:
+    assert (_target("kafka"), _target("pubsub")) == (180, 1160)
+
+
+def test_the_targets_come_from_the_measured_figures() -> None:
+    """The per-replica rates behind the targets (an end-to-end run of 2026-12-01) are the ones
+    the recorded simulation states as its inputs, and docs/deploy.md derives the same."""
+    simulated = (ROOT / "bench" / "results" / "autoscale-sim-2026-12-02.txt").read_text()
+    deploy = (ROOT / "docs" / "deploy.md").read_text()
+    for broker, rows in MEASURED_ROWS_PER_S.items():
+        name = {"pubsub": "Pub/Sub", "kafka": "Kafka"}[broker]
+        assert re.search(rf"\b{rows:,} (rows/s )?\({name}", simulated), (
+            f"{rows:,} rows/s is not the recorded simulation's {name} rate"
+        )
+        assert f"{rows:,}" in deploy
+        assert f"**{_target(broker)}**" in deploy
+        assert f"{TARGET_DRAIN_S[broker]:g} s" in deploy
+
+
+def test_the_consumers_signal_settings_are_the_recommended_ones(tmp_path: Path) -> None:
+    for where, broker in (("gke-pubsub", "pubsub"), ("kafka-keda", "kafka")):
+        source = _pod_config(where, "Deployment", tmp_path).source
+        assert source.target_latency_s == TARGET_LATENCY_S[broker]
+        assert source.rows_per_s_per_replica == MEASURED_ROWS_PER_S[broker]
+    # the consumer's defaults are the same targets
+    assert PubSubSettings.model_fields["target_latency_s"].default == TARGET_LATENCY_S["pubsub"]
+    assert KafkaSettings.model_fields["target_latency_s"].default == TARGET_LATENCY_S["kafka"]
+
+
+def test_gke_hpa_scales_on_the_replica_load_with_the_backlog_as_backstop(tmp_path: Path) -> None:
+    config = _pod_config("gke-pubsub", "Deployment", tmp_path)
+    source = config.source
+    assert isinstance(source, PubSubSettings)
+    hpa = _one("gke-pubsub", "HorizontalPodAutoscaler")
+    assert hpa["apiVersion"] == "autoscaling/v2"
+    target = hpa["spec"]["scaleTargetRef"]
+    assert (target["kind"], target["name"]) == ("Deployment", "rowbatch-consumer")
+    assert "replicas" not in _one("gke-pubsub", "Deployment")["spec"], "the HPA owns it"
+    external, pods = hpa["spec"]["metrics"]
+    metric = external["external"]["metric"]
+    assert metric["name"] == "pubsub.googleapis.com|subscription|num_undelivered_messages"
+    subscription_id = source.subscription.rsplit("/", 1)[1]
+    assert metric["selector"]["matchLabels"] == {"resource.labels.subscription_id": subscription_id}
+    assert int(external["external"]["target"]["averageValue"]) == _target("pubsub")
+    # Each replica's share of the need, summed by the Pods metric's average: a target of 1
+    # per pod makes the HPA ask for ceil(sum of the shares).
+    prefix, name, kind = pods["pods"]["metric"]["name"].split("|")
+    assert (prefix, kind) == ("prometheus.googleapis.com", "gauge")
+    assert name in _exported_metrics(), f"{name} is not a metric the consumer exports"
+    assert name == "rowbatch_replica_load"
+    assert pods["pods"]["target"] == {"type": "AverageValue", "averageValue": "1"}
+    # The HPA's default scale-up (max(4 pods, 100 %) per 15 s), the simulator's recommendation.
+    up = hpa["spec"]["behavior"]["scaleUp"]
+    assert up["stabilizationWindowSeconds"] == 0
+    assert up.get("selectPolicy", "Max") == "Max"
+    policies = {(p["type"], p["value"], p["periodSeconds"]) for p in up["policies"]}
+    assert policies == {("Pods", 4, 15), ("Percent", 100, 15)}
+
+
+def test_gke_uses_workload_identity_in_the_configs_project(tmp_path: Path) -> None:
+    config = _pod_config("gke-pubsub", "Deployment", tmp_path)
+    assert isinstance(config.source, PubSubSettings)
+    project = config.source.subscription.split("/")[1]
+    for name in ("rowbatch-consumer", "rowbatch-admin"):
+        account = _one("gke-pubsub", "ServiceAccount", name)
+        gsa = account["metadata"]["annotations"]["iam.gke.io/gcp-service-account"]
+        assert gsa == f"{name}@{project}.iam.gserviceaccount.com"
+    pods = {
+        kind: _one("gke-pubsub", kind)["spec"]["template"]["spec"]["serviceAccountName"]
+        for kind in ("Deployment", "Job")
+    }
+    assert pods == {"Deployment": "rowbatch-consumer", "Job": "rowbatch-admin"}
+
+
+def test_keda_scales_on_the_groups_lag_capped_at_the_partitions(tmp_path: Path) -> None:
+    config = _pod_config("kafka-keda", "Deployment", tmp_path)
+    source = config.source
+    assert isinstance(source, KafkaSettings)
+    scaled = _one("kafka-keda", "ScaledObject")["spec"]
+    assert scaled["scaleTargetRef"]["name"] == "rowbatch-consumer"
+    assert "replicas" not in _one("kafka-keda", "Deployment")["spec"], "KEDA owns it"
+    assert scaled["maxReplicaCount"] <= source.partitions
+    (trigger,) = scaled["triggers"]
+    assert trigger["type"] == "kafka"
+    meta = trigger["metadata"]
+    assert meta["bootstrapServers"] == source.bootstrap_servers
+    assert meta["consumerGroup"] == source.group_id, "the group whose commits are the lag"
+    assert meta["topic"] == source.topic
+    assert meta["offsetResetPolicy"] == source.auto_offset_reset
+    # "true": KEDA reports the whole lag, not min(lag, partitions x lagThreshold), so the
+    # count can reach the partitions (maxReplicaCount still caps it there).
+    assert meta["allowIdleConsumers"] == "true"
+    assert scaled["maxReplicaCount"] == source.partitions
+    assert int(meta["lagThreshold"]) == _target("kafka")
+    keda_sasl = {
+        "PLAIN": "plaintext",
+        "SCRAM-SHA-256": "scram_sha256",
+        "SCRAM-SHA-512": "scram_sha512",
+    }
+    assert meta["sasl"] == keda_sasl[source.sasl_mechanism or ""]
+    assert (meta["tls"] == "enable") == (source.security_protocol in ("SSL", "SASL_SSL"))
+    auth = _one("kafka-keda", "TriggerAuthentication", trigger["authenticationRef"]["name"])
+    keys = {r["parameter"]: r["key"] for r in auth["spec"]["secretTargetRef"]}
+    env = {
+        v["name"]: v["valueFrom"]["secretKeyRef"]["key"]
+        for v in _container(_one("kafka-keda", "Deployment"))["env"]
+        if "valueFrom" in v
+    }
+    assert keys["username"] == env["ROWBATCH_SOURCE__SASL_PLAIN_USERNAME"]
+    assert keys["password"] == env["ROWBATCH_SOURCE__SASL_PLAIN_PASSWORD"]
+
+
+def test_triton_serves_the_model_url_from_a_gpu_pod_and_a_volume(tmp_path: Path) -> None:
+    service = _one("triton", "Service")
+    assert service["spec"]["clusterIP"] == "None", "headless: clients see every pod"
+    deployment = _one("triton", "Deployment")
+    assert service["spec"]["selector"].items() <= (
+        deployment["spec"]["template"]["metadata"]["labels"].items()
+    )
+    container = _container(deployment)
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    for where in CONSUMER_OVERLAYS:
+        (target,) = parse_endpoints(_pod_config(where, "Deployment", tmp_path).model.url).targets
+        # dns:///: every pod behind the headless Service, not one long connection to one pod
+        assert isinstance(target, DnsName)
+        assert target.name == service["metadata"]["name"]
+        (grpc,) = [p for p in service["spec"]["ports"] if p["port"] == target.port]
+        assert ports[grpc["targetPort"]] == target.port
+    resources = container["resources"]
+    assert resources["limits"]["nvidia.com/gpu"] == resources["requests"]["nvidia.com/gpu"] >= 1
+    (repository,) = [a for a in container["args"] if a.startswith("--model-repository=")]
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volume = mounts[repository.split("=", 1)[1]]
+    (spec,) = [v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == volume]
+    claim = spec["persistentVolumeClaim"]["claimName"]
+    assert _one("triton", "PersistentVolumeClaim", claim)
+    probe = container["readinessProbe"]["httpGet"]
+    assert (probe["path"], ports[probe["port"]]) == ("/v2/health/ready", 8000)

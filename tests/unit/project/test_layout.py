@@ -1,0 +1,193 @@
+"""The package layering of docs/architecture.md holds: no package imports one above it, the
+broker, model and sink adapters do not import each other, the producer and the consumer are
+siblings over the wire contract, and the wire contract imports nothing else of rowbatch. The
+installed package is ``rowbatch`` alone: its parts are the folders consumer/, producer/ and wire/
+linked in under rowbatch/, nothing in it imports the repository's harness, bench or tests, and
+no code anywhere imports the folders under their old top-level names (``consumer.x``), which
+would load a second copy of each module. The old alias modules of the wire contract are gone."""
+
+from __future__ import annotations
+
+import ast
+import os
+import sys
+from collections.abc import Collection, Iterable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+
+#: The repository folders the installed package ``rowbatch`` is made of (rowbatch/<name> links
+#: to ../<name>); harness/ and bench/ stay in the repository, out of the wheel.
+INSTALLED = ("consumer", "producer", "wire")
+DEV_ONLY = ("harness", "bench", "tests")
+
+#: Lowest first. A module may import its own layer's package or a lower layer, never a higher
+#: one; packages on the same layer (the three adapters) may not import each other.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("rowbatch.wire",),
+    ("rowbatch.consumer.section",),
+    ("rowbatch.consumer.observe",),
+    ("rowbatch.consumer.sources", "rowbatch.consumer.model", "rowbatch.consumer.sinks"),
+    ("rowbatch.consumer.engine",),
+    ("rowbatch.consumer.service",),
+    ("rowbatch.producer",),
+)
+
+
+def _package_of(module: str) -> str | None:
+    best: str | None = None
+    for layer in LAYERS:
+        for package in layer:
+            if (module == package or module.startswith(package + ".")) and (
+                best is None or len(package) > len(best)
+            ):
+                best = package
+    return best
+
+
+def _rank(package: str) -> int:
+    return next(i for i, layer in enumerate(LAYERS) if package in layer)
+
+
+def _module_name(path: Path) -> str:
+    """The installed name of a file of consumer/, producer/ or wire/ (``rowbatch.consumer.x``)."""
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(("rowbatch", *(parts[:-1] if parts[-1] == "__init__" else parts)))
+
+
+def _imports(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def _sources() -> list[Path]:
+    """The wheel's Python files, each once (from the real folders, not through rowbatch/'s
+    links)."""
+    return sorted(
+        [ROOT / "rowbatch" / "__init__.py"]
+        + [p for top in INSTALLED for p in (ROOT / top).rglob("*.py")]
+    )
+
+
+def _repository_python_files() -> list[Path]:
+    """Every .py file of the checkout but deploy/models (Triton's models, which import nothing of
+    rowbatch), venvs, build output and the links under rowbatch/ (their files are listed once,
+    under consumer/, producer/ and wire/)."""
+    found: list[Path] = []
+    for folder, dirs, files in os.walk(ROOT):  # does not descend into symlinked folders
+        here = Path(folder)
+        dirs[:] = [
+            d
+            for d in dirs
+            if not d.startswith(".")
+            and d not in {"build", "dist", "__pycache__", "node_modules"}
+            and not d.endswith(".egg-info")
+            and here / d != ROOT / "deploy" / "models"
+        ]
+        found.extend(here / f for f in files if f.endswith(".py"))
+    return sorted(found)
+
+
+def test_no_package_imports_one_above_it() -> None:
+    wrong: list[str] = []
+    for path in _sources():
+        module = _module_name(path)
+        own = _package_of(module)
+        if own is None:  # consumer/__init__.py, consumer/__main__.py: the top, free to import
+            continue
+        for imported in _imports(path):
+            other = _package_of(imported)
+            if other is None or other == own:
+                continue
+            if _rank(other) > _rank(own) or (_rank(other) == _rank(own) and other != own):
+                wrong.append(f"{module} imports {imported} ({other} is not below {own})")
+    assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_the_wire_contract_imports_nothing_of_rowbatch() -> None:
+    for path in (ROOT / "wire").rglob("*.py"):
+        for imported in _imports(path):
+            ours = imported.split(".")[0] in {"rowbatch", *INSTALLED, *DEV_ONLY}
+            contract = imported in {"rowbatch", "rowbatch.wire"} or imported.startswith(
+                "rowbatch.wire."
+            )
+            assert contract or not ours, f"{path.name} imports {imported}"
+
+
+def test_the_producer_and_the_consumer_are_siblings() -> None:
+    for own, other in (("producer", "consumer"), ("consumer", "producer")):
+        for path in (ROOT / own).rglob("*.py"):
+            for imported in _imports(path):
+                assert not imported.startswith(f"rowbatch.{other}"), (
+                    f"{path.relative_to(ROOT)} imports {imported}"
+                )
+
+
+def test_the_layering_sees_every_consumer_package() -> None:
+    packages = {
+        _module_name(p.parent) for p in (ROOT / "consumer").rglob("__init__.py") if p.parent.name
+    }
+    unplaced = {p for p in packages if p != "rowbatch.consumer" and _package_of(p) is None}
+    assert not unplaced
+
+
+def _importing(paths: Iterable[Path], names: Collection[str]) -> list[str]:
+    """``file imports module`` for each import in ``paths`` whose top-level name is in ``names``."""
+    return [
+        f"{path.relative_to(ROOT)} imports {imported}"
+        for path in paths
+        for imported in _imports(path)
+        if imported.split(".")[0] in names
+    ]
+
+
+def test_the_installed_package_imports_no_harness_bench_or_tests() -> None:
+    wrong = _importing(_sources(), DEV_ONLY)
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_code_imports_the_old_top_level_names() -> None:
+    """An ``import consumer`` (or ``producer``, ``wire``, or a module of theirs) would load the
+    folder a second time under its old name (the checkout is on the dev venv's path for harness
+    and bench), with classes that are not the ones ``rowbatch.consumer`` defines."""
+    wrong = _importing(_repository_python_files(), INSTALLED)
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_module_is_loaded_under_its_old_name() -> None:
+    """The same, at run time: whatever the tests imported so far, nothing came in as ``wire``,
+    ``consumer`` or ``producer`` (a string import, a subprocess-free plugin...)."""
+    import rowbatch.consumer.service.cli
+    import rowbatch.producer.cli  # noqa: F401
+
+    old = sorted(m for m in sys.modules if m.split(".")[0] in INSTALLED)
+    assert not old, old
+
+
+def test_rowbatch_links_the_repository_folders() -> None:
+    import rowbatch
+
+    for name in INSTALLED:
+        link = ROOT / "rowbatch" / name
+        assert link.is_symlink(), f"rowbatch/{name} is not a link"
+        assert str(link.readlink()) == f"../{name}", f"rowbatch/{name} -> {link.readlink()}"
+        assert (ROOT / name / "__init__.py").is_file()
+    assert {p.name for p in (ROOT / "rowbatch").iterdir()} <= {
+        *INSTALLED,
+        "__init__.py",
+        "py.typed",
+        "__pycache__",
+    }, "rowbatch/ holds only the package marker and the links"
+    assert Path(rowbatch.__file__).parent.resolve() == ROOT / "rowbatch"
+
+
+def test_the_contract_has_one_import_path() -> None:
+    """The old alias modules (producer.wire, producer.headers...) are gone: one name, one path."""
+    for name in ("wire", "errors", "headers", "columns", "codec_json", "codec_arrow"):
+        assert not (ROOT / "producer" / f"{name}.py").exists(), name
