@@ -18,15 +18,10 @@ from rowbatch.consumer.model.discovery import (
 )
 from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.observe.scaling import ScalingSignal, SignalSettings
-from rowbatch.consumer.service.config import (
-    ConsumerConfig,
-    ParquetSinkSettings,
-    PostgresSinkSettings,
-    SinkSettings,
-    SourceSettings,
-)
+from rowbatch.consumer.service.config import ConsumerConfig, SinkSettings, SourceSettings
 from rowbatch.consumer.service.startup import StartupError, StillUnavailable, wait_for
 from rowbatch.consumer.sinks.base import ColumnSpec, Sink, SinkUnavailable, TableSpec
+from rowbatch.consumer.sinks.settings import ParquetSinkSettings, PostgresSinkSettings
 from rowbatch.consumer.sources.base import Source
 from rowbatch.consumer.sources.kafka.settings import KafkaSettings
 from rowbatch.consumer.sources.pubsub.settings import PubSubSettings

@@ -23,9 +23,9 @@ from rowbatch.consumer.model.inference import (
     RetryPolicy,
 )
 from rowbatch.consumer.model.server_kind import describe_defaults
+from rowbatch.consumer.model.settings import ModelSettings
 from rowbatch.consumer.model.spec import SOURCE_NAMES
 from rowbatch.consumer.model.spec_match import same_spec
-from rowbatch.consumer.service.config import ModelSettings
 from rowbatch.consumer.service.startup import StartupError, StillUnavailable, wait_for
 
 

@@ -33,8 +33,9 @@ from harness.reference_models import score
 from harness.service import REPO_ROOT
 from harness.triton import TritonEndpoint
 from rowbatch.consumer.service.adapters import make_source
-from rowbatch.consumer.service.config import ConsumerConfig, PostgresSinkSettings
+from rowbatch.consumer.service.config import ConsumerConfig
 from rowbatch.consumer.service.runner import Running, run_consumer
+from rowbatch.consumer.sinks.settings import PostgresSinkSettings
 from rowbatch.consumer.sources.kafka.settings import KafkaSettings
 from rowbatch.consumer.sources.kafka.source import KafkaSource
 from rowbatch.wire.chunks import EncodedChunk, encode_chunk

@@ -32,7 +32,7 @@ from harness.proc import free_port
 from harness.pubsub import PubSubEndpoint
 from harness.service import REPO_ROOT
 from harness.triton import TritonEndpoint
-from rowbatch.consumer.service.config import PostgresSinkSettings
+from rowbatch.consumer.sinks.settings import PostgresSinkSettings
 from tests.integration.consumer_helpers import Topics
 from tests.integration.test_consumer_pubsub import scorer_chunks
 

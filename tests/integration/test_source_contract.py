@@ -34,7 +34,7 @@ import pytest
 from harness.kafka import KafkaEndpoint
 from harness.pubsub import PubSubEndpoint
 from rowbatch.consumer.service.adapters import make_source
-from rowbatch.consumer.service.config import KafkaSettings, PubSubSettings, SourceSettings
+from rowbatch.consumer.service.config import SourceSettings
 from rowbatch.consumer.sources.base import (
     DeadLetterReason,
     Delivery,
@@ -42,6 +42,8 @@ from rowbatch.consumer.sources.base import (
     Source,
     SourceConfigError,
 )
+from rowbatch.consumer.sources.kafka.settings import KafkaSettings
+from rowbatch.consumer.sources.pubsub.settings import PubSubSettings
 from rowbatch.wire.chunks import EncodedChunk, encode_chunk
 from rowbatch.wire.dead_letter import (
     ATTR_CODE,

@@ -10,12 +10,11 @@ from collections import defaultdict
 from pydantic import BaseModel
 
 from harness.service import REPO_ROOT
-from rowbatch.consumer.service.config import (
-    ConsumerConfig,
-    ModelSettings,
+from rowbatch.consumer.model.settings import ModelSettings
+from rowbatch.consumer.service.config import ConsumerConfig, ServerSettings
+from rowbatch.consumer.sinks.settings import (
     ParquetSinkSettings,
     PostgresSinkSettings,
-    ServerSettings,
     SqliteSinkSettings,
 )
 from rowbatch.consumer.sources.kafka.settings import KafkaSettings

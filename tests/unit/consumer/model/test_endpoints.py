@@ -18,8 +18,8 @@ from rowbatch.consumer.model.endpoints import (
     SystemResolver,
     parse_endpoints,
 )
+from rowbatch.consumer.model.settings import ModelSettings
 from rowbatch.consumer.model.spec_match import EndpointSpecMismatch, same_spec, spec_differences
-from rowbatch.consumer.service.config import ModelSettings
 
 
 @pytest.mark.parametrize(

@@ -17,8 +17,8 @@ from rowbatch.consumer.model.discovery import (
     target_batch_size,
 )
 from rowbatch.consumer.model.server_kind import OTHER, describe_defaults, server_kind
+from rowbatch.consumer.model.settings import ModelSettings
 from rowbatch.consumer.model.spec_match import EndpointSpecMismatch, same_spec
-from rowbatch.consumer.service.config import ModelSettings
 from rowbatch.consumer.service.model_wiring import (
     describe_batching,
     describe_origin,

@@ -18,6 +18,7 @@ from cryptography.x509.oid import NameOID
 
 from harness.consumer_process import to_toml
 from rowbatch.consumer.model.inference import InferenceClient
+from rowbatch.consumer.model.settings import ModelSettings
 from rowbatch.consumer.model.tls import (
     TARGET_NAME_OVERRIDE,
     TlsConfigError,
@@ -26,7 +27,7 @@ from rowbatch.consumer.model.tls import (
     describe_handshake_failure,
     handshake_failure,
 )
-from rowbatch.consumer.service.config import ConfigError, ModelSettings, load_config
+from rowbatch.consumer.service.config import ConfigError, load_config
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 
 from harness.service import REPO_ROOT
-from rowbatch.consumer.service.config import ConfigError, SqliteSinkSettings, load_config
+from rowbatch.consumer.service.config import ConfigError, load_config
+from rowbatch.consumer.sinks.settings import SqliteSinkSettings
 from rowbatch.consumer.sources.pubsub.settings import PubSubSettings
 
 EXAMPLE = REPO_ROOT / "deploy" / "consumer.example.toml"

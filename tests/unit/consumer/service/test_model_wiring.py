@@ -13,7 +13,7 @@ import pytest
 from rowbatch.consumer.model.balancer import Balancer
 from rowbatch.consumer.model.discovery import ModelNotFound, ModelSpec
 from rowbatch.consumer.model.endpoints import Address, Membership, parse_endpoints
-from rowbatch.consumer.service.config import ModelSettings
+from rowbatch.consumer.model.settings import ModelSettings
 from rowbatch.consumer.service.model_wiring import (
     check_endpoints,
     connector,

@@ -1,0 +1,54 @@
+"""The ``[sink]`` settings: the result table's store (``kind``: SQLite, PostgreSQL, Parquet) and
+how writes are retried and grouped. The sinks package owns them; the service only assembles them
+into the consumer's configuration."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, model_validator
+
+from rowbatch.consumer.section import Section
+
+
+class _SinkSection(Section):
+    backoff_initial_s: float = Field(default=0.2, gt=0)
+    """First wait after a transient sink failure (connection lost, database restarting,
+    serialization failure, object-store throttling); doubles up to ``backoff_max_s``. Writes
+    are retried for as long as the outage lasts, with consumption paused meanwhile."""
+    backoff_max_s: float = Field(default=5.0, gt=0)
+    startup_wait_s: float = Field(default=300.0, ge=0)
+    """How long start-up waits for an unreachable sink (retrying with backoff) before giving
+    up with an error."""
+    write_concurrency: int = Field(default=2, ge=1)
+    """Sink writes at once. Inference does not wait for writes: answered batches queue for
+    the writers (bounded by ``budget_bytes``) and are coalesced into one write."""
+    max_write_rows: int = Field(default=0, ge=0)
+    """Most rows coalesced into one sink write; 0: four target batches."""
+
+    @model_validator(mode="after")
+    def _backoff_order(self) -> _SinkSection:
+        if self.backoff_initial_s > self.backoff_max_s:
+            raise ValueError("sink.backoff_initial_s must not exceed sink.backoff_max_s")
+        return self
+
+
+class SqliteSinkSettings(_SinkSection):
+    kind: Literal["sqlite"] = "sqlite"
+    path: Path = Path("rowbatch-results.sqlite")
+    table: str = "results"
+
+
+class PostgresSinkSettings(_SinkSection):
+    kind: Literal["postgres"] = "postgres"
+    dsn: SecretStr
+    table: str = "results"
+    db_schema: str = "public"
+
+
+class ParquetSinkSettings(_SinkSection):
+    kind: Literal["parquet"] = "parquet"
+    url: str
+    """A local path or an object-store URL understood by pyarrow (``s3://``, ``gs://``)."""
+    table: str = "results"
