@@ -33,9 +33,10 @@ from rowbatch.producer.publishers.pubsub import (
     PubSubPublisher,
     pubsub_topic_path,
 )
-from rowbatch.producer.publishers.retry import RetryPolicy, Sleep
+from rowbatch.producer.publishers.retry import PublishRetry
 from rowbatch.producer.publishers.splitting import publish_rows, split_for
 from rowbatch.producer.publishers.window import PublishWindow
+from rowbatch.timing import Sleep
 
 __all__ = [
     "BrokerUnavailable",
@@ -48,11 +49,11 @@ __all__ = [
     "PubSubPublisher",
     "PublishError",
     "PublishFailed",
+    "PublishRetry",
     "PublishWindow",
     "PublishedChunk",
     "Publisher",
     "RawMessage",
-    "RetryPolicy",
     "Sleep",
     "TopicNotFound",
     "check_kafka_compression",

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-Clock = Callable[[], float]
+from rowbatch.timing import Clock
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import logging
 
-from rowbatch.consumer.engine.batcher import Batch, Batcher, Clock, Segment
+from rowbatch.consumer.engine.batcher import Batch, Batcher, Segment
 from rowbatch.consumer.engine.poison import isolate
 from rowbatch.consumer.engine.results import Answered
 from rowbatch.consumer.engine.settle import Settler
@@ -18,6 +18,7 @@ from rowbatch.consumer.model.answer import Answer
 from rowbatch.consumer.model.handler import ModelHandler
 from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.sources.base import DeadLetterReason, ReasonClass
+from rowbatch.timing import Clock
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ import asyncio
 import itertools
 from collections.abc import Callable, Sequence
 
-from rowbatch.consumer.engine.batcher import Batcher, Clock
+from rowbatch.consumer.engine.batcher import Batcher
 from rowbatch.consumer.engine.budget import ByteBudget, message_cost
 from rowbatch.consumer.engine.gate import Gate
 from rowbatch.consumer.engine.intake import Intake, MessageRows, PoisonMessage
@@ -26,6 +26,7 @@ from rowbatch.consumer.sources.base import (
     WithdrawsDeliveries,
     WorkBound,
 )
+from rowbatch.timing import Clock
 
 _INTAKE_YIELD_EVERY = 32
 """Intake yields to the event loop after this many messages in a row (and whenever the

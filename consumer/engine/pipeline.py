@@ -42,9 +42,9 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from rowbatch.consumer.engine.batcher import Batch, Batcher, Clock
+from rowbatch.consumer.engine.batcher import Batch, Batcher
 from rowbatch.consumer.engine.budget import ByteBudget
 from rowbatch.consumer.engine.gate import Gate
 from rowbatch.consumer.engine.inference_stage import InferenceStage
@@ -60,12 +60,13 @@ from rowbatch.consumer.engine.results import (
 from rowbatch.consumer.engine.settle import Settler
 from rowbatch.consumer.engine.watch import WATCH_INTERVAL_S, PipelineState, Watch
 from rowbatch.consumer.engine.write_stage import WriteStage
-from rowbatch.consumer.engine.writer import SinkBackoff, SinkWriter
+from rowbatch.consumer.engine.writer import SINK_BACKOFF, SinkWriter
 from rowbatch.consumer.model.handler import ModelHandler
 from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.observe.scaling import ScalingSignal
 from rowbatch.consumer.sinks.base import Sink
 from rowbatch.consumer.sources.base import Source, WorkBound
+from rowbatch.timing import Backoff, Clock
 
 __all__ = [
     "QUEUED_BATCHES_PER_REQUEST",
@@ -104,7 +105,7 @@ class PipelineSettings:
     """Batches are coalesced only while their outputs (``output_bytes_per_row`` a row) stay
     under this: a write's encoding buffers live outside the budget, so models with large
     outputs write batch by batch."""
-    sink_backoff: SinkBackoff = field(default_factory=SinkBackoff)
+    sink_backoff: Backoff = SINK_BACKOFF
     queued_rows: int = 0
     """Most rows queued for batching (taken in, not yet in a batch) before intake waits; a
     reading-ahead source holds no more than this either. 0: ``QUEUED_BATCHES_PER_REQUEST``

@@ -10,10 +10,10 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from rowbatch.consumer.engine.batcher import Clock
 from rowbatch.consumer.engine.ledger import Ledger
 from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.observe.scaling import ScalingSignal
+from rowbatch.timing import Clock
 
 log = logging.getLogger(__name__)
 

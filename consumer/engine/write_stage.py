@@ -13,7 +13,6 @@ import asyncio
 from collections import deque
 from collections.abc import Callable, Sequence
 
-from rowbatch.consumer.engine.batcher import Clock
 from rowbatch.consumer.engine.budget import ByteBudget
 from rowbatch.consumer.engine.ledger import Ledger
 from rowbatch.consumer.engine.results import Answered, write_cost
@@ -21,6 +20,7 @@ from rowbatch.consumer.engine.settle import Settler
 from rowbatch.consumer.engine.writer import SinkWriter
 from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.sources.base import DeadLetterReason, ReasonClass
+from rowbatch.timing import Clock
 
 
 class WriteStage:

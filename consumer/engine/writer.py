@@ -15,34 +15,19 @@ import asyncio
 import logging
 import random
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.sinks.base import ResultRows, RowsRejected, SinkUnavailable
+from rowbatch.timing import Backoff
 
 log = logging.getLogger(__name__)
 
+SINK_BACKOFF = Backoff(0.2, 5.0, jitter=0.3)
+"""The waits after a transient sink failure unless configured (``sink.backoff_*``)."""
+
 PartT = TypeVar("PartT")
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class SinkBackoff:
-    """The n-th wait after a transient sink failure: ``min(max_s, initial_s * 2**(n-1))``,
-    minus up to ``jitter`` of it at random."""
-
-    initial_s: float = 0.2
-    max_s: float = 5.0
-    jitter: float = 0.3
-
-    def __post_init__(self) -> None:
-        if not 0 < self.initial_s <= self.max_s or not 0 <= self.jitter <= 1:
-            raise ValueError(f"need 0 < initial_s <= max_s and 0 <= jitter <= 1: {self}")
-
-    def wait(self, attempt: int, rng: random.Random) -> float:
-        base = min(self.max_s, self.initial_s * 2 ** min(attempt - 1, 30))
-        return float(base * (1.0 - self.jitter * rng.random()))
 
 
 class SinkWriter(Generic[PartT]):
@@ -59,7 +44,7 @@ class SinkWriter(Generic[PartT]):
         build: Callable[[Sequence[PartT]], ResultRows],
         split: Callable[[PartT], list[PartT]],
         metrics: Metrics,
-        backoff: SinkBackoff | None = None,
+        backoff: Backoff | None = None,
         on_pause: Callable[[], None] = lambda: None,
         on_resume: Callable[[], None] = lambda: None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
@@ -69,7 +54,7 @@ class SinkWriter(Generic[PartT]):
         self._build = build
         self._split = split
         self._metrics = metrics
-        self._backoff = backoff or SinkBackoff()
+        self._backoff = backoff or SINK_BACKOFF
         self._on_pause = on_pause
         self._on_resume = on_resume
         self._sleep = sleep

@@ -285,7 +285,7 @@ class Balancer:
         if is_exhausted(exc):
             ep.exhaustions += 1
             ep.allowed = max(1, ep.allowed // 2)
-            ep.cool_until = self._clock() + self._timing.cooldown.backoff(ep.exhaustions, self._rng)
+            ep.cool_until = self._clock() + self._timing.cooldown.wait(ep.exhaustions, self._rng)
             if ep.exhaustions == 1:
                 log.warning(
                     "inference endpoint %s is overloaded (%s); sending it less", ep.address, exc

@@ -9,32 +9,33 @@ import asyncio
 import logging
 import random
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from rowbatch.consumer.model.discovery import ModelSpec
 from rowbatch.consumer.model.endpoint_state import Endpoint, EndpointClient, Health
-from rowbatch.consumer.model.inference.retry import RetryPolicy
 from rowbatch.consumer.model.spec_match import describe_mismatch, spec_differences
+from rowbatch.timing import Backoff
 
 log = logging.getLogger(__name__)
 
 
-def _policy(initial_s: float, max_s: float) -> RetryPolicy:
-    return RetryPolicy(initial_backoff_s=initial_s, max_backoff_s=max_s)
+_PROBE = Backoff(0.1, 1.0)
+_FLAP = Backoff(0.1, 10.0)
+_COOLDOWN = Backoff(0.05, 1.0)
 
 
 @dataclass(frozen=True)
 class HealthTiming:
     """How endpoints that are out are probed, and how long an overloaded one cools down."""
 
-    probe: RetryPolicy = field(default_factory=lambda: _policy(0.1, 1.0))
+    probe: Backoff = _PROBE
     """Waits between readiness probes of an endpoint that is out (so a restarted server is
     used again within about a second of answering ready)."""
-    flap: RetryPolicy = field(default_factory=lambda: _policy(0.1, 10.0))
+    flap: Backoff = _FLAP
     """Wait before the first probe after an endpoint was taken out the n-th time without an
     answer in between: one that answers ready but keeps failing is tried less and less often.
     Its maximum is also the wait between discoveries of an endpoint serving another spec."""
-    cooldown: RetryPolicy = field(default_factory=lambda: _policy(0.05, 1.0))
+    cooldown: Backoff = _COOLDOWN
     """No new request to an endpoint for this long after its n-th RESOURCE_EXHAUSTED in a row."""
     probe_timeout_s: float = 1.0
     discover_timeout_s: float = 10.0
@@ -90,10 +91,10 @@ class Prober:
 
     def _wait(self, ep: Endpoint, attempt: int) -> float:
         if ep.health is Health.MISMATCHED:
-            return self.timing.flap.max_backoff_s
+            return self.timing.flap.max_s
         if ep.health is Health.DOWN and attempt == 1:
-            return self.timing.flap.backoff(ep.strikes, self._rng)
-        return self.timing.probe.backoff(attempt, self._rng)
+            return self.timing.flap.wait(ep.strikes, self._rng)
+        return self.timing.probe.wait(attempt, self._rng)
 
     async def _discover(self, ep: Endpoint) -> str | None:
         """``None`` once ``ep`` serves the reference spec (its limit set); else why not."""

@@ -12,7 +12,6 @@ from typing import Literal
 from prometheus_client import CollectorRegistry
 
 from rowbatch.consumer import __version__
-from rowbatch.consumer.engine.writer import SinkBackoff
 from rowbatch.consumer.model.discovery import (
     ModelSpec,
 )
@@ -25,6 +24,7 @@ from rowbatch.consumer.sinks.settings import ParquetSinkSettings, PostgresSinkSe
 from rowbatch.consumer.sources.base import Source
 from rowbatch.consumer.sources.kafka.settings import KafkaSettings
 from rowbatch.consumer.sources.pubsub.settings import PubSubSettings
+from rowbatch.timing import Backoff
 from rowbatch.wire.columns import ColumnType
 from rowbatch.wire.pubsub_env import project_of
 
@@ -165,7 +165,7 @@ async def open_sink(
             what=f"sink ({settings.kind})",
             unavailable=SinkUnavailable,
             wait_s=settings.startup_wait_s,
-            backoff=SinkBackoff(settings.backoff_initial_s, settings.backoff_max_s),
+            backoff=Backoff(settings.backoff_initial_s, settings.backoff_max_s, jitter=0.3),
             setting="sink.startup_wait_s",
             sleep=sleep,
             clock=clock,

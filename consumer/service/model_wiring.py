@@ -9,7 +9,6 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
-from rowbatch.consumer.engine.writer import SinkBackoff
 from rowbatch.consumer.model.balancer import Balancer
 from rowbatch.consumer.model.discovery import (
     ModelServerUnavailable,
@@ -20,13 +19,13 @@ from rowbatch.consumer.model.endpoint_probe import HealthTiming
 from rowbatch.consumer.model.endpoints import Membership
 from rowbatch.consumer.model.inference import (
     InferenceClient,
-    RetryPolicy,
 )
 from rowbatch.consumer.model.server_kind import describe_defaults
 from rowbatch.consumer.model.settings import ModelSettings
 from rowbatch.consumer.model.spec import SOURCE_NAMES
 from rowbatch.consumer.model.spec_match import same_spec
 from rowbatch.consumer.service.startup import StartupError, StillUnavailable, wait_for
+from rowbatch.timing import Backoff
 
 
 def connector(settings: ModelSettings, membership: Membership) -> Callable[[str], InferenceClient]:
@@ -87,7 +86,7 @@ async def discover_endpoints_waiting(
             what=f"inference server {settings.url}",
             unavailable=ModelServerUnavailable,
             wait_s=settings.startup_wait_s,
-            backoff=SinkBackoff(settings.backoff_initial_s, settings.backoff_max_s),
+            backoff=Backoff(settings.backoff_initial_s, settings.backoff_max_s, jitter=0.3),
             setting="model.startup_wait_s",
             sleep=sleep,
             clock=clock,
@@ -115,9 +114,7 @@ def health_timing(settings: ModelSettings) -> HealthTiming:
     """Probes of endpoints that are out: readiness every 0.1 s doubling to 1 s; one that keeps
     failing once ready is probed later each time, from ``model.backoff_initial_s`` up to
     ``model.backoff_max_s``."""
-    flap = RetryPolicy(
-        initial_backoff_s=settings.backoff_initial_s, max_backoff_s=settings.backoff_max_s
-    )
+    flap = Backoff(settings.backoff_initial_s, settings.backoff_max_s)
     return HealthTiming(flap=flap)
 
 

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from rowbatch.consumer.engine.budget import ByteBudget
 from rowbatch.consumer.engine.intake import Intake, IntakeLimits
 from rowbatch.consumer.engine.pipeline import Pipeline, PipelineSettings
-from rowbatch.consumer.engine.writer import SinkBackoff
 from rowbatch.consumer.model.balancer import Balancer
 from rowbatch.consumer.model.binding import (
     Binding,
@@ -24,8 +23,8 @@ from rowbatch.consumer.model.discovery import (
 from rowbatch.consumer.model.endpoints import Membership
 from rowbatch.consumer.model.handler import OipHandler
 from rowbatch.consumer.model.inference import (
+    InferenceRetry,
     RetryingInferencer,
-    RetryPolicy,
     error_kind,
 )
 from rowbatch.consumer.model.spec_match import same_spec
@@ -56,6 +55,7 @@ from rowbatch.consumer.service.shutdown import (
 from rowbatch.consumer.service.startup import StartupError
 from rowbatch.consumer.sinks.base import Sink
 from rowbatch.consumer.sources.base import Source
+from rowbatch.timing import Backoff
 from rowbatch.wire.columns import ColumnType
 
 log = logging.getLogger(__name__)
@@ -133,9 +133,8 @@ async def run_consumer(
         pipeline: Pipeline
         inferencer = RetryingInferencer(  # backs off only when no endpoint is left to try
             balancer,
-            RetryPolicy(
-                initial_backoff_s=config.model.backoff_initial_s,
-                max_backoff_s=config.model.backoff_max_s,
+            InferenceRetry(
+                Backoff(config.model.backoff_initial_s, config.model.backoff_max_s),
                 client_timeout_s=config.model.timeout_s,
             ),
             on_backoff_start=lambda: pipeline.backoff_started(),  # noqa: PLW0108 (bound later)
@@ -165,7 +164,9 @@ async def run_consumer(
                 grace_s=config.shutdown_grace_s,
                 write_concurrency=config.sink.write_concurrency,
                 max_write_rows=config.sink.max_write_rows,
-                sink_backoff=SinkBackoff(config.sink.backoff_initial_s, config.sink.backoff_max_s),
+                sink_backoff=Backoff(
+                    config.sink.backoff_initial_s, config.sink.backoff_max_s, jitter=0.3
+                ),
             ),
             budget=ByteBudget(config.budget_bytes),
             metrics=metrics,

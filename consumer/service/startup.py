@@ -12,7 +12,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from rowbatch.consumer.engine.writer import SinkBackoff
+from rowbatch.timing import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ async def wait_for(
     what: str,
     unavailable: type[BaseException] | tuple[type[BaseException], ...],
     wait_s: float,
-    backoff: SinkBackoff,
+    backoff: Backoff,
     setting: str,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     clock: Callable[[], float] = time.monotonic,

@@ -8,14 +8,14 @@ from collections.abc import Callable
 from typing import Any
 
 from rowbatch.producer.cli.running import UsageError
-from rowbatch.producer.publishers import KafkaPublisher, Publisher, PubSubPublisher, RetryPolicy
+from rowbatch.producer.publishers import KafkaPublisher, Publisher, PublishRetry, PubSubPublisher
 
 PublisherFactory = Callable[[argparse.Namespace], Publisher]
 
 
 def make_publisher(opts: argparse.Namespace) -> Publisher:
     """The publisher the options describe (not started)."""
-    retry = RetryPolicy(attempts=opts.retries)
+    retry = PublishRetry(attempts=opts.retries)
     if opts.broker == "pubsub":
         if opts.compression != "none":
             raise UsageError("--compression is for Kafka; Pub/Sub compresses on the wire itself")

@@ -11,10 +11,11 @@ from collections.abc import Callable
 from typing import TextIO
 
 from rowbatch.producer.cli.parser import ENCODINGS
-from rowbatch.producer.cli.running import Outcome, Sleep, Submit, Tally, UsageError, run_to_outcome
+from rowbatch.producer.cli.running import Outcome, Submit, Tally, UsageError, run_to_outcome
 from rowbatch.producer.loadgen import LoadSpec, Manifest, RateLimiter, publish_load
 from rowbatch.producer.progress import Progress
 from rowbatch.producer.publishers import Publisher
+from rowbatch.timing import Sleep
 from rowbatch.wire.errors import WireError
 from rowbatch.wire.headers import check_table
 

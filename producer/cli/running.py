@@ -20,7 +20,6 @@ from rowbatch.producer.publishers import (
 from rowbatch.producer.readers import InputError
 
 Submit = Callable[[Message, int | None], Awaitable[None]]
-Sleep = Callable[[float], Awaitable[None]]
 
 
 class UsageError(Exception):
@@ -149,7 +148,6 @@ def summarize(
 __all__ = [
     "Outcome",
     "RunFailed",
-    "Sleep",
     "Submit",
     "Tally",
     "UsageError",

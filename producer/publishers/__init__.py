@@ -6,7 +6,7 @@ Both publishers
 - check at :meth:`~Publisher.start` that the broker answers (within ``connect_timeout_s``, else
   :class:`BrokerUnavailable` naming the address) and that the topic exists (else
   :class:`TopicNotFound` naming the topic);
-- retry transient errors with tenacity (bounded by :class:`RetryPolicy`: attempts and seconds)
+- retry transient errors with tenacity (bounded by :class:`PublishRetry`: attempts and seconds)
   and raise permanent ones as :class:`PublishFailed` naming the topic and the chunk id;
 - re-send a chunk with the same payload and chunk id on retry, so the consumer, which keys its
   results by chunk id, writes each row once even when a retry duplicates a message;
@@ -49,9 +49,10 @@ from rowbatch.producer.publishers.pubsub import (
     PubSubPublisher,
     pubsub_topic_path,
 )
-from rowbatch.producer.publishers.retry import RetryPolicy, Sleep
+from rowbatch.producer.publishers.retry import PublishRetry
 from rowbatch.producer.publishers.splitting import publish_rows, split_for
 from rowbatch.producer.publishers.window import PublishWindow
+from rowbatch.timing import Sleep
 
 __all__ = [
     "BrokerUnavailable",
@@ -64,12 +65,12 @@ __all__ = [
     "PubSubPublisher",
     "PublishError",
     "PublishFailed",
+    "PublishRetry",
     "PublishWindow",
     "PublishedChunk",
     "Publisher",
     "PublisherConfigError",
     "RawMessage",
-    "RetryPolicy",
     "Sleep",
     "StartClose",
     "TopicNotFound",

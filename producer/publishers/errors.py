@@ -4,7 +4,7 @@ two failures every adapter words alike (a chunk refused, a chunk unanswered thro
 
 from __future__ import annotations
 
-from rowbatch.producer.publishers.retry import RetryPolicy
+from rowbatch.producer.publishers.retry import PublishRetry
 
 
 class PublishError(Exception):
@@ -69,7 +69,7 @@ def unanswered(
     exc: BaseException,
     *,
     verb: str,
-    retry: RetryPolicy,
+    retry: PublishRetry,
     topic: str,
     address: str,
 ) -> BrokerUnavailable:

@@ -28,7 +28,8 @@ from rowbatch.producer.publishers.errors import (
     unanswered,
 )
 from rowbatch.producer.publishers.messages import Message, chunk_id_of, message_size
-from rowbatch.producer.publishers.retry import RetryPolicy, Sleep, make_retrying
+from rowbatch.producer.publishers.retry import PublishRetry, make_retrying
+from rowbatch.timing import Sleep
 from rowbatch.wire.chunks import KAFKA_DEFAULT_MAX_MESSAGE_BYTES
 from rowbatch.wire.headers import H_CHUNK_ID, H_ORDERING_KEY
 
@@ -93,7 +94,7 @@ class KafkaPublisher(StartClose):
         linger_ms: int = 5,
         request_timeout_ms: int = 30_000,
         connect_timeout_s: float = 10.0,
-        retry: RetryPolicy | None = None,
+        retry: PublishRetry | None = None,
         client_id: str = "rowbatch-producer",
         sleep: Sleep = asyncio.sleep,
         producer_factory: Callable[..., Any] | None = None,
@@ -111,7 +112,7 @@ class KafkaPublisher(StartClose):
         self._linger_ms = linger_ms
         self._request_timeout_ms = request_timeout_ms
         self._connect_timeout_s = connect_timeout_s
-        self._retry = retry or RetryPolicy()
+        self._retry = retry or PublishRetry()
         self._client_id = client_id
         self._sleep = sleep
         self._factory = producer_factory

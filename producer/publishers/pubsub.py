@@ -41,7 +41,8 @@ from rowbatch.producer.publishers.errors import (
     unanswered,
 )
 from rowbatch.producer.publishers.messages import Message, chunk_id_of, message_size
-from rowbatch.producer.publishers.retry import RetryPolicy, Sleep, make_retrying
+from rowbatch.producer.publishers.retry import PublishRetry, make_retrying
+from rowbatch.timing import Sleep
 from rowbatch.wire.chunks import PUBSUB_MAX_MESSAGE_BYTES
 from rowbatch.wire.headers import H_ORDERING_KEY
 from rowbatch.wire.pubsub_env import (
@@ -154,7 +155,7 @@ class PubSubPublisher(StartClose):
         flow_control: PubSubFlowControl | None = None,
         ordering: bool = False,
         max_message_bytes: int = PUBSUB_MAX_MESSAGE_BYTES,
-        retry: RetryPolicy | None = None,
+        retry: PublishRetry | None = None,
         connect_timeout_s: float = 10.0,
         rpc_timeout_s: float = 60.0,
         sleep: Sleep = asyncio.sleep,
@@ -173,7 +174,7 @@ class PubSubPublisher(StartClose):
         self._flow = flow_control or PubSubFlowControl()
         self._ordering = ordering
         self._max_message_bytes = max_message_bytes
-        self._retry = retry or RetryPolicy()
+        self._retry = retry or PublishRetry()
         self._connect_timeout_s = connect_timeout_s
         self._rpc_timeout_s = rpc_timeout_s
         self._sleep = sleep

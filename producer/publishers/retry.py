@@ -1,10 +1,11 @@
-"""Retrying transient broker errors: the bounds (:class:`RetryPolicy`) and the tenacity loop
+"""Retrying transient broker errors: the bounds (:class:`PublishRetry`) and the tenacity loop
 both publishers run a send in, which logs each failed attempt."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+import random
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tenacity import (
@@ -13,24 +14,25 @@ from tenacity import (
     retry_if_exception,
     stop_after_attempt,
     stop_after_delay,
-    wait_exponential,
-    wait_random,
 )
+
+from rowbatch.timing import Backoff, BackoffWait, Sleep
 
 log = logging.getLogger(__name__)
 
-Sleep = Callable[[float], Awaitable[None]]
+
+PUBLISH_BACKOFF = Backoff(0.2, 5.0, jitter=0.5)
+"""The waits between publish attempts unless given."""
 
 
 @dataclass(frozen=True)
-class RetryPolicy:
-    """Retries of transient errors: at most ``attempts`` tries within ``max_seconds``, with
-    exponential backoff and jitter between ``initial_backoff_s`` and ``max_backoff_s``."""
+class PublishRetry:
+    """Retries of transient errors: at most ``attempts`` tries within ``max_seconds``, waiting
+    ``backoff`` (exponential, with jitter) between them."""
 
     attempts: int = 5
     max_seconds: float = 120.0
-    initial_backoff_s: float = 0.2
-    max_backoff_s: float = 5.0
+    backoff: Backoff = PUBLISH_BACKOFF
 
     def __post_init__(self) -> None:
         if self.attempts < 1:
@@ -38,7 +40,7 @@ class RetryPolicy:
 
 
 def make_retrying(
-    policy: RetryPolicy,
+    policy: PublishRetry,
     transient: Callable[[BaseException], bool],
     sleep: Sleep,
     describe: Callable[[], str],
@@ -58,8 +60,7 @@ def make_retrying(
 
     return AsyncRetrying(
         stop=stop_after_attempt(policy.attempts) | stop_after_delay(policy.max_seconds),
-        wait=wait_exponential(multiplier=policy.initial_backoff_s, max=policy.max_backoff_s)
-        + wait_random(0, policy.initial_backoff_s),
+        wait=BackoffWait(policy.backoff, random.Random()),  # noqa: S311 (jitter, not secrets)
         retry=retry_if_exception(transient),
         reraise=True,
         sleep=sleep,
@@ -67,4 +68,4 @@ def make_retrying(
     )
 
 
-__all__ = ["RetryPolicy", "Sleep", "make_retrying"]
+__all__ = ["PublishRetry", "Sleep", "make_retrying"]

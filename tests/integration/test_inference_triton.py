@@ -32,12 +32,13 @@ from rowbatch.consumer.model.discovery import (
 from rowbatch.consumer.model.inference import (
     FatalInferenceError,
     InferenceClient,
+    InferenceRetry,
     PoisonInferenceError,
     RetryableInferenceError,
     RetryingInferencer,
-    RetryPolicy,
 )
 from rowbatch.consumer.model.tensors import build_inputs
+from rowbatch.timing import Backoff
 from rowbatch.wire.columns import INT64, STRING, ColumnType
 
 EMBED_BINDING = Binding({"text": "TEXT"}, {"EMBEDDING": "embedding"}, ("id",))
@@ -243,7 +244,7 @@ async def test_retries_through_an_outage(chaos: InferenceClient, chaos_control: 
     events: list[tuple[str, float]] = []
     inferencer = RetryingInferencer(
         chaos,
-        RetryPolicy(initial_backoff_s=0.1, max_backoff_s=0.5, client_timeout_s=10.0),
+        InferenceRetry(Backoff(0.1, 0.5), client_timeout_s=10.0),
         on_backoff_start=lambda: events.append(("start", time.time())),
         on_backoff_end=lambda: events.append(("end", time.time())),
     )

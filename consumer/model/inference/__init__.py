@@ -39,7 +39,7 @@ from rowbatch.consumer.model.inference.errors import (
     grpc_status,
     is_exhausted,
 )
-from rowbatch.consumer.model.inference.retry import Inferencer, RetryingInferencer, RetryPolicy
+from rowbatch.consumer.model.inference.retry import Inferencer, InferenceRetry, RetryingInferencer
 
 __all__ = [
     "MAX_GRPC_MESSAGE_BYTES",
@@ -47,9 +47,9 @@ __all__ = [
     "FatalInferenceError",
     "InferenceClient",
     "InferenceError",
+    "InferenceRetry",
     "Inferencer",
     "PoisonInferenceError",
-    "RetryPolicy",
     "RetryableInferenceError",
     "RetryingInferencer",
     "classify",

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import random
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -15,10 +14,10 @@ from typing import Any, Protocol
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 from tenacity.stop import stop_after_attempt, stop_base, stop_never
-from tenacity.wait import wait_base
 
 from rowbatch.consumer.model.answer import Answer
 from rowbatch.consumer.model.inference.errors import InferenceError, RetryableInferenceError
+from rowbatch.timing import Backoff, BackoffWait
 
 log = logging.getLogger(__name__)
 
@@ -32,57 +31,27 @@ class Inferencer(Protocol):
     ) -> Answer: ...
 
 
-@dataclass(frozen=True)
-class RetryPolicy:
-    """Backoff for transient failures: the n-th wait is
-    ``min(max_backoff_s, initial_backoff_s * multiplier**(n-1))``, of which the ``jitter``
-    fraction is random (``1.0``: anywhere from 0 to the full wait; ``0.0``: none)."""
+INFERENCE_BACKOFF = Backoff(0.1, 10.0)
+"""The waits between retries of a transient inference failure unless configured
+(``model.backoff_*``)."""
 
-    initial_backoff_s: float = 0.1
-    max_backoff_s: float = 10.0
-    multiplier: float = 2.0
-    jitter: float = 0.5
+
+@dataclass(frozen=True)
+class InferenceRetry:
+    """How a transient inference failure is retried: waits of ``backoff``, forever unless
+    ``max_attempts`` is set, each request bounded by ``client_timeout_s``."""
+
+    backoff: Backoff = INFERENCE_BACKOFF
     max_attempts: int | None = None
     """``None``: transient failures never give up (only cancellation stops the retries)."""
     client_timeout_s: float | None = 60.0
     """Deadline of each request; running past it is DEADLINE_EXCEEDED, hence retried."""
 
     def __post_init__(self) -> None:
-        if not 0 < self.initial_backoff_s <= self.max_backoff_s:
-            raise ValueError(
-                "need 0 < initial_backoff_s <= max_backoff_s, got "
-                f"{self.initial_backoff_s} and {self.max_backoff_s}"
-            )
-        if self.multiplier < 1.0 or not 0.0 <= self.jitter <= 1.0:
-            raise ValueError(f"need multiplier >= 1 and 0 <= jitter <= 1: {self}")
         if self.max_attempts is not None and self.max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1 or None, not {self.max_attempts}")
         if self.client_timeout_s is not None and self.client_timeout_s <= 0:
             raise ValueError(f"client_timeout_s must be > 0 or None: {self.client_timeout_s}")
-
-    def backoff(self, attempt: int, rng: random.Random) -> float:
-        """Seconds to wait after the ``attempt``-th failed attempt (1-based)."""
-        # Cap the exponent where the wait reaches its maximum: after hours of retries
-        # multiplier**n would overflow a float.
-        exponent = min(attempt - 1, self._max_exponent)
-        base = min(self.max_backoff_s, self.initial_backoff_s * self.multiplier**exponent)
-        return base * (1.0 - self.jitter * rng.random())
-
-    @property
-    def _max_exponent(self) -> int:
-        if self.multiplier == 1.0:
-            return 0
-        ratio = self.max_backoff_s / self.initial_backoff_s
-        return math.ceil(math.log(ratio) / math.log(self.multiplier))
-
-
-class _PolicyWait(wait_base):
-    def __init__(self, policy: RetryPolicy, rng: random.Random) -> None:
-        self._policy = policy
-        self._rng = rng
-
-    def __call__(self, retry_state: RetryCallState) -> float:
-        return self._policy.backoff(retry_state.attempt_number, self._rng)
 
 
 def _nothing() -> None:
@@ -107,7 +76,7 @@ class RetryingInferencer:
     def __init__(
         self,
         client: Inferencer,
-        policy: RetryPolicy | None = None,
+        policy: InferenceRetry | None = None,
         *,
         on_backoff_start: Callable[[], None] = _nothing,
         on_backoff_end: Callable[[], None] = _nothing,
@@ -117,7 +86,7 @@ class RetryingInferencer:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         rng: random.Random | None = None,
     ) -> None:
-        self.policy = policy or RetryPolicy()
+        self.policy = policy or InferenceRetry()
         self._client = client
         self._on_start = on_backoff_start
         self._on_end = on_backoff_end
@@ -127,7 +96,7 @@ class RetryingInferencer:
         self._probe_task: asyncio.Task[None] | None = None
         self._recovered = asyncio.Event()
         self._sleep = sleep
-        self._wait = _PolicyWait(self.policy, rng or random.Random())  # noqa: S311 (jitter, not secrets)
+        self._wait = BackoffWait(self.policy.backoff, rng or random.Random())  # noqa: S311 (jitter, not secrets)
         self._stop: stop_base = (
             stop_never
             if self.policy.max_attempts is None

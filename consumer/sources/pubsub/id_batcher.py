@@ -17,7 +17,8 @@ from collections.abc import Awaitable, Callable, Iterable
 from google.api_core import exceptions as gexc
 
 from rowbatch.consumer.sources.pubsub.pull_rpc import PullRpc
-from rowbatch.consumer.sources.pubsub.tasks import Clock, Sleep, sleep_or_event
+from rowbatch.consumer.sources.pubsub.tasks import sleep_or_event
+from rowbatch.timing import Clock, Sleep
 
 _LOG = logging.getLogger(__name__)
 

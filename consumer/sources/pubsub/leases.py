@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from google.api_core import exceptions as gexc
 
 from rowbatch.consumer.sources.pubsub.settings import RPC_CHUNK
-from rowbatch.consumer.sources.pubsub.tasks import Clock, Sleep, sleep_or_event
+from rowbatch.consumer.sources.pubsub.tasks import sleep_or_event
+from rowbatch.timing import Clock, Sleep
 
 _LOG = logging.getLogger(__name__)
 

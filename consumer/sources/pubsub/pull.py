@@ -56,7 +56,8 @@ from rowbatch.consumer.sources.pubsub.pull_rpc import (
 from rowbatch.consumer.sources.pubsub.pulling import PullFlow, pull_loop
 from rowbatch.consumer.sources.pubsub.settings import PubSubSettings
 from rowbatch.consumer.sources.pubsub.source_base import PubSubSourceBase
-from rowbatch.consumer.sources.pubsub.tasks import Clock, Sleep, stop_tasks
+from rowbatch.consumer.sources.pubsub.tasks import stop_tasks
+from rowbatch.timing import Clock, Sleep
 from rowbatch.wire.pubsub_env import project_of
 
 _LOG = logging.getLogger(__name__)

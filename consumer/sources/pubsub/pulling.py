@@ -22,7 +22,7 @@ from rowbatch.consumer.sources.pubsub.held import HeldDeliveries
 from rowbatch.consumer.sources.pubsub.id_batcher import TRANSIENT_ERRORS
 from rowbatch.consumer.sources.pubsub.pull_rpc import PullRpc, ReceivedMessage
 from rowbatch.consumer.sources.pubsub.settings import PubSubSettings
-from rowbatch.consumer.sources.pubsub.tasks import Clock, Sleep
+from rowbatch.timing import Clock, Sleep
 
 _LOG = logging.getLogger(__name__)
 

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
+
+from rowbatch.timing import Sleep
 
 _LOG = logging.getLogger(__name__)
-
-Clock = Callable[[], float]
-"""Monotonic seconds."""
-Sleep = Callable[[float], Awaitable[None]]
 
 
 async def sleep_or_event(sleep: Sleep, delay: float, event: asyncio.Event) -> None:

@@ -26,11 +26,11 @@ from rowbatch.producer.publish import (
     KafkaPublisher,
     MessageTooLarge,
     PublishFailed,
+    PublishRetry,
     PublishWindow,
     PubSubFlowControl,
     PubSubPublisher,
     RawMessage,
-    RetryPolicy,
     TopicNotFound,
     publish_rows,
     pubsub_topic_path,
@@ -73,7 +73,7 @@ def _chunk(chunk_id: str = "src:1", rows: int = 3, **kwargs: Any) -> EncodedChun
 
 def _pubsub(client: FakePubSubClient, **kwargs: Any) -> tuple[PubSubPublisher, Sleeps]:
     sleeps = Sleeps()
-    kwargs.setdefault("retry", RetryPolicy(attempts=4, max_seconds=60))
+    kwargs.setdefault("retry", PublishRetry(attempts=4, max_seconds=60))
     return PubSubPublisher(TOPIC, client=client, sleep=sleeps, **kwargs), sleeps
 
 
@@ -142,7 +142,7 @@ async def test_pubsub_retries_a_message_refused_for_a_paused_ordering_key() -> N
 
 async def test_pubsub_gives_up_after_the_attempts_naming_topic_and_chunk() -> None:
     client = FakePubSubClient(outcomes=[_g(gexc.ServiceUnavailable, "down")] * 10)
-    pub, sleeps = _pubsub(client, retry=RetryPolicy(attempts=3))
+    pub, sleeps = _pubsub(client, retry=PublishRetry(attempts=3))
     await pub.start()
     with pytest.raises(BrokerUnavailable) as info:
         await pub.publish(_chunk("src:9"))
@@ -260,7 +260,7 @@ async def test_pubsub_publish_before_start_is_an_error() -> None:
 def _kafka(prepare: Any = None, **kwargs: Any) -> tuple[KafkaPublisher, Any, Sleeps]:
     sleeps = Sleeps()
     factory = kafka_factory(prepare)
-    kwargs.setdefault("retry", RetryPolicy(attempts=4))
+    kwargs.setdefault("retry", PublishRetry(attempts=4))
     pub = KafkaPublisher(
         "k1:9092,k2:9092", "rows", producer_factory=factory, sleep=sleeps, **kwargs
     )
@@ -320,7 +320,7 @@ async def test_kafka_gives_up_naming_the_topic() -> None:
     def prepare(p: FakeKafkaProducer) -> None:
         p.send_outcomes = [KafkaTimeoutError()] * 10
 
-    pub, factory, _ = _kafka(prepare, retry=RetryPolicy(attempts=2))
+    pub, factory, _ = _kafka(prepare, retry=PublishRetry(attempts=2))
     async with pub:
         with pytest.raises(BrokerUnavailable, match=r"Kafka topic 'rows' at k1:9092,k2:9092"):
             await pub.publish(_chunk("src:3"))

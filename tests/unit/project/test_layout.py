@@ -24,7 +24,7 @@ DEV_ONLY = ("harness", "bench", "tests")
 #: Lowest first. A module may import its own layer's package or a lower layer, never a higher
 #: one; packages on the same layer (the three adapters) may not import each other.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("rowbatch.wire",),
+    ("rowbatch.wire", "rowbatch.timing"),
     ("rowbatch.consumer.section",),
     ("rowbatch.consumer.observe",),
     ("rowbatch.consumer.sources", "rowbatch.consumer.model", "rowbatch.consumer.sinks"),
@@ -50,8 +50,10 @@ def _rank(package: str) -> int:
 
 
 def _module_name(path: Path) -> str:
-    """The installed name of a file of consumer/, producer/ or wire/ (``rowbatch.consumer.x``)."""
+    """The installed name of a file of consumer/, producer/, wire/ or rowbatch/
+    (``rowbatch.consumer.x``, ``rowbatch.timing``)."""
     parts = path.relative_to(ROOT).with_suffix("").parts
+    parts = parts[1:] if parts[0] == "rowbatch" else parts
     return ".".join(("rowbatch", *(parts[:-1] if parts[-1] == "__init__" else parts)))
 
 
@@ -70,7 +72,7 @@ def _sources() -> list[Path]:
     """The wheel's Python files, each once (from the real folders, not through rowbatch/'s
     links)."""
     return sorted(
-        [ROOT / "rowbatch" / "__init__.py"]
+        list((ROOT / "rowbatch").glob("*.py"))
         + [p for top in INSTALLED for p in (ROOT / top).rglob("*.py")]
     )
 
@@ -182,8 +184,12 @@ def test_rowbatch_links_the_repository_folders() -> None:
         *INSTALLED,
         "__init__.py",
         "py.typed",
+        "timing.py",
         "__pycache__",
-    }, "rowbatch/ holds only the package marker and the links"
+    }, (
+        "rowbatch/ holds the package marker, the links and timing.py (clock and backoff of "
+        "the producer and the consumer)"
+    )
     assert Path(rowbatch.__file__).parent.resolve() == ROOT / "rowbatch"
 
 

@@ -8,15 +8,14 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 from numpy.typing import NDArray
 from prometheus_client import generate_latest
 
 from rowbatch.consumer.engine.batcher import Batch
 from rowbatch.consumer.engine.pipeline import Pipeline, PipelineSettings
-from rowbatch.consumer.engine.writer import SinkBackoff
 from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.sinks.base import ResultRows, RowsRejected, SinkUnavailable
+from rowbatch.timing import Backoff
 from tests.unit.consumer.engine.test_pipeline import (
     FakeSink,
     FakeSource,
@@ -84,7 +83,7 @@ def pipeline(
             model_version="1",
             grace_s=5.0,
             write_concurrency=writers,
-            sink_backoff=SinkBackoff(initial_s=0.5, max_s=4.0, jitter=0.0),
+            sink_backoff=Backoff(0.5, 4.0, jitter=0.0),
         ),
         budget=ByteBudget(budget),
         metrics=metrics,
@@ -172,17 +171,3 @@ async def test_every_labelled_series_exists_at_zero_from_the_start() -> None:
         'rowbatch_paused{why="budget"} 0.0',
     ):
         assert line in text, line
-
-
-def test_sink_backoff_is_exponential_capped_and_validated() -> None:
-    import random
-
-    import pytest
-
-    b = SinkBackoff(initial_s=0.2, max_s=1.0, jitter=0.0)
-    assert [b.wait(n, random.Random(0)) for n in (1, 2, 3, 4, 60)] == [0.2, 0.4, 0.8, 1.0, 1.0]
-    with pytest.raises(ValueError, match="initial_s"):
-        SinkBackoff(initial_s=2.0, max_s=1.0)
-    jittered = SinkBackoff(initial_s=1.0, max_s=1.0, jitter=0.5)
-    assert all(0.5 <= jittered.wait(1, random.Random(s)) <= 1.0 for s in range(20))
-    assert np.isfinite(b.wait(10_000, random.Random(0)))

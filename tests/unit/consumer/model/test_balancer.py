@@ -20,11 +20,12 @@ from rowbatch.consumer.model.endpoint_probe import HealthTiming
 from rowbatch.consumer.model.endpoint_state import Endpoint, Health
 from rowbatch.consumer.model.inference import (
     InferenceError,
+    InferenceRetry,
     PoisonInferenceError,
     RetryableInferenceError,
     RetryingInferencer,
-    RetryPolicy,
 )
+from rowbatch.timing import Backoff
 
 SPEC = ModelSpec(
     name="m",
@@ -143,9 +144,9 @@ class RecordingMeter:
 
 
 NO_JITTER = HealthTiming(
-    probe=RetryPolicy(initial_backoff_s=0.1, max_backoff_s=1.0, jitter=0.0),
-    flap=RetryPolicy(initial_backoff_s=0.1, max_backoff_s=10.0, jitter=0.0),
-    cooldown=RetryPolicy(initial_backoff_s=0.5, max_backoff_s=1.0, jitter=0.0),
+    probe=Backoff(0.1, 1.0, jitter=0.0),
+    flap=Backoff(0.1, 10.0, jitter=0.0),
+    cooldown=Backoff(0.5, 1.0, jitter=0.0),
 )
 
 
@@ -354,7 +355,7 @@ async def test_backoff_and_pause_only_when_every_endpoint_is_out(fleet: Fleet) -
     pauses: list[str] = []
     retrying = RetryingInferencer(
         fleet.balancer,
-        RetryPolicy(jitter=0.0),
+        InferenceRetry(Backoff(0.1, 10.0, jitter=0.0)),
         on_backoff_start=lambda: pauses.append("start"),
         on_backoff_end=lambda: pauses.append("end"),
         sleep=fleet.time.sleep,

@@ -17,13 +17,14 @@ from rowbatch.consumer.model.inference import (
     FatalInferenceError,
     InferenceClient,
     InferenceError,
+    InferenceRetry,
     PoisonInferenceError,
     RetryableInferenceError,
     RetryingInferencer,
-    RetryPolicy,
     classify,
     error_kind,
 )
+from rowbatch.timing import Backoff
 from tests.unit.consumer.model.test_inference import FakeTriton, ScriptedInferencer, server_error
 
 GONE = "Request for unknown model: 'scorer' has no available versions"
@@ -123,7 +124,7 @@ class Traced(ScriptedInferencer):
 def inferencer(inner: Any, script: Scripted, errors: list[InferenceError]) -> RetryingInferencer:
     return RetryingInferencer(
         inner,
-        RetryPolicy(initial_backoff_s=30.0, max_backoff_s=30.0, jitter=0.0),
+        InferenceRetry(Backoff(30.0, 30.0, jitter=0.0)),
         on_error=errors.append,
         probe=script.probe,
         probe_interval_s=PROBE_S,

@@ -8,8 +8,8 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from rowbatch.consumer.engine.writer import SinkBackoff
 from rowbatch.consumer.service.startup import StillUnavailable, wait_for
+from rowbatch.timing import Backoff
 
 
 class Down(Exception):
@@ -50,7 +50,7 @@ async def wait(op: Op, clock: Clock, wait_s: float = 10.0) -> str:
         what="inference server h:1",
         unavailable=Down,
         wait_s=wait_s,
-        backoff=SinkBackoff(initial_s=0.5, max_s=2.0, jitter=0.0),
+        backoff=Backoff(0.5, 2.0, jitter=0.0),
         setting="model.startup_wait_s",
         sleep=clock.sleep,
         clock=clock,
