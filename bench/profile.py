@@ -41,7 +41,7 @@ _OWN: tuple[tuple[str, str], ...] = (
     ("consumer/model/tensors.py", "tensor build"),
     ("consumer/model/inference/", "gRPC"),
     ("consumer/engine/batcher.py", "batch"),
-    ("consumer/engine/intake.py", "batch"),
+    ("consumer/engine/decode.py", "batch"),
     ("consumer/engine/ledger.py", "batch"),
     ("consumer/engine/budget.py", "batch"),
     ("wire/", "decode"),

@@ -18,8 +18,8 @@ from prometheus_client import CollectorRegistry
 from pydantic import TypeAdapter
 
 from harness.stack import StackEndpoints
-from rowbatch.consumer.service.adapters import make_source
 from rowbatch.consumer.service.admin import ensure_source
+from rowbatch.consumer.service.build_io import make_source
 from rowbatch.consumer.service.config import ConsumerConfig, SourceSettings
 from rowbatch.consumer.service.runner import Running, run_consumer
 from rowbatch.consumer.sources.base import DeadLetterReason, Delivery, Source

@@ -13,7 +13,7 @@ import numpy as np
 from bench.hot_path.fakes import BINDINGS, MODELS, NullSink, make_deliveries
 from bench.hot_path.pipeline_run import run_pipeline
 from bench.hot_path.timers import Stages, print_profile, timer_cost
-from rowbatch.consumer.engine import batcher, intake, ledger, results
+from rowbatch.consumer.engine import batcher, decode, ledger, results
 from rowbatch.consumer.model import tensors as binding_module
 from rowbatch.consumer.model.answer import Answer
 from rowbatch.consumer.model.handler import BatchRows, OipHandler
@@ -33,7 +33,7 @@ MSG_STAGES = (
     "settle",
 )
 """``headers``: ChunkHeaders.from_attributes; ``decode``: the rest of decode_chunk; ``check``:
-the binding's per-message check; ``intake``: the rest of Intake.rows (limits, MessageRows);
+the binding's per-message check; ``intake``: the rest of MessageDecoder.rows (limits, MessageRows);
 ``ledger``: Ledger.open; ``add``: Batcher.add; ``take``: Batcher.ready/drain (batch building);
 ``tensor``: build_inputs (only with --tensor); ``result``: the pipeline's result rows;
 ``settle``: Ledger.written per segment."""
@@ -78,8 +78,8 @@ def run_messages(
     if instrument:
         targets = [
             (wire.ChunkHeaders, "from_attributes", "headers"),
-            (intake, "decode_chunk", "decode"),
-            (intake.Intake, "rows", "intake"),
+            (decode, "decode_chunk", "decode"),
+            (decode.MessageDecoder, "rows", "intake"),
             (ledger.Ledger, "open", "ledger"),
             (ledger.Ledger, "written", "settle"),
             (batcher.Batcher, "add", "add"),

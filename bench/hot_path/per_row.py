@@ -11,7 +11,7 @@ from pathlib import Path
 from bench.hot_path.fakes import BINDINGS, MODELS, FakeTriton, make_sink
 from bench.hot_path.pipeline_run import run_pipeline
 from bench.hot_path.timers import Stages
-from rowbatch.consumer.engine import batcher, intake, ledger, results
+from rowbatch.consumer.engine import batcher, decode, ledger, results
 from rowbatch.consumer.model import handler as handler_module
 from rowbatch.consumer.model.handler import OipHandler
 from rowbatch.consumer.model.inference import RetryingInferencer
@@ -33,8 +33,8 @@ def run_once(
     handler = OipHandler(inferencer, spec, binding, passthrough, max(spec.preferred_batch_sizes))
     check = stages.wrap("check", handler.check)
     targets = [
-        (intake, "decode_chunk", "decode"),
-        (intake.Intake, "rows", "intake"),
+        (decode, "decode_chunk", "decode"),
+        (decode.MessageDecoder, "rows", "intake"),
         (batcher.Batcher, "add", "batch"),
         (batcher.Batcher, "ready", "batch"),
         (batcher.Batcher, "drain", "batch"),

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from bench.hot_path.fakes import BINDINGS, MODELS, TABLES, ListSource
 from bench.hot_path.timers import profiled
 from rowbatch.consumer.engine.budget import ByteBudget
-from rowbatch.consumer.engine.intake import Intake, SchemaCheck
+from rowbatch.consumer.engine.decode import MessageDecoder, SchemaCheck
 from rowbatch.consumer.engine.pipeline import Pipeline, PipelineSettings
 from rowbatch.consumer.model.handler import ModelHandler
 from rowbatch.consumer.observe.metrics import Metrics
@@ -41,7 +41,7 @@ def run_pipeline(
         pipe = Pipeline(
             source=source,
             sink=sink,
-            intake=Intake(binding.columns, check),
+            intake=MessageDecoder(binding.columns, check),
             model=model,
             settings=PipelineSettings(
                 target_batch_size=max(spec.preferred_batch_sizes),

@@ -12,8 +12,8 @@ from collections.abc import Callable, Sequence
 
 from rowbatch.consumer.engine.batcher import Batcher
 from rowbatch.consumer.engine.budget import ByteBudget, message_cost
+from rowbatch.consumer.engine.decode import MessageDecoder, MessageRows, PoisonMessage
 from rowbatch.consumer.engine.gate import Gate
-from rowbatch.consumer.engine.intake import Intake, MessageRows, PoisonMessage
 from rowbatch.consumer.engine.ledger import Ledger
 from rowbatch.consumer.engine.settle import Settler
 from rowbatch.consumer.observe.metrics import Metrics
@@ -42,7 +42,7 @@ class IntakeStage:
         self,
         *,
         source: Source,
-        intake: Intake,
+        intake: MessageDecoder,
         gate: Gate,
         budget: ByteBudget,
         ledger: Ledger,

@@ -28,7 +28,7 @@ once, so what is in hand at a rebalance is a few batches and no row is inferred 
 
 A slow sink slows intake through the byte budget (answered rows stay reserved until written),
 never by holding inference slots. Sink faults are handled by
-:class:`rowbatch.consumer.engine.writer.SinkWriter`.
+:class:`rowbatch.consumer.engine.sink_writer.SinkWriter`.
 
 What the pipeline holds on top of each message's charge is set aside in the same budget
 (:func:`pipeline_share`): the answers being decoded (a response beside its arrays, for every
@@ -46,9 +46,9 @@ from dataclasses import dataclass
 
 from rowbatch.consumer.engine.batcher import Batch, Batcher
 from rowbatch.consumer.engine.budget import ByteBudget
+from rowbatch.consumer.engine.decode import MessageDecoder
 from rowbatch.consumer.engine.gate import Gate
 from rowbatch.consumer.engine.inference_stage import InferenceStage
-from rowbatch.consumer.engine.intake import Intake
 from rowbatch.consumer.engine.intake_stage import IntakeStage
 from rowbatch.consumer.engine.ledger import Ledger
 from rowbatch.consumer.engine.results import (
@@ -58,9 +58,9 @@ from rowbatch.consumer.engine.results import (
     split_by_message,
 )
 from rowbatch.consumer.engine.settle import Settler
+from rowbatch.consumer.engine.sink_writer import SINK_BACKOFF, SinkWriter
 from rowbatch.consumer.engine.watch import WATCH_INTERVAL_S, PipelineState, Watch
 from rowbatch.consumer.engine.write_stage import WriteStage
-from rowbatch.consumer.engine.writer import SINK_BACKOFF, SinkWriter
 from rowbatch.consumer.model.handler import ModelHandler
 from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.observe.scaling import ScalingSignal
@@ -170,7 +170,7 @@ class Pipeline:
         *,
         source: Source,
         sink: Sink,
-        intake: Intake,
+        intake: MessageDecoder,
         model: ModelHandler,
         settings: PipelineSettings,
         budget: ByteBudget,

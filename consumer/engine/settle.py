@@ -11,7 +11,7 @@ from rowbatch.consumer.engine.batcher import Batcher, Segment
 from rowbatch.consumer.engine.budget import ByteBudget
 from rowbatch.consumer.engine.ledger import Entry, Ledger
 from rowbatch.consumer.engine.results import Answered
-from rowbatch.consumer.engine.writer import SinkWriter
+from rowbatch.consumer.engine.sink_writer import SinkWriter
 from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.observe.scaling import ScalingSignal
 from rowbatch.consumer.sinks.base import Sink

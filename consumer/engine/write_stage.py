@@ -17,7 +17,7 @@ from rowbatch.consumer.engine.budget import ByteBudget
 from rowbatch.consumer.engine.ledger import Ledger
 from rowbatch.consumer.engine.results import Answered, write_cost
 from rowbatch.consumer.engine.settle import Settler
-from rowbatch.consumer.engine.writer import SinkWriter
+from rowbatch.consumer.engine.sink_writer import SinkWriter
 from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.sources.base import DeadLetterReason, ReasonClass
 from rowbatch.timing import Clock

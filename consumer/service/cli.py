@@ -16,13 +16,13 @@ from rowbatch.consumer.model.binding import Binding, BindingError, check_binding
 from rowbatch.consumer.model.discovery import ModelConfigError, ModelDiscoveryError
 from rowbatch.consumer.observe.memory import return_freed_memory
 from rowbatch.consumer.service import admin, logs
-from rowbatch.consumer.service.adapters import check_source_credentials
-from rowbatch.consumer.service.config import ConfigError, ConsumerConfig, load_config
-from rowbatch.consumer.service.model_wiring import (
+from rowbatch.consumer.service.build_io import check_source_credentials
+from rowbatch.consumer.service.build_model import (
     check_endpoints,
     describe_batching,
     describe_origin,
 )
+from rowbatch.consumer.service.config import ConfigError, ConsumerConfig, load_config
 from rowbatch.consumer.service.runner import run_consumer
 from rowbatch.consumer.service.shutdown import (
     CLOSE_MARGIN_S,

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rowbatch.consumer.engine.budget import ByteBudget
-from rowbatch.consumer.engine.intake import Intake, IntakeLimits
+from rowbatch.consumer.engine.decode import DecodeLimits, MessageDecoder
 from rowbatch.consumer.engine.pipeline import Pipeline, PipelineSettings
 from rowbatch.consumer.model.balancer import Balancer
 from rowbatch.consumer.model.binding import (
@@ -30,21 +30,21 @@ from rowbatch.consumer.model.inference import (
 from rowbatch.consumer.model.spec_match import same_spec
 from rowbatch.consumer.observe.memory import trim
 from rowbatch.consumer.observe.metrics import Metrics
-from rowbatch.consumer.service.adapters import (
+from rowbatch.consumer.service.build_io import (
     make_sink,
     make_source,
     open_sink,
     scaling_signal,
     table_spec,
 )
-from rowbatch.consumer.service.config import ConsumerConfig
-from rowbatch.consumer.service.health import HealthServer
-from rowbatch.consumer.service.model_wiring import (
+from rowbatch.consumer.service.build_model import (
     connector,
     discover_endpoints_waiting,
     health_timing,
     per_endpoint_limit,
 )
+from rowbatch.consumer.service.config import ConsumerConfig
+from rowbatch.consumer.service.health import HealthServer
 from rowbatch.consumer.service.shutdown import (
     CLOSE_STEP_S,
     SOURCE_CLOSE_S,
@@ -145,11 +145,11 @@ async def run_consumer(
         pipeline = Pipeline(
             source=source,
             sink=sink,
-            intake=Intake(
+            intake=MessageDecoder(
                 binding.columns,
                 handler.check,
                 getattr(config.source, "max_delivery_attempts", None),
-                IntakeLimits(config.max_message_bytes, config.max_attributes_bytes),
+                DecodeLimits(config.max_message_bytes, config.max_attributes_bytes),
             ),
             model=handler,
             settings=PipelineSettings(

@@ -32,7 +32,7 @@ from harness.proc import free_port, log_tail
 from harness.reference_models import score
 from harness.service import REPO_ROOT
 from harness.triton import TritonEndpoint
-from rowbatch.consumer.service.adapters import make_source
+from rowbatch.consumer.service.build_io import make_source
 from rowbatch.consumer.service.config import ConsumerConfig
 from rowbatch.consumer.service.runner import Running, run_consumer
 from rowbatch.consumer.sinks.settings import PostgresSinkSettings

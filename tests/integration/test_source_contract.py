@@ -33,7 +33,7 @@ import pytest
 
 from harness.kafka import KafkaEndpoint
 from harness.pubsub import PubSubEndpoint
-from rowbatch.consumer.service.adapters import make_source
+from rowbatch.consumer.service.build_io import make_source
 from rowbatch.consumer.service.config import SourceSettings
 from rowbatch.consumer.sources.base import (
     DeadLetterReason,

@@ -47,13 +47,13 @@ from rowbatch.consumer.sources.pubsub.errors import PubSubPullError, not_held, w
 from rowbatch.consumer.sources.pubsub.held import HeldDeliveries
 from rowbatch.consumer.sources.pubsub.id_batcher import AckNackBatches
 from rowbatch.consumer.sources.pubsub.leases import MIN_ACK_DEADLINE_S, LeaseKeeper
+from rowbatch.consumer.sources.pubsub.pull_flow import PullFlow, pull_loop
 from rowbatch.consumer.sources.pubsub.pull_rpc import (
     RPC_TIMEOUT_S,
     PullRpc,
     ReceivedMessage,
     open_rpc,
 )
-from rowbatch.consumer.sources.pubsub.pulling import PullFlow, pull_loop
 from rowbatch.consumer.sources.pubsub.settings import PubSubSettings
 from rowbatch.consumer.sources.pubsub.source_base import PubSubSourceBase
 from rowbatch.consumer.sources.pubsub.tasks import stop_tasks

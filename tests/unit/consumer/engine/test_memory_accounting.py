@@ -39,7 +39,7 @@ from prometheus_client import CollectorRegistry
 from rowbatch.consumer.engine import budget as budget_module
 from rowbatch.consumer.engine.batcher import Batch
 from rowbatch.consumer.engine.budget import ByteBudget, message_cost
-from rowbatch.consumer.engine.intake import Intake
+from rowbatch.consumer.engine.decode import MessageDecoder
 from rowbatch.consumer.engine.pipeline import Pipeline, PipelineSettings
 from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.sinks.base import ResultRows
@@ -231,7 +231,7 @@ async def hold(
     pipeline = Pipeline(
         source=source,
         sink=NoSink(),  # type: ignore[arg-type]
-        intake=Intake(needed, lambda chunk: None),
+        intake=MessageDecoder(needed, lambda chunk: None),
         model=FnModel(run_batch),
         settings=PipelineSettings(
             target_batch_size=10**9,
@@ -422,7 +422,7 @@ async def test_intake_yields_so_the_other_stages_run_while_a_source_never_suspen
     pipeline = Pipeline(
         source=source,
         sink=sink,  # type: ignore[arg-type]
-        intake=Intake(("x",), lambda chunk: None),
+        intake=MessageDecoder(("x",), lambda chunk: None),
         model=FnModel(run_batch),
         settings=PipelineSettings(
             target_batch_size=16,

@@ -13,7 +13,7 @@ from numpy.typing import NDArray
 
 from rowbatch.consumer.engine.batcher import Batch
 from rowbatch.consumer.engine.budget import ByteBudget
-from rowbatch.consumer.engine.intake import Intake
+from rowbatch.consumer.engine.decode import MessageDecoder
 from rowbatch.consumer.engine.pipeline import Pipeline, PipelineFailed, PipelineSettings
 from rowbatch.consumer.model.answer import Answer
 from rowbatch.consumer.model.handler import BatchRows
@@ -161,7 +161,7 @@ def make(
     return Pipeline(
         source=source,
         sink=sink,
-        intake=Intake(("x",), no_check),
+        intake=MessageDecoder(("x",), no_check),
         model=FnModel(run, poison=Rejected),
         settings=PipelineSettings(
             target_batch_size=target,

@@ -17,7 +17,7 @@ from numpy.typing import NDArray
 from harness.model_specs import SCORER
 from rowbatch.consumer.engine.batcher import Batch, Segment
 from rowbatch.consumer.engine.budget import ByteBudget
-from rowbatch.consumer.engine.intake import Intake
+from rowbatch.consumer.engine.decode import MessageDecoder
 from rowbatch.consumer.engine.ledger import Ledger
 from rowbatch.consumer.engine.pipeline import Pipeline, PipelineSettings
 from rowbatch.consumer.engine.results import Answered, ResultBuilder, split_by_message
@@ -140,7 +140,7 @@ def run_pipeline(source: FakeSource, sink: FakeSink, run: Any, fixed_version: st
     return Pipeline(
         source=source,
         sink=sink,
-        intake=Intake(("x",), no_check),
+        intake=MessageDecoder(("x",), no_check),
         model=FnModel(run),
         settings=PipelineSettings(
             target_batch_size=4,

@@ -17,7 +17,7 @@ from numpy.typing import NDArray
 
 from rowbatch.consumer.engine.batcher import Batch
 from rowbatch.consumer.engine.budget import ByteBudget
-from rowbatch.consumer.engine.intake import Intake
+from rowbatch.consumer.engine.decode import MessageDecoder
 from rowbatch.consumer.engine.pipeline import Pipeline, PipelineSettings
 from rowbatch.consumer.model.inference import FatalInferenceError, PoisonInferenceError
 from rowbatch.consumer.observe.metrics import Metrics
@@ -77,7 +77,7 @@ def pipeline(source: FakeSource, sink: FakeSink, run: RunBatch, metrics: Metrics
     return Pipeline(
         source=source,
         sink=sink,
-        intake=Intake(("x",), no_check),
+        intake=MessageDecoder(("x",), no_check),
         model=FnModel(run, poison=PoisonInferenceError, fatal=FatalInferenceError),
         settings=PipelineSettings(
             target_batch_size=10,

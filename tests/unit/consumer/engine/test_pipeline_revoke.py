@@ -14,7 +14,7 @@ from numpy.typing import NDArray
 
 from rowbatch.consumer.engine.batcher import Batch
 from rowbatch.consumer.engine.budget import ByteBudget
-from rowbatch.consumer.engine.intake import Intake
+from rowbatch.consumer.engine.decode import MessageDecoder
 from rowbatch.consumer.engine.pipeline import Pipeline, PipelineSettings
 from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.sources.base import Delivery, Withdraw, WorkBound
@@ -73,7 +73,7 @@ def make(
     return Pipeline(
         source=source,
         sink=sink,
-        intake=Intake(("x",), no_check),
+        intake=MessageDecoder(("x",), no_check),
         model=FnModel(server.run),
         settings=PipelineSettings(
             target_batch_size=target,

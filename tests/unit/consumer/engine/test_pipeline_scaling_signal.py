@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from rowbatch.consumer.engine.batcher import Batch
 from rowbatch.consumer.engine.budget import ByteBudget
-from rowbatch.consumer.engine.intake import Intake
+from rowbatch.consumer.engine.decode import MessageDecoder
 from rowbatch.consumer.engine.ledger import Ledger
 from rowbatch.consumer.engine.pipeline import Pipeline, PipelineSettings
 from rowbatch.consumer.observe.metrics import Metrics
@@ -76,7 +76,7 @@ async def test_the_oldest_unwritten_age_and_the_receive_age_follow_the_clock() -
     pipeline = Pipeline(
         source=source,
         sink=sink,
-        intake=Intake(("x",), no_check),
+        intake=MessageDecoder(("x",), no_check),
         model=FnModel(held),
         settings=PipelineSettings(
             target_batch_size=4,
@@ -154,7 +154,7 @@ async def test_the_watch_reports_backoff_and_full_slots_to_the_signal() -> None:
     pipeline = Pipeline(
         source=source,
         sink=FakeSink(),
-        intake=Intake(("x",), no_check),
+        intake=MessageDecoder(("x",), no_check),
         model=FnModel(stuck),
         settings=PipelineSettings(
             target_batch_size=4,

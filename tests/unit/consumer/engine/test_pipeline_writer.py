@@ -58,7 +58,7 @@ def pipeline(
     writers: int = 2,
 ) -> tuple[Pipeline, Metrics]:
     from rowbatch.consumer.engine.budget import ByteBudget
-    from rowbatch.consumer.engine.intake import Intake
+    from rowbatch.consumer.engine.decode import MessageDecoder
 
     recorded = waits if waits is not None else []
 
@@ -70,7 +70,7 @@ def pipeline(
     p = Pipeline(
         source=source,
         sink=sink,
-        intake=Intake(("x",), no_check),
+        intake=MessageDecoder(("x",), no_check),
         model=FnModel(run),
         settings=PipelineSettings(
             target_batch_size=target,

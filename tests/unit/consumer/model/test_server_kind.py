@@ -19,7 +19,7 @@ from rowbatch.consumer.model.discovery import (
 from rowbatch.consumer.model.server_kind import OTHER, describe_defaults, server_kind
 from rowbatch.consumer.model.settings import ModelSettings
 from rowbatch.consumer.model.spec_match import EndpointSpecMismatch, same_spec
-from rowbatch.consumer.service.model_wiring import (
+from rowbatch.consumer.service.build_model import (
     describe_batching,
     describe_origin,
     per_endpoint_limit,

@@ -22,7 +22,7 @@ from rowbatch.consumer.observe.scaling import (
     replicas_needed,
     steady_round,
 )
-from rowbatch.consumer.service.adapters import scaling_signal
+from rowbatch.consumer.service.build_io import scaling_signal
 from rowbatch.consumer.sources.kafka.settings import KafkaSettings
 
 # --- the formula -----------------------------------------------------------------------------

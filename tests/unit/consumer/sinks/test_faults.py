@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 from psycopg import errors
 
-from rowbatch.consumer.service.adapters import _column_spec
+from rowbatch.consumer.service.build_io import _column_spec
 from rowbatch.consumer.sinks.base import (
     ColumnSpec,
     RowsRejected,

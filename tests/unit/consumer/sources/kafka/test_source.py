@@ -20,7 +20,7 @@ from pydantic import SecretStr, ValidationError
 
 from rowbatch.consumer.engine.budget import ByteBudget
 from rowbatch.consumer.observe.lag import ThroughputMeter, desired_replicas, partition_lag
-from rowbatch.consumer.service.adapters import make_source
+from rowbatch.consumer.service.build_io import make_source
 from rowbatch.consumer.sources.base import DeadLetterReason, Delivery, ReasonClass
 from rowbatch.consumer.sources.kafka import errors as kafka_errors
 from rowbatch.consumer.sources.kafka import records as kafka_records

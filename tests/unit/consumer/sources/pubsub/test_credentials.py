@@ -19,7 +19,7 @@ from google.auth.exceptions import DefaultCredentialsError
 from rowbatch.consumer.service import admin as service_admin
 from rowbatch.consumer.service import cli as consumer_cli
 from rowbatch.consumer.service import logs as consumer_logs
-from rowbatch.consumer.service.adapters import check_source_credentials
+from rowbatch.consumer.service.build_io import check_source_credentials
 from rowbatch.consumer.sources.base import SourceConfigError
 from rowbatch.consumer.sources.pubsub.admin import GooglePubSubAdmin
 from rowbatch.consumer.sources.pubsub.clients import (

@@ -16,7 +16,7 @@ from google.api_core import exceptions as gexc
 from google.pubsub_v1 import types as pstypes
 from pydantic import ValidationError
 
-from rowbatch.consumer.service.adapters import make_source
+from rowbatch.consumer.service.build_io import make_source
 from rowbatch.consumer.sources.base import DeadLetterReason, Delivery, ReasonClass, Source
 from rowbatch.consumer.sources.pubsub.errors import PubSubPullError
 from rowbatch.consumer.sources.pubsub.id_batcher import IdBatcher

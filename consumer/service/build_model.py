@@ -1,6 +1,7 @@
-"""The model side of the wiring: clients for the model-server endpoints, discovering the model
-on each (waiting while none is up yet) and the in-flight limit per endpoint. The model handler
-the engine calls is :class:`rowbatch.consumer.model.handler.OipHandler`, built by the runner."""
+"""Building the model side from the configuration: clients for the model-server endpoints,
+discovering the model on each (waiting while none is up yet) and the in-flight limit per
+endpoint. The model handler the engine calls is
+:class:`rowbatch.consumer.model.handler.OipHandler`, built by the runner."""
 
 from __future__ import annotations
 

@@ -75,25 +75,25 @@ def _nbytes(values: NDArray[Any]) -> int:
 
 
 @dataclass(frozen=True)
-class IntakeLimits:
+class DecodeLimits:
     """Sizes past which a message is dead-lettered before it is decoded."""
 
     max_message_bytes: int = 32 * 1024 * 1024
     max_attributes_bytes: int = 64 * 1024
 
 
-class Intake:
+class MessageDecoder:
     def __init__(
         self,
         needed_columns: tuple[str, ...],
         check: SchemaCheck,
         max_delivery_attempts: int | None = None,
-        limits: IntakeLimits | None = None,
+        limits: DecodeLimits | None = None,
     ) -> None:
         self._needed = needed_columns
         self._check = check
         self._max_attempts = max_delivery_attempts
-        self._limits = limits or IntakeLimits()
+        self._limits = limits or DecodeLimits()
 
     def rows(self, delivery: Delivery) -> MessageRows:
         """Decode and check one delivery; raises ``PoisonMessage`` with the reason."""

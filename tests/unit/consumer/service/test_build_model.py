@@ -14,7 +14,7 @@ from rowbatch.consumer.model.balancer import Balancer
 from rowbatch.consumer.model.discovery import ModelNotFound, ModelSpec
 from rowbatch.consumer.model.endpoints import Address, Membership, parse_endpoints
 from rowbatch.consumer.model.settings import ModelSettings
-from rowbatch.consumer.service.model_wiring import (
+from rowbatch.consumer.service.build_model import (
     check_endpoints,
     connector,
     discover_endpoints_waiting,
