@@ -41,7 +41,7 @@ def run_pipeline(
         pipe = Pipeline(
             source=source,
             sink=sink,
-            intake=MessageDecoder(binding.columns, check),
+            decoder=MessageDecoder(binding.columns, check),
             model=model,
             settings=PipelineSettings(
                 target_batch_size=max(spec.preferred_batch_sizes),

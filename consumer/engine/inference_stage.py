@@ -10,15 +10,13 @@ import asyncio
 import contextlib
 import logging
 
-from rowbatch.consumer.engine.batcher import Batch, Batcher, Segment
+from rowbatch.consumer.engine.batcher import Batch, Segment
 from rowbatch.consumer.engine.poison import isolate
 from rowbatch.consumer.engine.results import Answered
-from rowbatch.consumer.engine.settle import Settler
+from rowbatch.consumer.engine.stage_context import StageContext
 from rowbatch.consumer.model.answer import Answer
 from rowbatch.consumer.model.handler import ModelHandler
-from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.sources.base import DeadLetterReason, ReasonClass
-from rowbatch.timing import Clock
 
 log = logging.getLogger(__name__)
 
@@ -31,29 +29,23 @@ class InferenceStage:
 
     def __init__(
         self,
+        context: StageContext,
         *,
-        batcher: Batcher,
         batches: asyncio.Queue[Batch | None],
         answered: asyncio.Queue[Answered | None],
         model: ModelHandler,
-        settler: Settler,
-        metrics: Metrics,
-        rows_queued: asyncio.Event,
         intake_done: asyncio.Event,
-        target_batch_size: int,
-        clock: Clock,
     ) -> None:
-        self._batcher = batcher
+        self._batcher = context.batcher
         self._batches = batches
         self._answered = answered
         self._model = model
-        self._fail = settler.fail
-        self._abandon = settler.abandon
-        self._metrics = metrics
-        self._rows_queued = rows_queued
+        self._fail = context.settler.fail
+        self._abandon = context.settler.abandon
+        self._metrics = context.metrics
+        self._rows_queued = context.rows_queued
         self._intake_done = intake_done
-        self._target_batch_size = target_batch_size
-        self._clock = clock
+        self._clock = context.clock
         self.in_flight = 0
         """Requests at the model server now."""
         self._isolating = asyncio.Lock()
@@ -95,7 +87,7 @@ class InferenceStage:
         poison segments are failed here, and those failing for good are nacked."""
         size = len(batch)
         self._metrics.batch_size.observe(size)
-        self._metrics.batch_fill.observe(size / self._target_batch_size)
+        self._metrics.batch_fill.observe(size / self._batcher.target)
         try:
             answer = await self._timed_run(batch)
         except Exception as exc:

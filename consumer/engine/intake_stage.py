@@ -10,13 +10,10 @@ import asyncio
 import itertools
 from collections.abc import Callable, Sequence
 
-from rowbatch.consumer.engine.batcher import Batcher
 from rowbatch.consumer.engine.budget import ByteBudget, message_cost
 from rowbatch.consumer.engine.decode import MessageDecoder, MessageRows, PoisonMessage
 from rowbatch.consumer.engine.gate import Gate
-from rowbatch.consumer.engine.ledger import Ledger
-from rowbatch.consumer.engine.settle import Settler
-from rowbatch.consumer.observe.metrics import Metrics
+from rowbatch.consumer.engine.stage_context import StageContext
 from rowbatch.consumer.observe.scaling import ScalingSignal
 from rowbatch.consumer.sources.base import (
     BoundsReadAhead,
@@ -26,7 +23,6 @@ from rowbatch.consumer.sources.base import (
     WithdrawsDeliveries,
     WorkBound,
 )
-from rowbatch.timing import Clock
 
 _INTAKE_YIELD_EVERY = 32
 """Intake yields to the event loop after this many messages in a row (and whenever the
@@ -40,40 +36,35 @@ class IntakeStage:
 
     def __init__(
         self,
+        context: StageContext,
         *,
         source: Source,
-        intake: MessageDecoder,
+        decoder: MessageDecoder,
         gate: Gate,
         budget: ByteBudget,
-        ledger: Ledger,
-        batcher: Batcher,
-        settler: Settler,
-        metrics: Metrics,
-        rows_queued: asyncio.Event,
-        rows_taken: asyncio.Event,
         work: WorkBound,
         output_bytes_per_row: int,
-        clock: Clock,
         wall: Callable[[], float],
         signal: ScalingSignal | None = None,
     ) -> None:
+        settler = context.settler
         self._source = source
-        self._intake = intake
+        self._intake = decoder
         self._gate = gate
         self._budget = budget
-        self._ledger = ledger
-        self._batcher = batcher
+        self._ledger = context.ledger
+        self._batcher = context.batcher
         self._settle = settler.settle
         self._withdraw = settler.withdraw
         self._settling: set[asyncio.Task[None]] = set()
         self._nack = settler.nack
         self._dead_letter = settler.dead_letter
-        self._metrics = metrics
-        self._rows_queued = rows_queued
-        self._rows_taken = rows_taken
+        self._metrics = context.metrics
+        self._rows_queued = context.rows_queued
+        self._rows_taken = context.rows_taken
         self._work = work
         self._output_bytes_per_row = output_bytes_per_row
-        self._clock = clock
+        self._clock = context.clock
         self._wall = wall
         self._signal = signal
         self.waiting_for_room = False

@@ -59,6 +59,7 @@ from rowbatch.consumer.engine.results import (
 )
 from rowbatch.consumer.engine.settle import Settler
 from rowbatch.consumer.engine.sink_writer import SINK_BACKOFF, SinkWriter
+from rowbatch.consumer.engine.stage_context import StageContext
 from rowbatch.consumer.engine.watch import WATCH_INTERVAL_S, PipelineState, Watch
 from rowbatch.consumer.engine.write_stage import WriteStage
 from rowbatch.consumer.model.handler import ModelHandler
@@ -170,7 +171,7 @@ class Pipeline:
         *,
         source: Source,
         sink: Sink,
-        intake: MessageDecoder,
+        decoder: MessageDecoder,
         model: ModelHandler,
         settings: PipelineSettings,
         budget: ByteBudget,
@@ -229,47 +230,42 @@ class Pipeline:
             wall=wall,
             signal=signal,
         )
-        self._intake = IntakeStage(
-            source=source,
-            intake=intake,
-            gate=self.gate,
-            budget=budget,
+        context = StageContext(
             ledger=self._ledger,
-            batcher=self._batcher,
             settler=self._settler,
+            batcher=self._batcher,
             metrics=metrics,
+            clock=clock,
             rows_queued=rows_queued,
             rows_taken=rows_taken,
+        )
+        self._intake = IntakeStage(
+            context,
+            source=source,
+            decoder=decoder,
+            gate=self.gate,
+            budget=budget,
             work=settings.work,
             output_bytes_per_row=settings.output_bytes_per_row,
-            clock=clock,
             wall=wall,
             signal=signal,
         )
         self._inference = InferenceStage(
-            batcher=self._batcher,
+            context,
             batches=self._batches,
             answered=self._answered,
             model=model,
-            settler=self._settler,
-            metrics=metrics,
-            rows_queued=rows_queued,
             intake_done=self._intake_done,
-            target_batch_size=settings.target_batch_size,
-            clock=clock,
         )
         share = pipeline_share(settings, budget.limit)
         budget.set_aside(share.total)
         self._writers = WriteStage(
+            context,
             answered=self._answered,
             writer=writer,
-            ledger=self._ledger,
-            settler=self._settler,
-            metrics=metrics,
             max_write_rows=settings.max_write_rows or 4 * settings.target_batch_size,
             max_write_bytes=settings.max_write_bytes,
             output_bytes_per_row=settings.output_bytes_per_row,
-            clock=clock,
             allowance=ByteBudget(share.writes),
         )
         self.watch = Watch(

@@ -14,13 +14,10 @@ from collections import deque
 from collections.abc import Callable, Sequence
 
 from rowbatch.consumer.engine.budget import ByteBudget
-from rowbatch.consumer.engine.ledger import Ledger
 from rowbatch.consumer.engine.results import Answered, write_cost
-from rowbatch.consumer.engine.settle import Settler
 from rowbatch.consumer.engine.sink_writer import SinkWriter
-from rowbatch.consumer.observe.metrics import Metrics
+from rowbatch.consumer.engine.stage_context import StageContext
 from rowbatch.consumer.sources.base import DeadLetterReason, ReasonClass
-from rowbatch.timing import Clock
 
 
 class WriteStage:
@@ -29,16 +26,13 @@ class WriteStage:
 
     def __init__(
         self,
+        context: StageContext,
         *,
         answered: asyncio.Queue[Answered | None],
         writer: SinkWriter[Answered],
-        ledger: Ledger,
-        settler: Settler,
-        metrics: Metrics,
         max_write_rows: int,
         max_write_bytes: int,
         output_bytes_per_row: int,
-        clock: Clock,
         allowance: ByteBudget | None = None,
         cost: Callable[[Sequence[Answered]], int] = write_cost,
     ) -> None:
@@ -46,14 +40,14 @@ class WriteStage:
         ``cost``: what a write of some parts takes from it."""
         self._answered = answered
         self._writer = writer
-        self._ledger = ledger
-        self._settle = settler.settle
-        self._fail = settler.fail
-        self._metrics = metrics
+        self._ledger = context.ledger
+        self._settle = context.settler.settle
+        self._fail = context.settler.fail
+        self._metrics = context.metrics
         self._max_write_rows = max_write_rows
         self._max_write_bytes = max_write_bytes
         self._per_row = max(1, output_bytes_per_row)
-        self._clock = clock
+        self._clock = context.clock
         self._allowance = allowance
         self._cost = cost
 

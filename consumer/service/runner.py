@@ -145,7 +145,7 @@ async def run_consumer(
         pipeline = Pipeline(
             source=source,
             sink=sink,
-            intake=MessageDecoder(
+            decoder=MessageDecoder(
                 binding.columns,
                 handler.check,
                 getattr(config.source, "max_delivery_attempts", None),

@@ -231,7 +231,7 @@ async def hold(
     pipeline = Pipeline(
         source=source,
         sink=NoSink(),  # type: ignore[arg-type]
-        intake=MessageDecoder(needed, lambda chunk: None),
+        decoder=MessageDecoder(needed, lambda chunk: None),
         model=FnModel(run_batch),
         settings=PipelineSettings(
             target_batch_size=10**9,
@@ -422,7 +422,7 @@ async def test_intake_yields_so_the_other_stages_run_while_a_source_never_suspen
     pipeline = Pipeline(
         source=source,
         sink=sink,  # type: ignore[arg-type]
-        intake=MessageDecoder(("x",), lambda chunk: None),
+        decoder=MessageDecoder(("x",), lambda chunk: None),
         model=FnModel(run_batch),
         settings=PipelineSettings(
             target_batch_size=16,

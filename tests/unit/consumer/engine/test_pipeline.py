@@ -161,7 +161,7 @@ def make(
     return Pipeline(
         source=source,
         sink=sink,
-        intake=MessageDecoder(("x",), no_check),
+        decoder=MessageDecoder(("x",), no_check),
         model=FnModel(run, poison=Rejected),
         settings=PipelineSettings(
             target_batch_size=target,

@@ -140,7 +140,7 @@ def run_pipeline(source: FakeSource, sink: FakeSink, run: Any, fixed_version: st
     return Pipeline(
         source=source,
         sink=sink,
-        intake=MessageDecoder(("x",), no_check),
+        decoder=MessageDecoder(("x",), no_check),
         model=FnModel(run),
         settings=PipelineSettings(
             target_batch_size=4,

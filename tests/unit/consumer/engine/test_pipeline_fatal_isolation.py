@@ -77,7 +77,7 @@ def pipeline(source: FakeSource, sink: FakeSink, run: RunBatch, metrics: Metrics
     return Pipeline(
         source=source,
         sink=sink,
-        intake=MessageDecoder(("x",), no_check),
+        decoder=MessageDecoder(("x",), no_check),
         model=FnModel(run, poison=PoisonInferenceError, fatal=FatalInferenceError),
         settings=PipelineSettings(
             target_batch_size=10,

@@ -73,7 +73,7 @@ def make(
     return Pipeline(
         source=source,
         sink=sink,
-        intake=MessageDecoder(("x",), no_check),
+        decoder=MessageDecoder(("x",), no_check),
         model=FnModel(server.run),
         settings=PipelineSettings(
             target_batch_size=target,

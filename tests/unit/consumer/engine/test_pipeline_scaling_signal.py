@@ -76,7 +76,7 @@ async def test_the_oldest_unwritten_age_and_the_receive_age_follow_the_clock() -
     pipeline = Pipeline(
         source=source,
         sink=sink,
-        intake=MessageDecoder(("x",), no_check),
+        decoder=MessageDecoder(("x",), no_check),
         model=FnModel(held),
         settings=PipelineSettings(
             target_batch_size=4,
@@ -154,7 +154,7 @@ async def test_the_watch_reports_backoff_and_full_slots_to_the_signal() -> None:
     pipeline = Pipeline(
         source=source,
         sink=FakeSink(),
-        intake=MessageDecoder(("x",), no_check),
+        decoder=MessageDecoder(("x",), no_check),
         model=FnModel(stuck),
         settings=PipelineSettings(
             target_batch_size=4,

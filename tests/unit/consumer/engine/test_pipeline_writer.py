@@ -70,7 +70,7 @@ def pipeline(
     p = Pipeline(
         source=source,
         sink=sink,
-        intake=MessageDecoder(("x",), no_check),
+        decoder=MessageDecoder(("x",), no_check),
         model=FnModel(run),
         settings=PipelineSettings(
             target_batch_size=target,

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from prometheus_client import generate_latest
 
-from rowbatch.consumer.engine.batcher import Batch, Segment
+from rowbatch.consumer.engine.batcher import Batch, Batcher, Segment
 from rowbatch.consumer.engine.budget import ByteBudget
 from rowbatch.consumer.engine.ledger import Entry, Ledger
 from rowbatch.consumer.engine.pipeline import INPUT_ROW_BYTES, PipelineSettings, pipeline_share
@@ -26,6 +26,7 @@ from rowbatch.consumer.engine.results import (
     largest_write_cost,
     write_cost,
 )
+from rowbatch.consumer.engine.stage_context import StageContext
 from rowbatch.consumer.engine.write_stage import WriteStage
 from rowbatch.consumer.observe import memory
 from rowbatch.consumer.observe.memory import MemoryCollector, MemorySplit
@@ -82,16 +83,22 @@ def stage(
     async def fail(*_: Any) -> None:
         raise AssertionError("nothing fails here")
 
-    return WriteStage(
-        answered=answered_q,
-        writer=cast("Any", writer),
+    context = StageContext(
         ledger=ledger,
         settler=cast("Any", SimpleNamespace(settle=settle, fail=fail)),
+        batcher=Batcher(100, 1.0, lambda: 0.0),
         metrics=metrics,
+        clock=lambda: 0.0,
+        rows_queued=asyncio.Event(),
+        rows_taken=asyncio.Event(),
+    )
+    return WriteStage(
+        context,
+        answered=answered_q,
+        writer=cast("Any", writer),
         max_write_rows=1_000,
         max_write_bytes=64 * 1024 * 1024,
         output_bytes_per_row=DIM * 4,
-        clock=lambda: 0.0,
         allowance=allowance,
     )
 
