@@ -24,6 +24,7 @@ from rowbatch.consumer.model.tls import (
     check_pair,
 )
 from rowbatch.consumer.section import Section
+from rowbatch.timing import Backoff
 from rowbatch.wire.columns import ColumnType
 
 
@@ -194,6 +195,18 @@ class ModelSettings(Section):
                 f"model.{given} is set but model.{missing} is not: configure both (or neither)"
             )
         return self
+
+    @model_validator(mode="after")
+    def _backoff_order(self) -> ModelSettings:
+        if self.backoff_initial_s > self.backoff_max_s:
+            raise ValueError("model.backoff_initial_s must not exceed model.backoff_max_s")
+        return self
+
+    @property
+    def backoff(self) -> Backoff:
+        """The waits between retries of the model server (requests, probes of an endpoint
+        that keeps failing, the start-up wait)."""
+        return Backoff(self.backoff_initial_s, self.backoff_max_s)
 
     def configured_spec(self) -> ConfiguredSpec | None:
         """``inputs`` and ``outputs`` as tensor specs; ``None`` when not configured."""

@@ -18,13 +18,12 @@ from rowbatch.consumer.model.discovery import (
 from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.observe.scaling import ScalingSignal, SignalSettings
 from rowbatch.consumer.service.config import ConsumerConfig, SinkSettings, SourceSettings
-from rowbatch.consumer.service.startup import StartupError, StillUnavailable, wait_for
+from rowbatch.consumer.service.startup import wait_for
 from rowbatch.consumer.sinks.base import ColumnSpec, Sink, SinkUnavailable, TableSpec
 from rowbatch.consumer.sinks.settings import ParquetSinkSettings, PostgresSinkSettings
 from rowbatch.consumer.sources.base import Source
 from rowbatch.consumer.sources.kafka.settings import KafkaSettings
 from rowbatch.consumer.sources.pubsub.settings import PubSubSettings
-from rowbatch.timing import Backoff
 from rowbatch.wire.columns import ColumnType
 from rowbatch.wire.pubsub_env import project_of
 
@@ -159,16 +158,13 @@ async def open_sink(
 ) -> None:
     """``sink.open(table)``, waiting (with backoff, up to ``settings.startup_wait_s``) while the
     sink is unreachable: a database that restarts with the consumer is not a reason to exit."""
-    try:
-        await wait_for(
-            lambda: sink.open(table),
-            what=f"sink ({settings.kind})",
-            unavailable=SinkUnavailable,
-            wait_s=settings.startup_wait_s,
-            backoff=Backoff(settings.backoff_initial_s, settings.backoff_max_s, jitter=0.3),
-            setting="sink.startup_wait_s",
-            sleep=sleep,
-            clock=clock,
-        )
-    except StillUnavailable as exc:
-        raise StartupError(str(exc)) from exc
+    await wait_for(
+        lambda: sink.open(table),
+        what=f"sink ({settings.kind})",
+        unavailable=SinkUnavailable,
+        wait_s=settings.startup_wait_s,
+        backoff=settings.backoff,
+        setting="sink.startup_wait_s",
+        sleep=sleep,
+        clock=clock,
+    )

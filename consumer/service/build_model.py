@@ -25,8 +25,7 @@ from rowbatch.consumer.model.server_kind import describe_defaults
 from rowbatch.consumer.model.settings import ModelSettings
 from rowbatch.consumer.model.spec import SOURCE_NAMES
 from rowbatch.consumer.model.spec_match import same_spec
-from rowbatch.consumer.service.startup import StartupError, StillUnavailable, wait_for
-from rowbatch.timing import Backoff
+from rowbatch.consumer.service.startup import wait_for
 
 
 def connector(settings: ModelSettings, membership: Membership) -> Callable[[str], InferenceClient]:
@@ -81,19 +80,16 @@ async def discover_endpoints_waiting(
             raise ModelServerUnavailable("; ".join(down))
         return specs
 
-    try:
-        return await wait_for(
-            attempt,
-            what=f"inference server {settings.url}",
-            unavailable=ModelServerUnavailable,
-            wait_s=settings.startup_wait_s,
-            backoff=Backoff(settings.backoff_initial_s, settings.backoff_max_s, jitter=0.3),
-            setting="model.startup_wait_s",
-            sleep=sleep,
-            clock=clock,
-        )
-    except StillUnavailable as exc:
-        raise StartupError(str(exc)) from exc
+    return await wait_for(
+        attempt,
+        what=f"inference server {settings.url}",
+        unavailable=ModelServerUnavailable,
+        wait_s=settings.startup_wait_s,
+        backoff=settings.backoff,
+        setting="model.startup_wait_s",
+        sleep=sleep,
+        clock=clock,
+    )
 
 
 async def check_endpoints(settings: ModelSettings) -> dict[str, ModelSpec]:
@@ -115,8 +111,7 @@ def health_timing(settings: ModelSettings) -> HealthTiming:
     """Probes of endpoints that are out: readiness every 0.1 s doubling to 1 s; one that keeps
     failing once ready is probed later each time, from ``model.backoff_initial_s`` up to
     ``model.backoff_max_s``."""
-    flap = Backoff(settings.backoff_initial_s, settings.backoff_max_s)
-    return HealthTiming(flap=flap)
+    return HealthTiming(flap=settings.backoff)
 
 
 def per_endpoint_limit(settings: ModelSettings, target: int) -> Callable[[ModelSpec], int]:

@@ -84,8 +84,6 @@ class ConsumerConfig(BaseSettings):
 
     @model_validator(mode="after")
     def _consistent(self) -> ConsumerConfig:
-        if self.model.backoff_initial_s > self.model.backoff_max_s:
-            raise ValueError("model.backoff_initial_s must not exceed model.backoff_max_s")
         clash = set(self.binding.outputs.values()) & set(self.binding.passthrough)
         if clash:
             raise ValueError(

@@ -55,7 +55,6 @@ from rowbatch.consumer.service.shutdown import (
 from rowbatch.consumer.service.startup import StartupError
 from rowbatch.consumer.sinks.base import Sink
 from rowbatch.consumer.sources.base import Source
-from rowbatch.timing import Backoff
 from rowbatch.wire.columns import ColumnType
 
 log = logging.getLogger(__name__)
@@ -134,7 +133,7 @@ async def run_consumer(
         inferencer = RetryingInferencer(  # backs off only when no endpoint is left to try
             balancer,
             InferenceRetry(
-                Backoff(config.model.backoff_initial_s, config.model.backoff_max_s),
+                config.model.backoff,
                 client_timeout_s=config.model.timeout_s,
             ),
             on_backoff_start=lambda: pipeline.backoff_started(),  # noqa: PLW0108 (bound later)
@@ -164,9 +163,7 @@ async def run_consumer(
                 grace_s=config.shutdown_grace_s,
                 write_concurrency=config.sink.write_concurrency,
                 max_write_rows=config.sink.max_write_rows,
-                sink_backoff=Backoff(
-                    config.sink.backoff_initial_s, config.sink.backoff_max_s, jitter=0.3
-                ),
+                sink_backoff=config.sink.backoff,
             ),
             budget=ByteBudget(config.budget_bytes),
             metrics=metrics,

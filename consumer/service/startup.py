@@ -23,7 +23,7 @@ class StartupError(RuntimeError):
     """The consumer cannot start; the message says what to fix."""
 
 
-class StillUnavailable(RuntimeError):
+class StillUnavailable(StartupError):
     """The dependency stayed unavailable for the whole start-up wait."""
 
 

@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, model_validator
 
 from rowbatch.consumer.section import Section
+from rowbatch.timing import Backoff
 
 
 class _SinkSection(Section):
@@ -32,6 +33,11 @@ class _SinkSection(Section):
         if self.backoff_initial_s > self.backoff_max_s:
             raise ValueError("sink.backoff_initial_s must not exceed sink.backoff_max_s")
         return self
+
+    @property
+    def backoff(self) -> Backoff:
+        """The waits after a transient sink failure (writes and the start-up wait)."""
+        return Backoff(self.backoff_initial_s, self.backoff_max_s, jitter=0.3)
 
 
 class SqliteSinkSettings(_SinkSection):
