@@ -194,5 +194,10 @@ def ratio(value: float | None) -> str:
     return "-" if value is None else f"{value:.0%}"
 
 
-def times(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}x"
+def times(value: float | None, *, exact: bool = False) -> str:
+    """A ratio: ``4.6x``. ``exact``: beside a target, with the digits that decide it:
+    ``1.46x`` (not ``1.5x``, which would read as met against ">= 1.5x"), ``46.1x`` from 10x
+    up."""
+    if value is None:
+        return "-"
+    return f"{value:.2f}x" if exact and value < 10 else f"{value:.1f}x"

@@ -12,18 +12,10 @@ from bench.e2e import E2eResult
 from bench.latency import LatencyResult
 from bench.memory import MemoryResult
 from bench.overhead import TARGET_US, OverheadResult
-from bench.report import Target
+from bench.report import Target, times
 from bench.saturation import STEADY_CHUNK_ROWS, SaturationResult
 from bench.saturation_server import BATCHED_MODEL
 from bench.stack import BROKERS
-
-
-def exact_times(value: float | None) -> str:
-    """A ratio beside its target with the digits that decide it: ``1.46x`` (not ``1.5x``,
-    which would read as met against ">= 1.5x"), ``46.1x`` from 10x up."""
-    if value is None:
-        return "-"
-    return f"{value:.2f}x" if value < 10 else f"{value:.1f}x"
 
 
 def check_targets(sections: Mapping[str, Any]) -> list[Target]:
@@ -50,7 +42,7 @@ def check_targets(sections: Mapping[str, Any]) -> list[Target]:
                     Target(
                         f"speed-up over naive, same 1-row backlog, {broker}",
                         ">= 10x",
-                        exact_times(one.speedup),
+                        times(one.speedup, exact=True),
                         (one.speedup or 0.0) >= 10,
                     )
                 )
@@ -124,7 +116,7 @@ def saturation_targets(sat: object) -> list[Target]:
                     Target(
                         f"saturation 500-row {broker} -> {sink} vs reference",
                         ">= 1.5x",
-                        exact_times(big.speedup),
+                        times(big.speedup, exact=True),
                         big.speedup >= 1.5,
                     )
                 )
@@ -147,7 +139,7 @@ def saturation_targets(sat: object) -> list[Target]:
                     Target(
                         f"saturation {size}-row {broker} vs reference, {BATCHED_MODEL}",
                         f">= {want:g}x",
-                        exact_times(case.speedup),
+                        times(case.speedup, exact=True),
                         (case.speedup or 0.0) >= want,
                     )
                 )

@@ -39,6 +39,15 @@ the binding's per-message check; ``intake``: the rest of MessageDecoder.rows (li
 ``settle``: Ledger.written per segment."""
 
 
+class _Unused:
+    """The inferencer of a handler whose ``run`` answers by itself: never called."""
+
+    async def infer(
+        self, inputs: Sequence[Any], outputs: Sequence[str], *, client_timeout: float | None = None
+    ) -> Answer:
+        raise AssertionError("InstantModel answers without an inferencer")
+
+
 def run_messages(
     kind: str, deliveries: Sequence[Delivery], *, instrument: bool, tensor: bool, profile: bool
 ) -> tuple[float, Stages, pstats.Stats | None]:
@@ -69,7 +78,7 @@ def run_messages(
             return answers[rows]
 
     passthrough = {"id": ColumnType.parse("int64")}
-    model = InstantModel(None, spec, binding, passthrough, max(spec.preferred_batch_sizes))  # type: ignore[arg-type]
+    model = InstantModel(_Unused(), spec, binding, passthrough, max(spec.preferred_batch_sizes))
     check = model.check
     if instrument:
         check = stages.wrap("check", check)
