@@ -44,6 +44,7 @@ class Topics:
         *,
         ack_deadline_s: int = 60,
         policy_max_attempts: int | None = None,
+        ordering: bool = False,
     ) -> Topics:
         unique = uuid.uuid4().hex[:10]
         project = endpoint.project
@@ -60,7 +61,10 @@ class Topics:
         t.publisher.create_topic(name=t.dlq_topic)
         t.subscriber.create_subscription(name=t.dlq_subscription, topic=t.dlq_topic)
         sub = pstypes.Subscription(
-            name=t.subscription, topic=t.topic, ack_deadline_seconds=ack_deadline_s
+            name=t.subscription,
+            topic=t.topic,
+            ack_deadline_seconds=ack_deadline_s,
+            enable_message_ordering=ordering,
         )
         if policy_max_attempts is not None:
             sub.dead_letter_policy = pstypes.DeadLetterPolicy(

@@ -6,14 +6,15 @@ by ``make_source`` from the ``[source]`` settings.
 What every source promises here: each published message is delivered, with its fields
 filled (id, payload, the producer's chunk attributes/headers, publish time, a counted first
 attempt); a settled message (acked or dead-lettered) is never delivered again, not even to a
-fresh source on the same subscription/group; ``nack`` redelivers it with the attempt counted;
-``dead_letter`` publishes the original plus the ``rowbatch-dlq-*`` reason attributes/headers;
-``pause`` stops deliveries and ``resume`` restarts them; ``close`` gives back what is
-unsettled so a new source gets it promptly; ``check`` names a missing subscription, topic
-or dead-letter topic.
+fresh source on the same subscription/group; ``nack`` redelivers it with the attempt counted
+(the nacked delivery cannot be acked any more), and ``exceeded_attempts`` says when a delivery
+is past ``max_delivery_attempts``; ``dead_letter`` publishes the original plus the
+``rowbatch-dlq-*`` reason attributes/headers; ``pause`` stops deliveries and ``resume``
+restarts them; ``close`` gives back what is unsettled so a new source gets it promptly;
+``check`` names a missing subscription, topic or dead-letter topic.
 
 Pub/Sub counts delivery attempts only on a subscription with a dead-letter policy, so the
-Pub/Sub subscriptions here have one (5 attempts; no test gets near it); Kafka counts locally.
+Pub/Sub subscriptions here have one (5 attempts; no test gets past 3); Kafka counts locally.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import pytest
@@ -42,7 +43,9 @@ from rowbatch.consumer.sources.base import (
     Source,
     SourceConfigError,
 )
+from rowbatch.consumer.sources.kafka.errors import KafkaConfigError
 from rowbatch.consumer.sources.kafka.settings import KafkaSettings
+from rowbatch.consumer.sources.pubsub.errors import PubSubConfigError
 from rowbatch.consumer.sources.pubsub.settings import PubSubSettings
 from rowbatch.wire.chunks import EncodedChunk, encode_chunk
 from rowbatch.wire.dead_letter import (
@@ -58,6 +61,7 @@ from rowbatch.wire.dead_letter import (
 from tests.integration.consumer_helpers import Topics
 from tests.integration.kafka_helpers import KafkaTopics, chunk_record, produce, read_all
 from tests.integration.publish_helpers import REQUIRED_HEADERS
+from tests.integration.pubsub_helpers import use_emulator
 
 WAIT_S = 30.0
 """Upper bound for anything that should happen (a delivery, a redelivery)."""
@@ -82,6 +86,13 @@ class Broker(Protocol):
     lost_ack_shows_s: float
     """How long after an ack a message whose ack never reached the broker would be delivered
     again: how long "settled messages do not come back" must be watched."""
+    config_error: type[SourceConfigError]
+    """What ``check`` raises for a subscription/topic that does not exist."""
+
+    @property
+    def source_name(self) -> str:
+        """``Delivery.source`` of what is delivered here (the topic has one partition)."""
+        ...
 
     def settings(self, **overrides: Any) -> SourceSettings: ...
 
@@ -96,7 +107,7 @@ class Broker(Protocol):
 
     def missing(self) -> list[tuple[SourceSettings, str]]:
         """Settings naming a subscription/topic, then a dead-letter topic, that do not exist,
-        each with the name ``check`` must mention."""
+        each with what ``check``'s error must say (naming it)."""
         ...
 
     def close(self) -> None: ...
@@ -110,6 +121,7 @@ class PubSubBroker:
     long_leases: dict[str, Any] = field(default_factory=lambda: {"max_lease_extension_s": 60})
     lost_ack_shows_s: float = 12.0
     """The held message's lease (10 s, ``max_lease_extension_s``) lapses, plus a margin."""
+    config_error: type[SourceConfigError] = PubSubConfigError
 
     @classmethod
     def create(cls, endpoint: PubSubEndpoint, mode: str) -> PubSubBroker:
@@ -126,6 +138,10 @@ class PubSubBroker:
         }
         return PubSubSettings(**values)
 
+    @property
+    def source_name(self) -> str:
+        return self.topics.subscription
+
     async def publish(self, chunks: Sequence[EncodedChunk]) -> list[str]:
         return await asyncio.to_thread(self.topics.publish, chunks)
 
@@ -139,8 +155,14 @@ class PubSubBroker:
         subscription = f"projects/{project}/subscriptions/absent-{unique}"
         dlq_topic = f"projects/{project}/topics/absent-{unique}"
         return [
-            (self.settings(subscription=subscription), subscription),
-            (self.settings(dead_letter_topic=dlq_topic), dlq_topic),
+            (
+                self.settings(subscription=subscription),
+                f"subscription {subscription} does not exist",
+            ),
+            (
+                self.settings(dead_letter_topic=dlq_topic),
+                f"dead-letter topic {dlq_topic} does not exist",
+            ),
         ]
 
     def close(self) -> None:
@@ -155,6 +177,7 @@ class KafkaBroker:
     session times out (the default ``session_timeout_ms``)."""
     lost_ack_shows_s: float = 0.0
     """Nothing to wait for: close commits, so a fresh member starts past what was acked."""
+    config_error: type[SourceConfigError] = KafkaConfigError
 
     def settings(self, **overrides: Any) -> SourceSettings:
         t = self.topics
@@ -171,6 +194,10 @@ class KafkaBroker:
         }
         return KafkaSettings(**values)
 
+    @property
+    def source_name(self) -> str:
+        return f"{self.topics.topic}/0"
+
     async def publish(self, chunks: Sequence[EncodedChunk]) -> list[str]:
         t = self.topics
         sent = await produce(t.endpoint, t.topic, [chunk_record(c) for c in chunks])
@@ -182,9 +209,10 @@ class KafkaBroker:
 
     def missing(self) -> list[tuple[SourceSettings, str]]:
         absent = f"absent-{uuid.uuid4().hex[:8]}"
+        dlq = f"{absent}.dlq"
         return [
-            (self.settings(topic=absent), absent),
-            (self.settings(dead_letter_topic=f"{absent}.dlq"), f"{absent}.dlq"),
+            (self.settings(topic=absent), f"topic {absent!r} does not exist"),
+            (self.settings(dead_letter_topic=dlq), f"topic {dlq!r} does not exist"),
         ]
 
     def close(self) -> None:
@@ -215,9 +243,7 @@ async def sources(
         broker = KafkaBroker(await KafkaTopics.create(kafka, partitions=1))
     else:
         pubsub: PubSubEndpoint = request.getfixturevalue("pubsub")
-        # The sources build their clients from the environment, as in production.
-        for key, value in pubsub.env().items():
-            monkeypatch.setenv(key, value)
+        use_emulator(pubsub, monkeypatch)  # the sources build their clients from it
         mode = request.param.removeprefix("pubsub-")
         broker = await asyncio.to_thread(PubSubBroker.create, pubsub, mode)
     made = Sources(broker)
@@ -296,7 +322,7 @@ async def test_every_message_is_delivered_once_with_its_fields(sources: Sources)
         assert set(delivery.attributes) >= REQUIRED_HEADERS
         assert before - 5 <= delivery.publish_time <= after + 5
         assert delivery.delivery_attempt == 1
-        assert delivery.source
+        assert delivery.source == sources.broker.source_name
         assert delivery.size >= len(delivery.payload)
 
 
@@ -324,14 +350,25 @@ async def test_settled_messages_are_not_delivered_again(sources: Sources) -> Non
     await nothing_within(iterator, watch)
 
 
+@runtime_checkable
+class CountsAttempts(Protocol):
+    """Not in ``Source``, but every source has it (the intake could ask it)."""
+
+    def exceeded_attempts(self, delivery: Delivery) -> bool: ...
+
+
 async def test_nack_redelivers_with_the_attempt_counted(sources: Sources) -> None:
-    source = sources.make(**sources.broker.long_leases)
+    source = sources.make(max_delivery_attempts=2, **sources.broker.long_leases)
+    assert isinstance(source, CountsAttempts)
     [sent] = chunks(1)
     [message_id] = await sources.broker.publish([sent])
     iterator = source.deliveries()
     [first] = await take(iterator, 1)
     assert (first.message_id, first.delivery_attempt) == (message_id, 1)
+    assert not source.exceeded_attempts(first)
     await source.nack(first)
+    with pytest.raises(ValueError, match="not held"):
+        await source.ack(first)  # settled by the nack
     [second] = await take(iterator, 1, within_s=PROMPT_S)  # given back, not lapsed
     assert second is not first
     assert (second.message_id, second.payload, dict(second.attributes)) == (
@@ -340,7 +377,12 @@ async def test_nack_redelivers_with_the_attempt_counted(sources: Sources) -> Non
         sent.attributes,
     )
     assert second.delivery_attempt == 2
-    await source.ack(second)
+    assert not source.exceeded_attempts(second)  # at max_delivery_attempts, not past it
+    await source.nack(second)
+    [third] = await take(iterator, 1, within_s=PROMPT_S)
+    assert (third.message_id, third.delivery_attempt) == (message_id, 3)
+    assert source.exceeded_attempts(third)
+    await source.ack(third)
     await nothing_within(iterator, QUIET_S)
 
 
@@ -420,6 +462,6 @@ async def test_close_gives_unsettled_messages_to_a_new_source_promptly(
 
 async def test_check_names_what_is_missing(sources: Sources) -> None:
     await sources.make().check()
-    for settings, name in sources.broker.missing():
-        with pytest.raises(SourceConfigError, match=re.escape(name)):
+    for settings, says in sources.broker.missing():
+        with pytest.raises(sources.broker.config_error, match=re.escape(says)):
             await sources.make(settings).check()

@@ -1,240 +1,59 @@
 """``PubSubPullSource`` (unary pull, ``source.mode = "pull"``) on Google's real Pub/Sub
-emulator: every message once, leases outlasting the ack deadline, nack and close giving
-messages back at once, dead letters with counted attempts, flow control, ordering keys, the
-start-up check; then the whole consumer in pull mode (20,000 rows through Triton into
-SQLite, every row once)."""
+emulator, beyond what every source promises (``test_source_contract.py``: delivery, nack,
+dead letters, pause, close, the start-up check): every message once at volume, leases
+outlasting the ack deadline, what close leaves held, flow control, ordering keys, a deleted
+subscription; then the whole consumer in pull mode (20,000 rows through Triton into SQLite,
+every row once)."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import sqlite3
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from google.api_core import exceptions as gexc
-from google.cloud import pubsub_v1
-from google.pubsub_v1 import types as pstypes
-from google.pubsub_v1.services.publisher import PublisherClient as GapicPublisherClient
 
 from harness.pubsub import PubSubEndpoint
 from harness.reference_models import score
 from harness.triton import TritonEndpoint
 from rowbatch.consumer.service.config import ConsumerConfig
-from rowbatch.consumer.sources.base import DeadLetterReason, Delivery, ReasonClass, Source
 from rowbatch.consumer.sources.pubsub.errors import PubSubConfigError, PubSubPullError
 from rowbatch.consumer.sources.pubsub.pull import PubSubPullSource
-from rowbatch.consumer.sources.pubsub.settings import PubSubSettings
 from rowbatch.wire.chunks import EncodedChunk, encode_chunk
-from rowbatch.wire.dead_letter import (
-    ATTR_CODE,
-    ATTR_DELIVERY_ATTEMPT,
-    ATTR_MESSAGE_ID,
-    ATTR_REASON,
-)
 from tests.integration.consumer_helpers import Topics, consumer_running, wait_until
+from tests.integration.pubsub_helpers import (
+    WAIT_S,
+    Collector,
+    PubSubBench,
+    next_delivery,
+    numbered,
+    publish,
+    pubsub_bench,
+    pull,
+    until,
+)
 
-_WAIT_S = 30.0
-Clients = tuple[pubsub_v1.PublisherClient, pubsub_v1.SubscriberClient]
-
-
-@dataclass(frozen=True)
-class Names:
-    topic: str
-    subscription: str
-    dlq_topic: str
-    dlq_subscription: str
-
-
-@pytest.fixture
-def clients(pubsub: PubSubEndpoint, monkeypatch: pytest.MonkeyPatch) -> Iterator[Clients]:
-    # The source builds its grpc.aio client from PUBSUB_EMULATOR_HOST.
-    for key, value in pubsub.env().items():
-        monkeypatch.setenv(key, value)
-    publisher, subscriber = pubsub.publisher(), pubsub.subscriber()
-    yield publisher, subscriber
-    publisher.transport.close()
-    subscriber.close()
-
-
-def _create(
-    pubsub: PubSubEndpoint,
-    clients: Clients,
-    stem: str,
-    *,
-    ack_deadline_s: int = 10,
-    policy_attempts: int | None = None,
-    ordering: bool = False,
-) -> Names:
-    publisher, subscriber = clients
-    unique = f"{stem}-{uuid.uuid4().hex[:8]}"
-    project = f"projects/{pubsub.project}"
-    names = Names(
-        topic=f"{project}/topics/{unique}",
-        subscription=f"{project}/subscriptions/{unique}",
-        dlq_topic=f"{project}/topics/{unique}-dlq",
-        dlq_subscription=f"{project}/subscriptions/{unique}-dlq",
-    )
-    publisher.create_topic(name=names.topic)
-    publisher.create_topic(name=names.dlq_topic)
-    subscriber.create_subscription(name=names.dlq_subscription, topic=names.dlq_topic)
-    policy = None
-    if policy_attempts is not None:
-        policy = pstypes.DeadLetterPolicy(
-            dead_letter_topic=names.dlq_topic, max_delivery_attempts=policy_attempts
-        )
-    subscriber.create_subscription(
-        request=pstypes.Subscription(
-            name=names.subscription,
-            topic=names.topic,
-            ack_deadline_seconds=ack_deadline_s,
-            dead_letter_policy=policy,
-            enable_message_ordering=ordering,
-        )
-    )
-    return names
-
-
-SourceFactory = Callable[..., PubSubPullSource]
+Bench = PubSubBench[PubSubPullSource]
 
 
 @pytest.fixture
-async def make_source(
-    pubsub: PubSubEndpoint, clients: Clients
-) -> AsyncIterator[Callable[..., PubSubPullSource]]:
-    made: list[PubSubPullSource] = []
-
-    def make(names: Names, **overrides: Any) -> PubSubPullSource:
-        settings: dict[str, Any] = {
-            "subscription": names.subscription,
-            "dead_letter_topic": names.dlq_topic,
-            **overrides,
-        }
-        source = PubSubPullSource(
-            PubSubSettings(**settings),
-            consumer_version="test-9.9.9",
-            publisher=clients[0],
-            subscriber=clients[1],
-            host=pubsub.host,
-        )
-        made.append(source)
-        return source
-
-    yield make
-    for source in made:
-        await source.close()
+async def bench(pubsub: PubSubEndpoint, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Bench]:
+    async with pubsub_bench(pubsub, monkeypatch, PubSubPullSource) as b:
+        yield b
 
 
-async def _publish(
-    publisher: pubsub_v1.PublisherClient,
-    topic: str,
-    messages: list[tuple[bytes, dict[str, str]]],
-    ordering_key: str = "",
-) -> list[str]:
-    api = GapicPublisherClient(transport=publisher.transport)
-    ids: list[str] = []
-    for start in range(0, len(messages), 1000):
-        request = pstypes.PublishRequest(
-            topic=topic,
-            messages=[
-                pstypes.PubsubMessage(data=data, attributes=attrs, ordering_key=ordering_key)
-                for data, attrs in messages[start : start + 1000]
-            ],
-        )
-        response = await asyncio.to_thread(api.publish, request=request, timeout=_WAIT_S)
-        ids.extend(response.message_ids)
-    return ids
-
-
-async def _next(iterator: AsyncIterator[Delivery], within_s: float = _WAIT_S) -> Delivery:
-    return await asyncio.wait_for(anext(iterator), within_s)
-
-
-async def _until(condition: Callable[[], bool], what: str, within_s: float = _WAIT_S) -> None:
-    deadline = time.monotonic() + within_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
-
-
-class Collector:
-    """Consumes ``deliveries()`` in the background, recording each delivery (redeliveries
-    included) and the most deliveries outstanding at once."""
-
-    def __init__(self, source: PubSubPullSource, ack: bool = False) -> None:
-        self.source = source
-        self.items: list[Delivery] = []
-        self.max_outstanding = 0
-        self._ack = ack
-        self._task = asyncio.create_task(self._run())
-
-    async def _run(self) -> None:
-        async for delivery in self.source.deliveries():
-            self.items.append(delivery)
-            self.max_outstanding = max(self.max_outstanding, self.source.outstanding)
-            if self._ack:
-                await self.source.ack(delivery)
-
-    async def wait_for(self, count: int, within_s: float = _WAIT_S) -> None:
-        def done() -> bool:
-            if self._task.done():
-                self._task.result()
-            return len(self.items) >= count
-
-        await _until(done, f"{count} deliveries (have {len(self.items)})", within_s)
-
-    async def stop(self) -> None:
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
-
-
-def _pull(
-    subscriber: pubsub_v1.SubscriberClient, subscription: str, want: int, timeout: float
-) -> list[Any]:
-    """Synchronous pull (and ack) of up to ``want`` messages within ``timeout``."""
-    deadline = time.monotonic() + timeout
-    got: list[Any] = []
-    while len(got) < want and time.monotonic() < deadline:
-        try:
-            response = subscriber.pull(
-                request={"subscription": subscription, "max_messages": want - len(got)},
-                timeout=2,
-            )
-        except gexc.DeadlineExceeded:
-            continue
-        if not response.received_messages:
-            time.sleep(0.1)
-            continue
-        subscriber.acknowledge(
-            request={
-                "subscription": subscription,
-                "ack_ids": [m.ack_id for m in response.received_messages],
-            }
-        )
-        got.extend(m.message for m in response.received_messages)
-    return got
-
-
-def _as_source(source: PubSubPullSource) -> Source:
-    return source  # mypy checks that PubSubPullSource satisfies the Source protocol
-
-
-async def test_every_message_is_delivered_and_acked_once(
-    clients: Clients, make_source: SourceFactory, pubsub: PubSubEndpoint
-) -> None:
-    names = _create(pubsub, clients, "pull-rt")
-    source = make_source(names, max_messages=300)
-    await _as_source(source).check()
+async def test_every_message_is_delivered_and_acked_once(bench: Bench) -> None:
+    t = bench.topics()
+    source = bench.source(t, max_messages=300)
+    await source.check()
     sent = {f"row-{i}".encode() * (1 + i % 7): {"seq": str(i)} for i in range(3000)}
     before = time.time()
-    ids = await _publish(clients[0], names.topic, list(sent.items()))
+    ids = await publish(t, list(sent.items()))
     collector = Collector(source, ack=True)
     await collector.wait_for(len(sent))
     # Acked: nothing comes back, not even after the subscription's ack deadline (10 s).
@@ -247,25 +66,23 @@ async def test_every_message_is_delivered_and_acked_once(
     assert sorted(d.message_id for d in got) == sorted(ids)
     assert {d.payload: dict(d.attributes) for d in got} == sent
     for delivery in got:
-        assert delivery.source == names.subscription
+        assert delivery.source == t.subscription
         assert delivery.delivery_attempt == 0
         assert before - 5 <= delivery.publish_time <= time.time() + 5
         assert delivery.size >= len(delivery.payload)
     assert collector.max_outstanding <= 300
     assert source.outstanding == 0 and source.unconfirmed == 0
     await source.close()
-    assert await asyncio.to_thread(_pull, clients[1], names.subscription, 1, 2.0) == []
+    assert await pull(t, t.subscription, 1, 2.0) == []
 
 
-async def test_a_message_held_past_the_ack_deadline_is_not_redelivered(
-    clients: Clients, make_source: SourceFactory, pubsub: PubSubEndpoint
-) -> None:
-    names = _create(pubsub, clients, "pull-lease", ack_deadline_s=10)
+async def test_a_message_held_past_the_ack_deadline_is_not_redelivered(bench: Bench) -> None:
+    t = bench.topics(ack_deadline_s=10)
     # Each extension is 10 s as well, so every missed one would show as a redelivery.
-    source = make_source(names, max_lease_extension_s=10)
+    source = bench.source(t, max_lease_extension_s=10)
     await source.check()
     collector = Collector(source)
-    [message_id] = await _publish(clients[0], names.topic, [(b"slow", {})])
+    [message_id] = await publish(t, [(b"slow", {})])
     await collector.wait_for(1)
     # Holding the message unacked for 25 s (2.5 ack deadlines) is the point of this test.
     await asyncio.sleep(25)
@@ -275,110 +92,38 @@ async def test_a_message_held_past_the_ack_deadline_is_not_redelivered(
     await collector.stop()
 
 
-async def test_lease_is_dropped_after_max_lease_duration(
-    clients: Clients, make_source: SourceFactory, pubsub: PubSubEndpoint
-) -> None:
+async def test_lease_is_dropped_after_max_lease_duration(bench: Bench) -> None:
     """The control for the test above."""
-    names = _create(pubsub, clients, "pull-expire", ack_deadline_s=10)
-    source = make_source(names, max_lease_extension_s=10, max_lease_duration_s=2)
+    t = bench.topics(ack_deadline_s=10)
+    source = bench.source(t, max_lease_extension_s=10, max_lease_duration_s=2)
     collector = Collector(source)
-    [message_id] = await _publish(clients[0], names.topic, [(b"too-slow", {})])
+    [message_id] = await publish(t, [(b"too-slow", {})])
     await collector.wait_for(2, within_s=40)
     assert [d.message_id for d in collector.items[:2]] == [message_id, message_id]
     await source.ack(collector.items[1])
     await collector.stop()
 
 
-async def test_nack_redelivers_promptly_and_attempts_are_counted(
-    clients: Clients, make_source: SourceFactory, pubsub: PubSubEndpoint
-) -> None:
-    names = _create(pubsub, clients, "pull-nack", ack_deadline_s=60, policy_attempts=5)
-    source = make_source(names, max_delivery_attempts=1)
-    [message_id] = await _publish(clients[0], names.topic, [(b"again", {"k": "v"})])
+async def test_close_counts_what_was_received_and_forgets_it(bench: Bench) -> None:
+    """What the contract suite's close test does not see: everything pulled counts as
+    outstanding, handed out or not, and after ``close`` nothing is held any more."""
+    t = bench.topics(ack_deadline_s=60)
+    source = bench.source(t, max_lease_extension_s=60)
+    await publish(t, numbered("c", 6))
     iterator = source.deliveries()
-    first = await _next(iterator)
-    assert (first.message_id, first.delivery_attempt) == (message_id, 1)
-    assert not source.exceeded_attempts(first)
-    started = time.monotonic()
-    await source.nack(first)
-    second = await _next(iterator)
-    assert time.monotonic() - started < 5  # not the 60 s ack deadline
-    assert (second.message_id, second.payload, dict(second.attributes)) == (
-        message_id,
-        b"again",
-        {"k": "v"},
-    )
-    assert second.delivery_attempt == 2
-    assert source.exceeded_attempts(second)
-    await source.ack(second)
-
-
-async def test_close_gives_unsettled_messages_promptly_to_a_new_source(
-    clients: Clients, make_source: SourceFactory, pubsub: PubSubEndpoint
-) -> None:
-    names = _create(pubsub, clients, "pull-close", ack_deadline_s=60)
-    source = make_source(names, max_lease_extension_s=60)
-    ids = await _publish(clients[0], names.topic, [(f"c{i}".encode(), {}) for i in range(6)])
-    iterator = source.deliveries()
-    handed_out = [await _next(iterator) for _ in range(3)]
-    await _until(lambda: source.outstanding == 6, "all 6 messages received")
+    handed_out = [await next_delivery(iterator) for _ in range(3)]
+    await until(lambda: source.outstanding == 6, "all 6 messages received")
     await source.ack(handed_out[0])
-
     await source.close()
-    with pytest.raises(StopAsyncIteration):
-        await _next(iterator)
     with pytest.raises(ValueError, match="not held"):
         await source.ack(handed_out[1])
 
-    started = time.monotonic()
-    successor = make_source(names)
-    collector = Collector(successor, ack=True)
-    await collector.wait_for(5, within_s=20)
-    assert time.monotonic() - started < 10  # not the 60 s ack deadline
-    assert sorted(d.message_id for d in collector.items) == sorted(ids[1:])
-    await collector.stop()
 
-
-async def test_dead_letter_carries_the_counted_attempt_and_acks_the_original(
-    clients: Clients, make_source: SourceFactory, pubsub: PubSubEndpoint
-) -> None:
-    names = _create(pubsub, clients, "pull-dlq", policy_attempts=10)
-    source = make_source(names, max_delivery_attempts=2)
-    await source.check()
-    [message_id] = await _publish(clients[0], names.topic, [(b"\x00poison", {"data": "x"})])
-    iterator = source.deliveries()
-    attempts = []
-    delivery = await _next(iterator)
-    while not source.exceeded_attempts(delivery):
-        attempts.append(delivery.delivery_attempt)
-        await source.nack(delivery)
-        delivery = await _next(iterator)
-    attempts.append(delivery.delivery_attempt)
-    assert attempts == [1, 2, 3]
-    await source.dead_letter(
-        delivery, DeadLetterReason(ReasonClass.TOO_MANY_ATTEMPTS, "delivered 3 times")
-    )
-    [dead] = await asyncio.to_thread(_pull, clients[1], names.dlq_subscription, 1, _WAIT_S)
-    # ... and only once: nothing more comes within a quiet second and a half
-    assert await asyncio.to_thread(_pull, clients[1], names.dlq_subscription, 1, 1.5) == []
-    assert dead.data == b"\x00poison"
-    attrs = dict(dead.attributes)
-    assert attrs["data"] == "x"
-    assert attrs[ATTR_REASON] == "too-many-attempts"
-    assert attrs[ATTR_CODE] == "too_many_attempts"
-    assert attrs[ATTR_MESSAGE_ID] == message_id
-    assert attrs[ATTR_DELIVERY_ATTEMPT] == "3"
-    await source.close()  # the ack is confirmed by now
-    assert await asyncio.to_thread(_pull, clients[1], names.subscription, 1, 2.0) == []
-
-
-async def test_flow_control_holds_at_max_messages(
-    clients: Clients, make_source: SourceFactory, pubsub: PubSubEndpoint
-) -> None:
-    names = _create(pubsub, clients, "pull-flow")
-    source = make_source(names, max_messages=10)
+async def test_flow_control_holds_at_max_messages(bench: Bench) -> None:
+    t = bench.topics()
+    source = bench.source(t, max_messages=10)
     collector = Collector(source)
-    ids = await _publish(clients[0], names.topic, [(f"m{i}".encode(), {}) for i in range(40)])
+    ids = await publish(t, numbered("m", 40))
     for wave in range(1, 5):
         await collector.wait_for(10 * wave)
         await asyncio.sleep(0.5)  # an 11th would show up in this window
@@ -391,78 +136,62 @@ async def test_flow_control_holds_at_max_messages(
     await collector.stop()
 
 
-async def test_pause_stops_pulling(
-    clients: Clients, make_source: SourceFactory, pubsub: PubSubEndpoint
-) -> None:
-    names = _create(pubsub, clients, "pull-pause")
-    source = make_source(names, max_messages=5)
+async def test_pause_stops_pulling(bench: Bench) -> None:
+    """Pause and resume themselves are in the contract suite; here: no more is pulled while
+    paused (the outstanding count stays within ``max_messages`` and does not grow)."""
+    t = bench.topics()
+    source = bench.source(t, max_messages=5)
     iterator = source.deliveries()
-    ids = await _publish(clients[0], names.topic, [(f"p{i}".encode(), {}) for i in range(20)])
-    first = await _next(iterator)
-    await source.ack(first)
+    await publish(t, numbered("p", 20))
+    await source.ack(await next_delivery(iterator))
     source.pause()
     waiting = asyncio.ensure_future(anext(iterator))
     await asyncio.sleep(1.0)
-    assert not waiting.done()
     assert source.outstanding <= 5
     held = source.outstanding
     await asyncio.sleep(0.5)
     assert source.outstanding == held  # nothing more pulled while paused
     source.resume()
-    seen = [first.message_id]
-    delivery = await asyncio.wait_for(waiting, _WAIT_S)
-    while True:
-        seen.append(delivery.message_id)
-        await source.ack(delivery)
-        if len(seen) == len(ids):
-            break
-        delivery = await _next(iterator)
-    assert sorted(seen) == sorted(ids)
+    await source.ack(await asyncio.wait_for(waiting, WAIT_S))
 
 
-async def test_ordering_keys_are_delivered_in_order_one_at_a_time(
-    clients: Clients, make_source: SourceFactory, pubsub: PubSubEndpoint
-) -> None:
-    names = _create(pubsub, clients, "pull-order", ordering=True)
-    source = make_source(names)
+async def test_ordering_keys_are_delivered_in_order_one_at_a_time(bench: Bench) -> None:
+    t = bench.topics(ordering=True)
+    source = bench.source(t)
     await source.check()
-    ids = await _publish(
-        clients[0], names.topic, [(f"k{i}".encode(), {}) for i in range(5)], ordering_key="k"
-    )
+    ids = await publish(t, numbered("k", 5), ordering_key="k")
     iterator = source.deliveries()
-    first = await _next(iterator)
+    first = await next_delivery(iterator)
     assert (first.message_id, first.ordering_key) == (ids[0], "k")
     waiting = asyncio.ensure_future(anext(iterator))
     await asyncio.sleep(0.5)
     assert not waiting.done()  # the key's next message waits until this one is settled
     await source.ack(first)
-    second = await asyncio.wait_for(waiting, _WAIT_S)
+    second = await asyncio.wait_for(waiting, WAIT_S)
     assert second.message_id == ids[1]
     await source.nack(second)  # it and those held behind it go back, and come back in order
     seen: list[str] = []
     while len(seen) < 4:
-        delivery = await _next(iterator)
+        delivery = await next_delivery(iterator)
         seen.append(delivery.message_id)
         await source.ack(delivery)
     assert seen == ids[1:]
 
 
-async def test_check_and_a_deleted_subscription(
-    clients: Clients, make_source: SourceFactory, pubsub: PubSubEndpoint
-) -> None:
-    names = _create(pubsub, clients, "pull-gone")
+async def test_check_and_a_deleted_subscription(bench: Bench, pubsub: PubSubEndpoint) -> None:
+    t = bench.topics()
     missing = f"projects/{pubsub.project}/subscriptions/absent-{uuid.uuid4().hex[:8]}"
     with pytest.raises(PubSubConfigError, match=f"subscription {missing} does not exist"):
-        await make_source(names, subscription=missing).check()
-    source = make_source(names)
+        await bench.source(t, subscription=missing).check()
+    source = bench.source(t)
     iterator = source.deliveries()
-    await _publish(clients[0], names.topic, [(b"a", {})])
-    await source.ack(await _next(iterator))
+    await publish(t, [(b"a", {})])
+    await source.ack(await next_delivery(iterator))
     await source.flush()  # confirmed before the subscription goes
-    clients[1].delete_subscription(request={"subscription": names.subscription})
+    t.subscriber.delete_subscription(request={"subscription": t.subscription})
     # Pulls in flight (long polls) end within their 10 s deadline; the next one fails.
-    with pytest.raises(PubSubPullError, match=f"pull on {names.subscription}.*404"):
-        await _next(iterator, 60)
+    with pytest.raises(PubSubPullError, match=f"pull on {t.subscription}.*404"):
+        await next_delivery(iterator, 60)
 
 
 # --- the consumer in pull mode ----------------------------------------------------------------
