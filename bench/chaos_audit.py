@@ -16,7 +16,7 @@ from google.api_core import exceptions as gexc
 from psycopg import sql
 
 from bench.chaos_lane import BUDGET_BYTES, RSS_ALLOWANCE, Lane, MiB
-from rowbatch.wire.headers import H_CHUNK_ID
+from rowbatch.wire.headers.fields import H_CHUNK_ID
 
 A_REASON = "rowbatch-dlq-reason"
 A_CODE = "rowbatch-dlq-code"

@@ -31,7 +31,7 @@ from bench.chaos_poison import (
 )
 from bench.stack import Broker
 from harness.faults import FaultStack
-from rowbatch.wire.chunks import decode_chunk
+from rowbatch.wire.chunks.decode import decode_chunk
 
 LOCAL_FAULTS = ("kill-9", "slow-sink", "poison", "bytes-column")
 SHARED_FAULTS = ("triton-sigterm", "triton-sigkill", "postgres-restart")

@@ -25,7 +25,8 @@ from bench.stack import Broker, Feed, consumer_config, create_feed, publisher
 from harness.consumer_process import to_toml
 from harness.proc import free_port
 from harness.stack import StackEndpoints
-from rowbatch.producer.publish import PublishedChunk, PublishWindow
+from rowbatch.producer.publishers.messages import PublishedChunk
+from rowbatch.producer.publishers.window import PublishWindow
 
 MiB = 1024 * 1024
 BUDGET_BYTES = 64 * MiB

@@ -10,11 +10,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from rowbatch.producer.loadgen import DEFAULT_REJECT_MARKER, LoadSpec, plan_chunk
-from rowbatch.producer.publish import Message, RawMessage
-from rowbatch.wire.chunks import encode_chunk
-from rowbatch.wire.columns import BYTES, INT64, STRING
-from rowbatch.wire.headers import H_CONTENT_TYPE, H_ROW_COUNT
+from rowbatch.producer.loadgen.plan import plan_chunk
+from rowbatch.producer.loadgen.spec import DEFAULT_REJECT_MARKER, LoadSpec
+from rowbatch.producer.publishers.messages import Message, RawMessage
+from rowbatch.wire.chunks.encode import encode_chunk
+from rowbatch.wire.columns.column_type import BYTES, INT64, STRING
+from rowbatch.wire.headers.fields import H_CONTENT_TYPE, H_ROW_COUNT
 
 GOOD = "good"
 TEXT_TABLE = "chaos_rows"

@@ -34,9 +34,11 @@ from bench.stack import (
     unique,
 )
 from bench.triton import server_stats
-from rowbatch.producer.loadgen import LoadSpec, RateLimiter, generate_columns
-from rowbatch.producer.publish import PublishWindow
-from rowbatch.wire.chunks import encode_chunk
+from rowbatch.producer.loadgen.generate import generate_columns
+from rowbatch.producer.loadgen.rate import RateLimiter
+from rowbatch.producer.loadgen.spec import LoadSpec
+from rowbatch.producer.publishers.window import PublishWindow
+from rowbatch.wire.chunks.encode import encode_chunk
 
 CHUNK_ROWS = 100
 WARMUP_S = 2.0

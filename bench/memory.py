@@ -40,9 +40,9 @@ from bench.stack import (
     unique,
 )
 from rowbatch.consumer.section import MiB
-from rowbatch.producer.publish import Message
-from rowbatch.wire.chunks import encode_chunk
-from rowbatch.wire.headers import Encoding
+from rowbatch.producer.publishers.messages import Message
+from rowbatch.wire.chunks.encode import encode_chunk
+from rowbatch.wire.headers.fields import Encoding
 
 ALLOWANCE_MB = 150.0
 """Peak RSS may reach the budget plus this (MB), all told."""

@@ -40,7 +40,7 @@ from harness.service import REPO_ROOT, RunDir
 from harness.triton import TritonService
 from rowbatch.consumer.service.config import ConsumerConfig
 from rowbatch.consumer.service.runner import Running, run_consumer
-from rowbatch.wire.chunks import EncodedChunk, encode_chunk
+from rowbatch.wire.chunks.encode import EncodedChunk, encode_chunk
 
 MODEL = "fixed_latency"
 VARIANT = FixedLatency(base_ms=50.0, per_row_us=0.0, max_batch_size=256)

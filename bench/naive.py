@@ -29,8 +29,8 @@ from aiokafka import AIOKafkaConsumer
 from google.cloud import pubsub_v1
 
 from bench.help_text import description
-from rowbatch.wire.chunks import decode_chunk
-from rowbatch.wire.headers import kafka_headers_to_attributes
+from rowbatch.wire.chunks.decode import decode_chunk
+from rowbatch.wire.headers.fields import kafka_headers_to_attributes
 
 _CREATE = """CREATE TABLE IF NOT EXISTS {table} (
     chunk_id text NOT NULL, row_index bigint NOT NULL, id bigint, embedding real[],

@@ -48,7 +48,8 @@ from harness.kserve import KSERVE_VERSION, KServeService
 from harness.mlserver import MLSERVER_VERSION, MLServerService
 from harness.postgres import PostgresEndpoint, PostgresService
 from harness.service import REPO_ROOT, ManagedService, RunDir
-from rowbatch.producer.publish import KafkaPublisher, PublishWindow
+from rowbatch.producer.publishers.kafka import KafkaPublisher
+from rowbatch.producer.publishers.window import PublishWindow
 
 ROWS = 300_000
 ROWS_PER_MESSAGE = 100

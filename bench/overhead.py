@@ -25,8 +25,8 @@ from bench.stack import (
     unique,
 )
 from harness.service import REPO_ROOT
-from rowbatch.producer.loadgen import LoadKind
-from rowbatch.wire.headers import Encoding
+from rowbatch.producer.loadgen.spec import LoadKind
+from rowbatch.wire.headers.fields import Encoding
 
 CHUNK_ROWS = 1000
 IDLE_S = 1.0

@@ -31,7 +31,7 @@ from google.pubsub_v1.services.publisher import PublisherClient as GapicPublishe
 from bench.help_text import description
 from harness.pubsub import DEFAULT_PROJECT, PubSubEndpoint, PubSubService
 from harness.service import REPO_ROOT, RunDir
-from rowbatch.wire.chunks import encode_chunk
+from rowbatch.wire.chunks.encode import encode_chunk
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "streaming": {"mode": "streaming"},

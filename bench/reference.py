@@ -47,8 +47,8 @@ from google.cloud import pubsub_v1
 from google.cloud.pubsub_v1.subscriber.scheduler import ThreadScheduler
 
 from bench.help_text import description
-from rowbatch.wire.chunks import decode_chunk
-from rowbatch.wire.headers import kafka_headers_to_attributes
+from rowbatch.wire.chunks.decode import decode_chunk
+from rowbatch.wire.headers.fields import kafka_headers_to_attributes
 
 _CREATE = """CREATE TABLE IF NOT EXISTS {table} (
     chunk_id text NOT NULL, row_index bigint NOT NULL, id bigint, score real,

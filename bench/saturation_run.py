@@ -22,9 +22,11 @@ from bench.procs import ConsumerProcess, wait_for
 from bench.saturation_server import ModelTiming, ServerWindow, Snapshot, snapshot
 from bench.stack import Bench, Feed, backlog, publish, publisher, unique
 from harness.service import REPO_ROOT
-from rowbatch.producer.loadgen import LoadSpec, RateLimiter, generate_columns
-from rowbatch.producer.publish import PublishWindow
-from rowbatch.wire.chunks import encode_chunk
+from rowbatch.producer.loadgen.generate import generate_columns
+from rowbatch.producer.loadgen.rate import RateLimiter
+from rowbatch.producer.loadgen.spec import LoadSpec
+from rowbatch.producer.publishers.window import PublishWindow
+from rowbatch.wire.chunks.encode import encode_chunk
 
 WARMUP_S = 2.0
 """Steady runs: rows published in the first seconds are left out of the latency figures."""

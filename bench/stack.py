@@ -23,16 +23,14 @@ from harness.kafka import create_topic
 from harness.pubsub import PubSubEndpoint
 from harness.service import RunDir
 from harness.stack import StackEndpoints, local_stack
-from rowbatch.producer.loadgen import LoadKind, LoadSpec, plan_messages
-from rowbatch.producer.publish import (
-    KafkaPublisher,
-    Message,
-    PublishedChunk,
-    Publisher,
-    PublishWindow,
-    PubSubPublisher,
-)
-from rowbatch.wire.headers import Encoding
+from rowbatch.producer.loadgen.plan import plan_messages
+from rowbatch.producer.loadgen.spec import LoadKind, LoadSpec
+from rowbatch.producer.publishers.base import Publisher
+from rowbatch.producer.publishers.kafka import KafkaPublisher
+from rowbatch.producer.publishers.messages import Message, PublishedChunk
+from rowbatch.producer.publishers.pubsub import PubSubPublisher
+from rowbatch.producer.publishers.window import PublishWindow
+from rowbatch.wire.headers.fields import Encoding
 
 Broker = Literal["pubsub", "kafka"]
 SinkKind = Literal["sqlite", "postgres", "parquet"]

@@ -23,9 +23,10 @@ from rowbatch.consumer.service.build_io import make_source
 from rowbatch.consumer.service.config import ConsumerConfig, SourceSettings
 from rowbatch.consumer.service.runner import Running, run_consumer
 from rowbatch.consumer.sources.base import DeadLetterReason, Delivery, Source
-from rowbatch.producer.loadgen import LoadSpec, MalformedKind, PlannedMessage, plan_messages
-from rowbatch.producer.publish import KafkaPublisher
-from rowbatch.wire.chunks import PUBSUB_MAX_MESSAGE_BYTES
+from rowbatch.producer.loadgen.plan import PlannedMessage, plan_messages
+from rowbatch.producer.loadgen.spec import LoadSpec, MalformedKind
+from rowbatch.producer.publishers.kafka import KafkaPublisher
+from rowbatch.wire.chunks.split import PUBSUB_MAX_MESSAGE_BYTES
 
 Broker = Literal["pubsub", "kafka"]
 KAFKA_PARTITIONS = 6

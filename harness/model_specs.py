@@ -1,10 +1,10 @@
-"""The example models of ``deploy/models`` as :class:`rowbatch.consumer.model.discovery.ModelSpec`
+"""The example models of ``deploy/models`` as :class:`rowbatch.consumer.model.spec.ModelSpec`
 values (what model discovery reads from their ``config.pbtxt``), for unit tests and
 in-process profiling that have no Triton to ask."""
 
 from __future__ import annotations
 
-from rowbatch.consumer.model.discovery import ModelSpec, TensorSpec
+from rowbatch.consumer.model.spec import ModelSpec, TensorSpec
 
 EMBEDDER = ModelSpec(
     "embedder",

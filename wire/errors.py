@@ -4,9 +4,9 @@ Every error a chunk can cause, on encode or on decode, is a :class:`WireError`. 
 stable ``reason`` string (snake_case) that the consumer writes into the dead-letter record, and
 each message names the header or column and what was expected versus what was found.
 
-A :class:`WireError` raised by :func:`rowbatch.wire.chunks.decode_chunk` means the message itself is
-bad (poison): retrying it cannot help. Nothing in the wire module raises a bare ``Exception``,
-``KeyError`` or pyarrow error for a bad message.
+A :class:`WireError` raised by :func:`~rowbatch.wire.chunks.decode.decode_chunk` means the
+message itself is bad (poison): retrying it cannot help. Nothing in the wire module raises a bare
+``Exception``, ``KeyError`` or pyarrow error for a bad message.
 """
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ class NullNotAllowed(PayloadError):
 
 
 class RowTooLarge(WireError):
-    """:func:`rowbatch.wire.chunks.split_rows`: one row alone encodes over the byte limit."""
+    """:func:`rowbatch.wire.chunks.split.split_rows`: one row alone encodes over the byte limit."""
 
     reason = "row_too_large"
 

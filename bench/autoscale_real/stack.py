@@ -27,8 +27,10 @@ from harness.model_repository import FixedLatency, fixed_latency_repository
 from harness.postgres import PostgresEndpoint
 from harness.pubsub import PubSubEndpoint
 from harness.triton import TritonEndpoint
-from rowbatch.producer.publish import KafkaPublisher, Publisher, PubSubPublisher
-from rowbatch.wire.chunks import encode_chunk
+from rowbatch.producer.publishers.base import Publisher
+from rowbatch.producer.publishers.kafka import KafkaPublisher
+from rowbatch.producer.publishers.pubsub import PubSubPublisher
+from rowbatch.wire.chunks.encode import encode_chunk
 
 Broker = Literal["kafka", "pubsub"]
 MODEL = "autoscale_fixed"

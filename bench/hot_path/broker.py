@@ -25,7 +25,7 @@ def broker_costs(messages: Sequence[Delivery], repeat: int) -> dict[str, float]:
     from google.cloud.pubsub_v1.subscriber.message import Message  # noqa: PLC0415
     from google.pubsub_v1 import types as pubsub_types  # noqa: PLC0415
 
-    from rowbatch.wire.headers import kafka_headers_to_attributes  # noqa: PLC0415
+    from rowbatch.wire.headers.fields import kafka_headers_to_attributes  # noqa: PLC0415
 
     builder = DefaultRecordBatchBuilder(2, 0, 0, -1, -1, -1, 1 << 30)
     for i, d in enumerate(messages):

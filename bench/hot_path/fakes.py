@@ -19,12 +19,13 @@ from bench.hot_path.timers import Stages
 from harness.model_specs import EMBEDDER, SCORER
 from rowbatch.consumer.model.answer import Answer
 from rowbatch.consumer.model.binding import Binding
-from rowbatch.consumer.model.discovery import ModelSpec
-from rowbatch.consumer.sinks import parquet, sqlite
+from rowbatch.consumer.model.spec import ModelSpec
 from rowbatch.consumer.sinks.base import ColumnSpec, ResultRows, Sink, TableSpec, table_columns
+from rowbatch.consumer.sinks.parquet.sink import ParquetSink
 from rowbatch.consumer.sinks.postgres import copy_binary
+from rowbatch.consumer.sinks.sqlite.sink import SqliteSink
 from rowbatch.consumer.sources.base import DeadLetterReason, Delivery
-from rowbatch.wire.chunks import encode_chunk
+from rowbatch.wire.chunks.encode import encode_chunk
 
 MODELS = {"text": EMBEDDER, "numeric": SCORER}
 BINDINGS = {
@@ -182,7 +183,7 @@ def make_deliveries(encoding: str, kind: str, messages: int, rows: int) -> list[
 
 def make_sink(name: str, folder: Path) -> Sink:
     if name == "sqlite":
-        return sqlite.SqliteSink(folder / "results.sqlite")
+        return SqliteSink(folder / "results.sqlite")
     if name == "parquet":
-        return parquet.ParquetSink(str(folder / "dataset"))
+        return ParquetSink(str(folder / "dataset"))
     return PgEncodeSink()

@@ -18,7 +18,7 @@ from rowbatch.consumer.model import tensors as binding_module
 from rowbatch.consumer.model.answer import Answer
 from rowbatch.consumer.model.handler import BatchRows, OipHandler
 from rowbatch.consumer.sources.base import Delivery
-from rowbatch.wire.columns import ColumnType
+from rowbatch.wire.columns.column_type import ColumnType
 
 MSG_STAGES = (
     "headers",
@@ -53,7 +53,7 @@ def run_messages(
 ) -> tuple[float, Stages, pstats.Stats | None]:
     """(total CPU s, stages, profile) for the pipeline over ``deliveries`` with a null sink and
     a model that answers at once."""
-    from rowbatch.wire import chunks as wire  # noqa: PLC0415 - patched below
+    from rowbatch.wire.headers.chunk_headers import ChunkHeaders  # noqa: PLC0415 - patched below
 
     spec, binding = MODELS[kind], BINDINGS[kind]
     stages = Stages(MSG_STAGES)
@@ -86,7 +86,7 @@ def run_messages(
     targets: list[tuple[object, str, str]] = []
     if instrument:
         targets = [
-            (wire.ChunkHeaders, "from_attributes", "headers"),
+            (ChunkHeaders, "from_attributes", "headers"),
             (decode, "decode_chunk", "decode"),
             (decode.MessageDecoder, "rows", "intake"),
             (ledger.Ledger, "open", "ledger"),

@@ -14,12 +14,12 @@ from bench.hot_path.timers import Stages
 from rowbatch.consumer.engine import batcher, decode, ledger, results
 from rowbatch.consumer.model import handler as handler_module
 from rowbatch.consumer.model.handler import OipHandler
-from rowbatch.consumer.model.inference import RetryingInferencer
-from rowbatch.consumer.sinks import parquet
+from rowbatch.consumer.model.inference.retry import RetryingInferencer
+from rowbatch.consumer.sinks.parquet.sink import ParquetSink
 from rowbatch.consumer.sinks.postgres import copy_binary
 from rowbatch.consumer.sinks.sqlite import sink as sqlite_sink
 from rowbatch.consumer.sources.base import Delivery
-from rowbatch.wire.columns import ColumnType
+from rowbatch.wire.columns.column_type import ColumnType
 
 
 def run_once(
@@ -42,7 +42,7 @@ def run_once(
         (results.ResultBuilder, "build", "result"),
         (sqlite_sink, "records", "sink"),
         (sqlite_sink, "sqlite_transaction", "sink"),
-        (parquet.ParquetSink, "_write", "sink"),
+        (ParquetSink, "_write", "sink"),
         (copy_binary, "encode_tuples", "sink"),
         (ledger.Ledger, "open", "ack"),
         (ledger.Ledger, "written", "ack"),

@@ -14,8 +14,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from rowbatch.consumer.model.mismatch import SchemaMismatch
-from rowbatch.consumer.sources.base import DeadLetterReason, Delivery, ReasonClass
-from rowbatch.wire.chunks import DecodedChunk, decode_chunk
+from rowbatch.consumer.sources.base import DeadLetterReason, Delivery
+from rowbatch.wire.chunks.decode import DecodedChunk, decode_chunk
+from rowbatch.wire.dead_letter import ReasonClass
 from rowbatch.wire.errors import WireError
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,8 @@ from rowbatch.consumer.engine.results import Answered
 from rowbatch.consumer.engine.stage_context import StageContext
 from rowbatch.consumer.model.answer import Answer
 from rowbatch.consumer.model.handler import ModelHandler
-from rowbatch.consumer.sources.base import DeadLetterReason, ReasonClass
+from rowbatch.consumer.sources.base import DeadLetterReason
+from rowbatch.wire.dead_letter import ReasonClass
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,8 @@ from rowbatch.consumer.engine.budget import ByteBudget
 from rowbatch.consumer.engine.results import Answered, write_cost
 from rowbatch.consumer.engine.sink_writer import SinkWriter
 from rowbatch.consumer.engine.stage_context import StageContext
-from rowbatch.consumer.sources.base import DeadLetterReason, ReasonClass
+from rowbatch.consumer.sources.base import DeadLetterReason
+from rowbatch.wire.dead_letter import ReasonClass
 
 
 class WriteStage:

@@ -18,7 +18,6 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, S
 from typing import Any
 
 from rowbatch.consumer.model.answer import Answer
-from rowbatch.consumer.model.discovery import ModelSpec
 from rowbatch.consumer.model.endpoint_probe import HealthTiming, Prober, Reference
 from rowbatch.consumer.model.endpoint_state import (
     Endpoint,
@@ -34,6 +33,7 @@ from rowbatch.consumer.model.inference.errors import (
     error_kind,
     is_exhausted,
 )
+from rowbatch.consumer.model.spec import ModelSpec
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ def _no_meter(_: str) -> EndpointMeter:
 
 class Balancer:
     """Least-outstanding-requests balancing with failover over model-server endpoints; an
-    :class:`rowbatch.consumer.model.inference.Inferencer`.
+    :class:`rowbatch.consumer.model.inference.retry.Inferencer`.
 
     Life cycle: :meth:`track` the addresses found at start (clients come from ``connect``),
     discover their model, then :meth:`start` with the reference spec, the per-endpoint limit

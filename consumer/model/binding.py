@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final
 
-from rowbatch.consumer.model.discovery import ModelSpec
+from rowbatch.consumer.model.spec import ModelSpec
 
 #: Result-table columns the consumer writes itself; no output or passthrough may take them.
 RESERVED_COLUMNS: Final = frozenset(

@@ -13,12 +13,13 @@ from typing import Any, Final
 import numpy as np
 
 from rowbatch.consumer.model.binding import Binding, BindingError
-from rowbatch.consumer.model.discovery import ModelSpec, TensorSpec
 from rowbatch.consumer.model.mismatch import SchemaMismatch
+from rowbatch.consumer.model.spec import ModelSpec, TensorSpec
 from rowbatch.consumer.model.tensors import NUMPY_DTYPES, check_range, check_values, fit_dims
 from rowbatch.consumer.model.text_tensor import check_text
-from rowbatch.wire.chunks import DecodedChunk
-from rowbatch.wire.columns import Column, ColumnType, Kind
+from rowbatch.wire.chunks.decode import DecodedChunk
+from rowbatch.wire.columns.canonical import Column
+from rowbatch.wire.columns.column_type import ColumnType, Kind
 
 #: Which model datatypes a column kind can feed (a cast happens where the dtypes differ).
 _FEEDS: Final[Mapping[Kind, tuple[str, ...]]] = MappingProxyType(

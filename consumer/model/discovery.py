@@ -27,48 +27,30 @@ from typing import Any, Final
 
 from tritonclient.utils import InferenceServerException
 
-from rowbatch.consumer.model.configured_spec import ConfiguredSpec, ConfiguredSpecMismatch
+from rowbatch.consumer.model.configured_spec import ConfiguredSpec
 from rowbatch.consumer.model.metadata_spec import (
     MetadataUnusable,
     latest_version,
     spec_from_metadata,
 )
-from rowbatch.consumer.model.server_kind import (
-    DEFAULT_BATCH_SIZE,
-    default_in_flight,
-    target_batch_size,
-)
 from rowbatch.consumer.model.spec import (
-    DATATYPES,
     DTYPE_SIZES,
     ModelConfigError,
     ModelSpec,
-    SpecSource,
     TensorSpec,
 )
 
 __all__ = [
-    "DATATYPES",
-    "DEFAULT_BATCH_SIZE",
     "DEFAULT_BYTES_ESTIMATE",
     "DEFAULT_VARIABLE_DIM_ESTIMATE",
-    "DTYPE_SIZES",
-    "ConfiguredSpec",
-    "ConfiguredSpecMismatch",
-    "ModelConfigError",
     "ModelConfigUnavailable",
     "ModelDiscoveryError",
     "ModelNotFound",
     "ModelServerUnavailable",
-    "ModelSpec",
-    "SpecSource",
-    "TensorSpec",
-    "default_in_flight",
     "discover_model",
     "input_bytes_per_row",
     "output_bytes_per_row",
     "spec_from_config",
-    "target_batch_size",
     "tensor_bytes_per_row",
 ]
 

@@ -11,8 +11,8 @@ import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from rowbatch.consumer.model.discovery import ModelSpec
 from rowbatch.consumer.model.endpoint_state import Endpoint, EndpointClient, Health
+from rowbatch.consumer.model.spec import ModelSpec
 from rowbatch.consumer.model.spec_match import describe_mismatch, spec_differences
 from rowbatch.timing import Backoff
 

@@ -11,11 +11,12 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from rowbatch.consumer.model.answer import Answer
-from rowbatch.consumer.model.discovery import ModelSpec
+from rowbatch.consumer.model.spec import ModelSpec
 
 
 class EndpointClient(Protocol):
-    """One server's client (an :class:`rowbatch.consumer.model.inference.InferenceClient`)."""
+    """One server's client (an
+    :class:`~rowbatch.consumer.model.inference.client.InferenceClient`)."""
 
     url: str
 

@@ -18,12 +18,13 @@ from numpy.typing import NDArray
 from rowbatch.consumer.model.answer import Answer
 from rowbatch.consumer.model.binding import Binding
 from rowbatch.consumer.model.chunk_check import check_chunk, memoized_check
-from rowbatch.consumer.model.discovery import ModelSpec, output_bytes_per_row
-from rowbatch.consumer.model.inference import FatalInferenceError, PoisonInferenceError
+from rowbatch.consumer.model.discovery import output_bytes_per_row
+from rowbatch.consumer.model.inference.errors import FatalInferenceError, PoisonInferenceError
 from rowbatch.consumer.model.mismatch import SchemaMismatch
+from rowbatch.consumer.model.spec import ModelSpec
 from rowbatch.consumer.model.tensors import build_inputs
-from rowbatch.wire.chunks import DecodedChunk
-from rowbatch.wire.columns import ColumnType
+from rowbatch.wire.chunks.decode import DecodedChunk
+from rowbatch.wire.columns.column_type import ColumnType
 
 
 class BatchRows(Protocol):
@@ -40,7 +41,7 @@ class BatchRows(Protocol):
 
 class AnswersRequests(Protocol):
     """Runs one request, retrying what is transient (a
-    :class:`rowbatch.consumer.model.inference.RetryingInferencer`)."""
+    :class:`rowbatch.consumer.model.inference.retry.RetryingInferencer`)."""
 
     async def infer(self, inputs: Sequence[Any], outputs: Sequence[str]) -> Answer: ...
 

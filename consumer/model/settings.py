@@ -25,7 +25,7 @@ from rowbatch.consumer.model.tls import (
 )
 from rowbatch.consumer.section import Section
 from rowbatch.timing import Backoff
-from rowbatch.wire.columns import ColumnType
+from rowbatch.wire.columns.column_type import ColumnType
 
 
 class TensorSettings(Section):

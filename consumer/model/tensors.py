@@ -16,8 +16,8 @@ import tritonclient.grpc as grpcclient
 from numpy.typing import NDArray
 
 from rowbatch.consumer.model.binding import Binding
-from rowbatch.consumer.model.discovery import ModelSpec, TensorSpec
 from rowbatch.consumer.model.mismatch import SchemaMismatch
+from rowbatch.consumer.model.spec import ModelSpec, TensorSpec
 from rowbatch.consumer.model.text_tensor import bytes_input, check_text, serialize_text
 
 #: numpy dtype of each datatype a column can feed, and the array dtype kinds accepted for it.

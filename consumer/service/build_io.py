@@ -12,9 +12,7 @@ from typing import Literal
 from prometheus_client import CollectorRegistry
 
 from rowbatch.consumer import __version__
-from rowbatch.consumer.model.discovery import (
-    ModelSpec,
-)
+from rowbatch.consumer.model.spec import ModelSpec
 from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.observe.scaling import ScalingSignal, SignalSettings
 from rowbatch.consumer.service.config import ConsumerConfig, SinkSettings, SourceSettings
@@ -24,7 +22,7 @@ from rowbatch.consumer.sinks.settings import ParquetSinkSettings, PostgresSinkSe
 from rowbatch.consumer.sources.base import Source
 from rowbatch.consumer.sources.kafka.settings import KafkaSettings
 from rowbatch.consumer.sources.pubsub.settings import PubSubSettings
-from rowbatch.wire.columns import ColumnType
+from rowbatch.wire.columns.column_type import ColumnType
 from rowbatch.wire.pubsub_env import project_of
 
 _DATATYPE_DTYPES = {
@@ -114,14 +112,14 @@ def check_source_credentials(settings: SourceSettings) -> None:
 
 def make_sink(settings: SinkSettings) -> Sink:
     if isinstance(settings, PostgresSinkSettings):
-        from rowbatch.consumer.sinks.postgres import PostgresSink  # noqa: PLC0415
+        from rowbatch.consumer.sinks.postgres.sink import PostgresSink  # noqa: PLC0415
 
         return PostgresSink(settings.dsn.get_secret_value(), schema=settings.db_schema)
     if isinstance(settings, ParquetSinkSettings):
-        from rowbatch.consumer.sinks.parquet import ParquetSink  # noqa: PLC0415
+        from rowbatch.consumer.sinks.parquet.sink import ParquetSink  # noqa: PLC0415
 
         return ParquetSink(settings.url)
-    from rowbatch.consumer.sinks.sqlite import SqliteSink  # noqa: PLC0415
+    from rowbatch.consumer.sinks.sqlite.sink import SqliteSink  # noqa: PLC0415
 
     return SqliteSink(settings.path)
 

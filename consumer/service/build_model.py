@@ -11,19 +11,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 from rowbatch.consumer.model.balancer import Balancer
-from rowbatch.consumer.model.discovery import (
-    ModelServerUnavailable,
-    ModelSpec,
-    default_in_flight,
-)
+from rowbatch.consumer.model.discovery import ModelServerUnavailable
 from rowbatch.consumer.model.endpoint_probe import HealthTiming
 from rowbatch.consumer.model.endpoints import Membership
-from rowbatch.consumer.model.inference import (
-    InferenceClient,
-)
-from rowbatch.consumer.model.server_kind import describe_defaults
+from rowbatch.consumer.model.inference.client import InferenceClient
+from rowbatch.consumer.model.server_kind import default_in_flight, describe_defaults
 from rowbatch.consumer.model.settings import ModelSettings
-from rowbatch.consumer.model.spec import SOURCE_NAMES
+from rowbatch.consumer.model.spec import SOURCE_NAMES, ModelSpec
 from rowbatch.consumer.model.spec_match import same_spec
 from rowbatch.consumer.service.startup import wait_for
 
@@ -117,7 +111,7 @@ def health_timing(settings: ModelSettings) -> HealthTiming:
 def per_endpoint_limit(settings: ModelSettings, target: int) -> Callable[[ModelSpec], int]:
     """Requests in flight per endpoint: ``model.max_in_flight``, else what the endpoint's own
     model config or its server kind calls for
-    (:func:`rowbatch.consumer.model.discovery.default_in_flight`,
+    (:func:`rowbatch.consumer.model.server_kind.default_in_flight`,
     :mod:`rowbatch.consumer.model.server_kind`)."""
 
     def limit(spec: ModelSpec) -> int:

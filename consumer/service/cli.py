@@ -13,7 +13,8 @@ from pathlib import Path
 
 from rowbatch.consumer.engine.pipeline import PipelineFailed
 from rowbatch.consumer.model.binding import Binding, BindingError, check_binding
-from rowbatch.consumer.model.discovery import ModelConfigError, ModelDiscoveryError
+from rowbatch.consumer.model.discovery import ModelDiscoveryError
+from rowbatch.consumer.model.spec import ModelConfigError
 from rowbatch.consumer.observe.memory import return_freed_memory
 from rowbatch.consumer.service import admin, logs
 from rowbatch.consumer.service.build_io import check_source_credentials

@@ -16,17 +16,12 @@ from rowbatch.consumer.model.binding import (
     Binding,
     check_binding,
 )
-from rowbatch.consumer.model.discovery import (
-    ModelSpec,
-    target_batch_size,
-)
 from rowbatch.consumer.model.endpoints import Membership
 from rowbatch.consumer.model.handler import OipHandler
-from rowbatch.consumer.model.inference import (
-    InferenceRetry,
-    RetryingInferencer,
-    error_kind,
-)
+from rowbatch.consumer.model.inference.errors import error_kind
+from rowbatch.consumer.model.inference.retry import InferenceRetry, RetryingInferencer
+from rowbatch.consumer.model.server_kind import target_batch_size
+from rowbatch.consumer.model.spec import ModelSpec
 from rowbatch.consumer.model.spec_match import same_spec
 from rowbatch.consumer.observe.memory import trim
 from rowbatch.consumer.observe.metrics import Metrics
@@ -52,14 +47,13 @@ from rowbatch.consumer.service.shutdown import (
     close_bounded,
     unless_stopped,
 )
-from rowbatch.consumer.service.startup import StartupError
 from rowbatch.consumer.sinks.base import Sink
 from rowbatch.consumer.sources.base import Source
-from rowbatch.wire.columns import ColumnType
+from rowbatch.wire.columns.column_type import ColumnType
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Running", "StartupError", "run_consumer"]
+__all__ = ["Running", "run_consumer"]
 
 
 @dataclass

@@ -11,13 +11,11 @@ from typing import Protocol, Self, runtime_checkable
 from rowbatch.wire.dead_letter import DEFAULT_CODES, ReasonClass
 
 __all__ = [
-    "DEFAULT_CODES",
     "BoundsReadAhead",
     "DeadLetterFailed",
     "DeadLetterReason",
     "Delivery",
     "DeliveryIterator",
-    "ReasonClass",
     "SharedBudget",
     "SharesBudget",
     "Source",

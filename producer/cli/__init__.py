@@ -18,24 +18,6 @@ Chunk ids are ``<id prefix>:<chunk number>`` (``.<part>`` appended when a chunk 
 a file the default prefix is derived from the file (path, size, modification time) and the
 settings that decide the cut, so publishing the same file again with the same settings re-sends
 the same ids and the consumer writes each row once; ``--id-prefix`` sets it.
+
+Import a name from the module that defines it: this package re-exports nothing.
 """
-
-from __future__ import annotations
-
-from rowbatch.producer.cli.brokers import make_publisher
-from rowbatch.producer.cli.loadgen import run_loadgen
-from rowbatch.producer.cli.main import main
-from rowbatch.producer.cli.parser import build_parser
-from rowbatch.producer.cli.publish import default_id_prefix, run_publish
-from rowbatch.producer.cli.running import Outcome, UsageError
-
-__all__ = [
-    "Outcome",
-    "UsageError",
-    "build_parser",
-    "default_id_prefix",
-    "main",
-    "make_publisher",
-    "run_loadgen",
-    "run_publish",
-]

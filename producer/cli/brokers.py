@@ -8,7 +8,10 @@ from collections.abc import Callable
 from typing import Any
 
 from rowbatch.producer.cli.running import UsageError
-from rowbatch.producer.publishers import KafkaPublisher, Publisher, PublishRetry, PubSubPublisher
+from rowbatch.producer.publishers.base import Publisher
+from rowbatch.producer.publishers.kafka import KafkaPublisher
+from rowbatch.producer.publishers.pubsub import PubSubPublisher
+from rowbatch.producer.publishers.retry import PublishRetry
 
 PublisherFactory = Callable[[argparse.Namespace], Publisher]
 

@@ -12,12 +12,15 @@ from typing import TextIO
 
 from rowbatch.producer.cli.parser import ENCODINGS
 from rowbatch.producer.cli.running import Outcome, Submit, Tally, UsageError, run_to_outcome
-from rowbatch.producer.loadgen import LoadSpec, Manifest, RateLimiter, publish_load
+from rowbatch.producer.loadgen.manifest import Manifest
+from rowbatch.producer.loadgen.rate import RateLimiter
+from rowbatch.producer.loadgen.run import publish_load
+from rowbatch.producer.loadgen.spec import LoadSpec
 from rowbatch.producer.progress import Progress
-from rowbatch.producer.publishers import Publisher
+from rowbatch.producer.publishers.base import Publisher
 from rowbatch.timing import Sleep
 from rowbatch.wire.errors import WireError
-from rowbatch.wire.headers import check_table
+from rowbatch.wire.headers.fields import check_table
 
 
 async def run_loadgen(

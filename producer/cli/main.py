@@ -18,8 +18,8 @@ from rowbatch.producer.cli.parser import PROG, build_parser
 from rowbatch.producer.cli.publish import run_publish
 from rowbatch.producer.cli.report import report, write_manifest
 from rowbatch.producer.cli.running import Outcome, RunFailed, UsageError
-from rowbatch.producer.publishers import PublisherConfigError, PublishError
-from rowbatch.producer.readers import InputError
+from rowbatch.producer.publishers.errors import PublisherConfigError, PublishError
+from rowbatch.producer.readers.errors import InputError
 from rowbatch.timing import Sleep
 
 

@@ -8,9 +8,9 @@ import os
 from pathlib import Path
 from typing import Final
 
-from rowbatch.producer.loadgen import DECODE_KINDS, MalformedKind
-from rowbatch.producer.readers import InputFormat
-from rowbatch.wire.headers import Encoding
+from rowbatch.producer.loadgen.spec import DECODE_KINDS, MalformedKind
+from rowbatch.producer.readers.formats import InputFormat
+from rowbatch.wire.headers.fields import Encoding
 
 PROG: Final = "rowbatch-producer"
 ENCODINGS: Final = {"json": Encoding.JSON, "arrow": Encoding.ARROW}

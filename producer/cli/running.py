@@ -8,16 +8,13 @@ import argparse
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from rowbatch.producer.loadgen import Manifest
+from rowbatch.producer.loadgen.manifest import Manifest
 from rowbatch.producer.progress import Progress, Summary
-from rowbatch.producer.publishers import (
-    Message,
-    PublishedChunk,
-    Publisher,
-    PublishError,
-    PublishWindow,
-)
-from rowbatch.producer.readers import InputError
+from rowbatch.producer.publishers.base import Publisher
+from rowbatch.producer.publishers.errors import PublishError
+from rowbatch.producer.publishers.messages import Message, PublishedChunk
+from rowbatch.producer.publishers.window import PublishWindow
+from rowbatch.producer.readers.errors import InputError
 
 Submit = Callable[[Message, int | None], Awaitable[None]]
 

@@ -15,37 +15,6 @@ gives the same rows and the same choice of malformed chunks.
 
 The malformed kinds and the dead-letter reason each gets are listed in
 :mod:`rowbatch.producer.loadgen.malformed`.
+
+Import a name from the module that defines it: this package re-exports nothing.
 """
-
-from __future__ import annotations
-
-from rowbatch.producer.loadgen.generate import generate_columns
-from rowbatch.producer.loadgen.malformed import expected_reason, plan_malformed
-from rowbatch.producer.loadgen.manifest import Manifest
-from rowbatch.producer.loadgen.plan import PlannedMessage, plan_chunk, plan_messages
-from rowbatch.producer.loadgen.rate import RateLimiter
-from rowbatch.producer.loadgen.run import publish_load
-from rowbatch.producer.loadgen.spec import (
-    DECODE_KINDS,
-    DEFAULT_REJECT_MARKER,
-    LoadKind,
-    LoadSpec,
-    MalformedKind,
-)
-
-__all__ = [
-    "DECODE_KINDS",
-    "DEFAULT_REJECT_MARKER",
-    "LoadKind",
-    "LoadSpec",
-    "MalformedKind",
-    "Manifest",
-    "PlannedMessage",
-    "RateLimiter",
-    "expected_reason",
-    "generate_columns",
-    "plan_chunk",
-    "plan_malformed",
-    "plan_messages",
-    "publish_load",
-]

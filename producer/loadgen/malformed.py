@@ -29,9 +29,10 @@ import pyarrow as pa
 
 from rowbatch.producer.loadgen.spec import LoadSpec, MalformedKind
 from rowbatch.producer.publishers.messages import Message, RawMessage, message_size
-from rowbatch.wire.chunks import EncodedChunk, decode_chunk, encode_chunk
+from rowbatch.wire.chunks.decode import decode_chunk
+from rowbatch.wire.chunks.encode import EncodedChunk, encode_chunk
 from rowbatch.wire.errors import WireError
-from rowbatch.wire.headers import H_ROW_COUNT, Encoding
+from rowbatch.wire.headers.fields import H_ROW_COUNT, Encoding
 
 
 def expected_reason(kind: MalformedKind, encoding: Encoding) -> str | None:

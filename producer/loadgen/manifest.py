@@ -9,7 +9,7 @@ from typing import Any
 
 from rowbatch.producer.loadgen.plan import PlannedMessage
 from rowbatch.producer.loadgen.spec import LoadSpec, MalformedKind
-from rowbatch.wire.headers import Encoding
+from rowbatch.wire.headers.fields import Encoding
 
 
 @dataclass

@@ -13,7 +13,8 @@ from rowbatch.producer.loadgen.generate import generate_columns
 from rowbatch.producer.loadgen.malformed import malformed_message, plan_malformed, with_marker
 from rowbatch.producer.loadgen.spec import LoadSpec, MalformedKind
 from rowbatch.producer.publishers.messages import Message
-from rowbatch.wire.chunks import EncodedChunk, split_rows
+from rowbatch.wire.chunks.encode import EncodedChunk
+from rowbatch.wire.chunks.split import split_rows
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Final, Literal
 
-from rowbatch.wire.columns import INT64, STRING, ColumnType
-from rowbatch.wire.headers import Encoding, derive_chunk_id
+from rowbatch.wire.columns.column_type import INT64, STRING, ColumnType
+from rowbatch.wire.headers.fields import Encoding, derive_chunk_id
 
 LoadKind = Literal["text", "numeric"]
 

@@ -11,74 +11,12 @@ Both publishers
 - re-send a chunk with the same payload and chunk id on retry, so the consumer, which keys its
   results by chunk id, writes each row once even when a retry duplicates a message;
 - report :attr:`~Publisher.max_chunk_bytes`, the largest :attr:`EncodedChunk.size` that fits one
-  message, which :func:`publish_rows` hands to :func:`~rowbatch.wire.chunks.split_rows`.
+  message, which :func:`publish_rows` hands to :func:`~rowbatch.wire.chunks.split.split_rows`.
 
 Usage::
 
     async with KafkaPublisher("localhost:9092", "rows") as pub:
         await publish_rows(pub, "orders", {"id": ids, "text": texts}, "arrow", "orders-db:1")
+
+Import a name from the module that defines it: this package re-exports nothing.
 """
-
-from __future__ import annotations
-
-from rowbatch.producer.publishers.base import Publisher, StartClose
-from rowbatch.producer.publishers.errors import (
-    BrokerUnavailable,
-    MessageTooLarge,
-    PublisherConfigError,
-    PublishError,
-    PublishFailed,
-    TopicNotFound,
-)
-from rowbatch.producer.publishers.kafka import (
-    KafkaCompression,
-    KafkaPublisher,
-    check_kafka_compression,
-)
-from rowbatch.producer.publishers.messages import (
-    Message,
-    PublishedChunk,
-    RawMessage,
-    chunk_id_of,
-    message_size,
-    rows_of,
-)
-from rowbatch.producer.publishers.pubsub import (
-    PubSubBatchSettings,
-    PubSubFlowControl,
-    PubSubPublisher,
-    pubsub_topic_path,
-)
-from rowbatch.producer.publishers.retry import PublishRetry
-from rowbatch.producer.publishers.splitting import publish_rows, split_for
-from rowbatch.producer.publishers.window import PublishWindow
-from rowbatch.timing import Sleep
-
-__all__ = [
-    "BrokerUnavailable",
-    "KafkaCompression",
-    "KafkaPublisher",
-    "Message",
-    "MessageTooLarge",
-    "PubSubBatchSettings",
-    "PubSubFlowControl",
-    "PubSubPublisher",
-    "PublishError",
-    "PublishFailed",
-    "PublishRetry",
-    "PublishWindow",
-    "PublishedChunk",
-    "Publisher",
-    "PublisherConfigError",
-    "RawMessage",
-    "Sleep",
-    "StartClose",
-    "TopicNotFound",
-    "check_kafka_compression",
-    "chunk_id_of",
-    "message_size",
-    "publish_rows",
-    "pubsub_topic_path",
-    "rows_of",
-    "split_for",
-]

@@ -30,8 +30,8 @@ from rowbatch.producer.publishers.errors import (
 from rowbatch.producer.publishers.messages import Message, chunk_id_of, message_size
 from rowbatch.producer.publishers.retry import PublishRetry, make_retrying
 from rowbatch.timing import Sleep
-from rowbatch.wire.chunks import KAFKA_DEFAULT_MAX_MESSAGE_BYTES
-from rowbatch.wire.headers import H_CHUNK_ID, H_ORDERING_KEY
+from rowbatch.wire.chunks.split import KAFKA_DEFAULT_MAX_MESSAGE_BYTES
+from rowbatch.wire.headers.fields import H_CHUNK_ID, H_ORDERING_KEY
 
 KafkaCompression = Literal["zstd", "lz4", "gzip", "snappy"]
 
@@ -208,7 +208,7 @@ class KafkaPublisher(StartClose):
                 f"chunk {chunk_id!r} is {size} bytes (payload + headers), over the "
                 f"{self.max_chunk_bytes}-byte limit for Kafka topic {self._topic!r} "
                 f"(max_message_bytes {self._max_message_bytes} less record framing); split it "
-                "(rowbatch.producer.publish.publish_rows / rowbatch.wire.chunks.split_rows)",
+                "(rowbatch.producer.publish_rows / rowbatch.wire.split_rows)",
                 topic=self._topic,
                 address=self._bootstrap,
                 chunk_id=chunk_id,

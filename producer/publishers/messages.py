@@ -8,12 +8,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from rowbatch.wire.headers import H_CHUNK_ID, H_ROW_COUNT, attributes_size
+from rowbatch.wire.headers.fields import H_CHUNK_ID, H_ROW_COUNT, attributes_size
 
 
 class Message(Protocol):
-    """What a publisher sends: :class:`~rowbatch.wire.chunks.EncodedChunk`, or a :class:`RawMessage`
-    (any payload and attributes, e.g. the load generator's deliberately malformed ones)."""
+    """What a publisher sends: :class:`~rowbatch.wire.chunks.encode.EncodedChunk`, or a
+    :class:`RawMessage` (any payload and attributes, e.g. the load generator's deliberately
+    malformed ones)."""
 
     @property
     def payload(self) -> bytes: ...

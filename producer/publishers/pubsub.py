@@ -43,8 +43,8 @@ from rowbatch.producer.publishers.errors import (
 from rowbatch.producer.publishers.messages import Message, chunk_id_of, message_size
 from rowbatch.producer.publishers.retry import PublishRetry, make_retrying
 from rowbatch.timing import Sleep
-from rowbatch.wire.chunks import PUBSUB_MAX_MESSAGE_BYTES
-from rowbatch.wire.headers import H_ORDERING_KEY
+from rowbatch.wire.chunks.split import PUBSUB_MAX_MESSAGE_BYTES
+from rowbatch.wire.headers.fields import H_ORDERING_KEY
 from rowbatch.wire.pubsub_env import (
     CredentialsLookup,
     credentials_message,
@@ -339,7 +339,7 @@ class PubSubPublisher(StartClose):
             raise MessageTooLarge(
                 f"chunk {chunk_id!r} is {size} bytes (payload + attributes), over the "
                 f"{self.max_chunk_bytes}-byte limit for Pub/Sub topic {self._topic!r}; split "
-                "it (rowbatch.producer.publish.publish_rows / rowbatch.wire.chunks.split_rows)",
+                "it (rowbatch.producer.publish_rows / rowbatch.wire.split_rows)",
                 topic=self._topic,
                 address=self.address,
                 chunk_id=chunk_id,

@@ -68,4 +68,4 @@ def make_retrying(
     )
 
 
-__all__ = ["PublishRetry", "Sleep", "make_retrying"]
+__all__ = ["PublishRetry", "make_retrying"]

@@ -9,10 +9,13 @@ from datetime import datetime
 
 from rowbatch.producer.publishers.base import Publisher
 from rowbatch.producer.publishers.messages import PublishedChunk
-from rowbatch.wire.chunks import EncodedChunk, split_rows
+from rowbatch.wire.chunks.encode import EncodedChunk
+from rowbatch.wire.chunks.split import split_rows
 from rowbatch.wire.codec_arrow import Compression
-from rowbatch.wire.columns import ColumnData, ColumnType, TableSchema
-from rowbatch.wire.headers import Encoding
+from rowbatch.wire.columns.caller_data import ColumnData
+from rowbatch.wire.columns.column_type import ColumnType
+from rowbatch.wire.columns.schema import TableSchema
+from rowbatch.wire.headers.fields import Encoding
 
 
 def split_for(
@@ -27,8 +30,8 @@ def split_for(
     compression: Compression | None = None,
     produced_at: datetime | None = None,
 ) -> list[EncodedChunk]:
-    """:func:`~rowbatch.wire.chunks.split_rows` with the publisher's message limit (CPU-bound: call
-    it in a worker thread from async code)."""
+    """:func:`~rowbatch.wire.chunks.split.split_rows` with the publisher's message limit
+    (CPU-bound: call it in a worker thread from async code)."""
     return split_rows(
         table,
         columns,

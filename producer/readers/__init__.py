@@ -7,34 +7,14 @@ column and the row.
   format: ``csv``, ``jsonl``, ``parquet``);
 - :func:`rechunk` cuts its record batches into tables of ``rows`` rows;
 - :func:`wire_columns` converts one such table to the columns
-:func:`rowbatch.wire.chunks.split_rows`
-  takes, applying the declared schema (``--schema``) or inferring the types;
+  :func:`~rowbatch.wire.chunks.split.split_rows` takes, applying the declared schema
+  (``--schema``) or inferring the types;
 - :func:`parse_schema` reads ``id:int64,text:string,features:vector[float32,16]``.
 
 CSV: the first line is the header; empty cells and ``null``/``NULL`` are nulls in non-string
 columns (a string column keeps ``""``); ``NaN``/``inf`` are float values. A vector cell is a JSON
 array (``"[0.1, 0.2]"``). JSON Lines: one object per line; arrays of numbers are vectors.
 Compressed files (``.gz``, ``.bz2``, ``.zst``, ``.lz4``) are read as such.
+
+Import a name from the module that defines it: this package re-exports nothing.
 """
-
-from __future__ import annotations
-
-from rowbatch.producer.readers.convert import wire_columns
-from rowbatch.producer.readers.errors import InputError, describe_wire_error
-from rowbatch.producer.readers.formats import STDIN, InputFormat, infer_format
-from rowbatch.producer.readers.rechunk import rechunk
-from rowbatch.producer.readers.schema import parse_schema
-from rowbatch.producer.readers.source import TableSource, open_source
-
-__all__ = [
-    "STDIN",
-    "InputError",
-    "InputFormat",
-    "TableSource",
-    "describe_wire_error",
-    "infer_format",
-    "open_source",
-    "parse_schema",
-    "rechunk",
-    "wire_columns",
-]

@@ -1,6 +1,7 @@
-"""Converting a table read from the input to the columns :func:`rowbatch.wire.chunks.split_rows`
-takes: columns named in the declared schema (``--schema``) are cast to its type, others get the type
-their values have; errors name the input, the column and the data row."""
+"""Converting a table read from the input to the columns
+:func:`~rowbatch.wire.chunks.split.split_rows` takes: columns named in the declared schema
+(``--schema``) are cast to its type, others get the type their values have; errors name the
+input, the column and the data row."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import pyarrow.compute as pc
 
 from rowbatch.producer.readers.errors import InputError, where
 from rowbatch.producer.readers.vectors import list_to_vector, parse_vectors
-from rowbatch.wire.columns import ColumnType, Kind, arrow_type_of, column_type_of_arrow
+from rowbatch.wire.columns.arrow import arrow_type_of, column_type_of_arrow
+from rowbatch.wire.columns.column_type import ColumnType, Kind
 from rowbatch.wire.errors import UnsupportedColumnType
 
 

@@ -10,7 +10,8 @@ from typing import Any, Final
 import pyarrow as pa
 import pyarrow.csv as pcsv
 
-from rowbatch.wire.columns import ColumnType, Kind, arrow_type_of
+from rowbatch.wire.columns.arrow import arrow_type_of
+from rowbatch.wire.columns.column_type import ColumnType, Kind
 
 _CSV_NULLS: Final = ["", "null", "NULL"]
 # Quoted values may span lines (text columns); Arrow then splits blocks more carefully.

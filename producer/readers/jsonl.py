@@ -9,7 +9,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.json as pjson
 
-from rowbatch.wire.columns import ColumnType, Kind, arrow_type_of
+from rowbatch.wire.columns.arrow import arrow_type_of
+from rowbatch.wire.columns.column_type import ColumnType, Kind
 
 
 def _json_schema(schema: Mapping[str, ColumnType]) -> pa.Schema:

@@ -7,7 +7,7 @@ import re
 from typing import Final
 
 from rowbatch.producer.readers.errors import InputError
-from rowbatch.wire.columns import ColumnType
+from rowbatch.wire.columns.column_type import ColumnType
 from rowbatch.wire.errors import UnsupportedColumnType
 
 _SCHEMA_ENTRY: Final = re.compile(r"\s*([^:,]+?)\s*:\s*(vector\s*\[[^\]]*\]|[^,]+?)\s*(?:,|$)")

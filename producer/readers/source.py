@@ -19,7 +19,7 @@ from rowbatch.producer.readers.errors import InputError
 from rowbatch.producer.readers.formats import COMPRESSION_SUFFIXES, STDIN, InputFormat, infer_format
 from rowbatch.producer.readers.jsonl import jsonl_batches
 from rowbatch.producer.readers.parquet import parquet_batches
-from rowbatch.wire.columns import ColumnType
+from rowbatch.wire.columns.column_type import ColumnType
 
 BLOCK_BYTES: Final = 8 << 20
 

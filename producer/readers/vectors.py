@@ -12,7 +12,8 @@ import pyarrow.compute as pc
 import pyarrow.json as pjson
 
 from rowbatch.producer.readers.errors import InputError, where
-from rowbatch.wire.columns import ColumnType, arrow_type_of
+from rowbatch.wire.columns.arrow import arrow_type_of
+from rowbatch.wire.columns.column_type import ColumnType
 
 
 def _vector_row(row: object, dim: int) -> np.ndarray[Any, np.dtype[np.float32]]:

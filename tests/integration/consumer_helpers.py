@@ -17,7 +17,7 @@ from google.pubsub_v1 import types as pstypes
 from harness.pubsub import PubSubEndpoint
 from rowbatch.consumer.service.config import ConsumerConfig
 from rowbatch.consumer.service.runner import Running, run_consumer
-from rowbatch.wire.chunks import EncodedChunk
+from rowbatch.wire.chunks.encode import EncodedChunk
 
 WAIT_S = 120.0
 QUIET_S = 1.5

@@ -13,7 +13,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from harness.kafka import KafkaEndpoint, create_topic
-from rowbatch.wire.chunks import EncodedChunk
+from rowbatch.wire.chunks.encode import EncodedChunk
 
 Header = tuple[str, bytes]
 

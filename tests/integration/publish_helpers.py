@@ -16,8 +16,8 @@ import pyarrow as pa
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 
-from rowbatch.producer.cli import main
-from rowbatch.wire.chunks import decode_chunk
+from rowbatch.producer.cli.main import main
+from rowbatch.wire.chunks.decode import decode_chunk
 
 ROWS = 100_000
 DIM = 4

@@ -23,7 +23,7 @@ from harness.postgres import PostgresEndpoint
 from harness.service import RunDir
 from harness.triton import TritonEndpoint
 from rowbatch.consumer.service.config import ConsumerConfig
-from rowbatch.wire.chunks import encode_chunk
+from rowbatch.wire.chunks.encode import encode_chunk
 from tests.integration.consumer_helpers import Topics, consumer_running, wait_until
 from tests.integration.kafka_helpers import KafkaTopics, chunk_record, paced_producer, read_all
 from tests.integration.test_consumer_kafka import count_rows, kafka_config, scorer_chunks

@@ -38,7 +38,7 @@ from rowbatch.consumer.service.runner import Running, run_consumer
 from rowbatch.consumer.sinks.settings import PostgresSinkSettings
 from rowbatch.consumer.sources.kafka.settings import KafkaSettings
 from rowbatch.consumer.sources.kafka.source import KafkaSource
-from rowbatch.wire.chunks import EncodedChunk, encode_chunk
+from rowbatch.wire.chunks.encode import EncodedChunk, encode_chunk
 from tests.integration.consumer_helpers import InProcess, consumer_running, wait_until
 from tests.integration.kafka_helpers import (
     KafkaTopics,

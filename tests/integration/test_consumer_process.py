@@ -44,7 +44,7 @@ from harness.reference_models import EXPAND_DIM, expand
 from harness.triton import TritonEndpoint
 from rowbatch.consumer.section import MiB
 from rowbatch.consumer.service.config import load_config
-from rowbatch.wire.chunks import encode_chunk
+from rowbatch.wire.chunks.encode import encode_chunk
 from tests.integration.consumer_helpers import Topics
 from tests.integration.test_consumer_pubsub import scorer_chunks
 

@@ -22,7 +22,7 @@ from harness.pubsub import PubSubEndpoint
 from harness.reference_models import embed, score
 from harness.triton import TritonEndpoint
 from rowbatch.consumer.service.config import ConsumerConfig
-from rowbatch.wire.chunks import EncodedChunk, encode_chunk
+from rowbatch.wire.chunks.encode import EncodedChunk, encode_chunk
 from tests.integration.consumer_helpers import Topics, consumer_running, wait_until
 
 

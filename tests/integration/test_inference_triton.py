@@ -23,23 +23,21 @@ from rowbatch.consumer.model.chunk_check import check_columns
 from rowbatch.consumer.model.discovery import (
     ModelNotFound,
     ModelServerUnavailable,
-    ModelSpec,
-    TensorSpec,
     input_bytes_per_row,
     output_bytes_per_row,
-    target_batch_size,
 )
-from rowbatch.consumer.model.inference import (
+from rowbatch.consumer.model.inference.client import InferenceClient
+from rowbatch.consumer.model.inference.errors import (
     FatalInferenceError,
-    InferenceClient,
-    InferenceRetry,
     PoisonInferenceError,
     RetryableInferenceError,
-    RetryingInferencer,
 )
+from rowbatch.consumer.model.inference.retry import InferenceRetry, RetryingInferencer
+from rowbatch.consumer.model.server_kind import target_batch_size
+from rowbatch.consumer.model.spec import ModelSpec, TensorSpec
 from rowbatch.consumer.model.tensors import build_inputs
 from rowbatch.timing import Backoff
-from rowbatch.wire.columns import INT64, STRING, ColumnType
+from rowbatch.wire.columns.column_type import INT64, STRING, ColumnType
 
 EMBED_BINDING = Binding({"text": "TEXT"}, {"EMBEDDING": "embedding"}, ("id",))
 SCORE_BINDING = Binding(

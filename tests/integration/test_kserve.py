@@ -47,7 +47,7 @@ from rowbatch.consumer.model.inference.errors import (
     classify,
 )
 from rowbatch.consumer.service.config import ConsumerConfig
-from rowbatch.wire.chunks import EncodedChunk, encode_chunk
+from rowbatch.wire.chunks.encode import EncodedChunk, encode_chunk
 from rowbatch.wire.dead_letter import ATTR_MESSAGE, ATTR_MESSAGE_ID, ATTR_REASON
 from tests.integration.consumer_helpers import Topics, consumer_running, wait_until
 

@@ -29,7 +29,7 @@ from harness.proc import free_port
 from harness.triton import TritonEndpoint
 from rowbatch.consumer.section import MiB
 from rowbatch.consumer.service.config import load_config
-from rowbatch.wire.chunks import encode_chunk
+from rowbatch.wire.chunks.encode import encode_chunk
 from tests.integration.kafka_helpers import KafkaTopics, chunk_record, produce
 
 MESSAGES = 30_000

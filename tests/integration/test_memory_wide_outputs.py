@@ -32,7 +32,7 @@ from harness.reference_models import EXPAND_WIDE_DIM, expand
 from harness.triton import TritonEndpoint
 from rowbatch.consumer.section import MiB
 from rowbatch.consumer.service.config import load_config
-from rowbatch.wire.chunks import encode_chunk
+from rowbatch.wire.chunks.encode import encode_chunk
 from tests.integration.consumer_helpers import Topics
 
 BUDGET = 64 * MiB

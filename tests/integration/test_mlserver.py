@@ -37,7 +37,7 @@ from rowbatch.consumer.model.inference.errors import (
     RetryableInferenceError,
     classify,
 )
-from rowbatch.wire.chunks import EncodedChunk, encode_chunk
+from rowbatch.wire.chunks.encode import EncodedChunk, encode_chunk
 from tests.integration.kafka_helpers import KafkaTopics, chunk_record, produce, read_all
 from tests.integration.test_consumer_pubsub import scorer_chunks
 

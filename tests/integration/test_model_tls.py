@@ -41,7 +41,7 @@ from harness.reference_models import score
 from harness.service import RunDir
 from harness.triton import TritonEndpoint, TritonService, TritonTls
 from rowbatch.consumer.model.discovery import ModelDiscoveryError
-from rowbatch.consumer.model.inference import InferenceClient
+from rowbatch.consumer.model.inference.client import InferenceClient
 from rowbatch.consumer.model.tls import TlsOptions, describe_handshake_failure
 from rowbatch.consumer.service.config import ConfigError, ConsumerConfig, load_config
 from rowbatch.consumer.service.runner import run_consumer

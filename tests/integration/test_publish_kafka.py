@@ -20,8 +20,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, codec
 
 from harness.kafka import KafkaEndpoint, create_topic
 from harness.proc import free_port
-from rowbatch.wire.chunks import decode_chunk
-from rowbatch.wire.columns import ColumnType
+from rowbatch.wire.chunks.decode import decode_chunk
+from rowbatch.wire.columns.column_type import ColumnType
 from rowbatch.wire.errors import WireError
 from tests.integration.publish_helpers import (
     ROWS,

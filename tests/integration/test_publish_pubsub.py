@@ -24,8 +24,10 @@ from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcTransp
 
 from harness.proc import free_port
 from harness.pubsub import PubSubEndpoint
-from rowbatch.producer.publish import PubSubPublisher, publish_rows
-from rowbatch.wire.chunks import PUBSUB_MAX_MESSAGE_BYTES, decode_chunk
+from rowbatch.producer.publishers.pubsub import PubSubPublisher
+from rowbatch.producer.publishers.splitting import publish_rows
+from rowbatch.wire.chunks.decode import decode_chunk
+from rowbatch.wire.chunks.split import PUBSUB_MAX_MESSAGE_BYTES
 from tests.integration.publish_helpers import (
     ROWS,
     SCHEMA,

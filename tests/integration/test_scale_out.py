@@ -30,7 +30,7 @@ from harness.reference_models import score
 from harness.service import RunDir
 from harness.triton import TritonEndpoint, TritonService
 from rowbatch.consumer.service.config import ConsumerConfig
-from rowbatch.wire.chunks import EncodedChunk, encode_chunk
+from rowbatch.wire.chunks.encode import EncodedChunk, encode_chunk
 from tests.integration.consumer_helpers import wait_until
 from tests.integration.kafka_helpers import KafkaTopics, chunk_record, group_offsets, produce
 from tests.integration.test_consumer_kafka import count_rows, started, written

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from harness.triton import TritonEndpoint
 from rowbatch.consumer.service.config import ConsumerConfig
-from rowbatch.wire.chunks import EncodedChunk, encode_chunk
+from rowbatch.wire.chunks.encode import EncodedChunk, encode_chunk
 from tests.integration.consumer_helpers import Topics, consumer_running, wait_until
 
 CHUNKS = 60

@@ -28,9 +28,9 @@ from rowbatch.consumer.sinks.base import (
     TableMismatch,
     TableSpec,
 )
-from rowbatch.consumer.sinks.parquet import ParquetSink
-from rowbatch.consumer.sinks.postgres import PostgresSink
-from rowbatch.consumer.sinks.sqlite import SqliteSink
+from rowbatch.consumer.sinks.parquet.sink import ParquetSink
+from rowbatch.consumer.sinks.postgres.sink import PostgresSink
+from rowbatch.consumer.sinks.sqlite.sink import SqliteSink
 from tests.sink_data import (
     CHUNK_ROWS,
     DIM,

@@ -27,7 +27,7 @@ from rowbatch.consumer.sinks.base import (
     TableMismatch,
     TableSpec,
 )
-from rowbatch.consumer.sinks.postgres import PostgresSink
+from rowbatch.consumer.sinks.postgres.sink import PostgresSink
 from tests.sink_data import check_snapshot, make_rows, spec
 
 AT = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)

@@ -36,18 +36,12 @@ from harness.kafka import KafkaEndpoint
 from harness.pubsub import PubSubEndpoint
 from rowbatch.consumer.service.build_io import make_source
 from rowbatch.consumer.service.config import SourceSettings
-from rowbatch.consumer.sources.base import (
-    DeadLetterReason,
-    Delivery,
-    ReasonClass,
-    Source,
-    SourceConfigError,
-)
+from rowbatch.consumer.sources.base import DeadLetterReason, Delivery, Source, SourceConfigError
 from rowbatch.consumer.sources.kafka.errors import KafkaConfigError
 from rowbatch.consumer.sources.kafka.settings import KafkaSettings
 from rowbatch.consumer.sources.pubsub.errors import PubSubConfigError
 from rowbatch.consumer.sources.pubsub.settings import PubSubSettings
-from rowbatch.wire.chunks import EncodedChunk, encode_chunk
+from rowbatch.wire.chunks.encode import EncodedChunk, encode_chunk
 from rowbatch.wire.dead_letter import (
     ATTR_CODE,
     ATTR_CONSUMER_VERSION,
@@ -57,6 +51,7 @@ from rowbatch.wire.dead_letter import (
     ATTR_REASON,
     ATTR_SOURCE,
     ATTR_TIME,
+    ReasonClass,
 )
 from tests.integration.consumer_helpers import Topics
 from tests.integration.kafka_helpers import KafkaTopics, chunk_record, produce, read_all

@@ -15,10 +15,11 @@ from aiokafka import TopicPartition
 
 from harness.kafka import KafkaEndpoint
 from harness.proc import free_port
-from rowbatch.consumer.sources.base import DeadLetterReason, Delivery, ReasonClass
+from rowbatch.consumer.sources.base import DeadLetterReason, Delivery
 from rowbatch.consumer.sources.kafka.errors import KafkaConfigError, KafkaUnreachable
 from rowbatch.consumer.sources.kafka.settings import KafkaSettings
 from rowbatch.consumer.sources.kafka.source import KafkaSource
+from rowbatch.wire.dead_letter import ReasonClass
 from tests.integration.kafka_helpers import KafkaTopics, group_offsets, produce, read_all
 
 WAIT_S = 60.0

@@ -16,9 +16,10 @@ import pytest
 from harness.kafka import KafkaEndpoint, KafkaService
 from harness.proc import free_port
 from harness.service import RunDir
-from rowbatch.consumer.sources.base import DeadLetterReason, ReasonClass
+from rowbatch.consumer.sources.base import DeadLetterReason
 from rowbatch.consumer.sources.kafka.errors import KafkaUnreachable
 from rowbatch.consumer.sources.kafka.source import KafkaSource
+from rowbatch.wire.dead_letter import ReasonClass
 from tests.integration.kafka_helpers import KafkaTopics, produce, read_all
 from tests.integration.test_source_kafka import committed_becomes, records, source_config, take
 

@@ -24,7 +24,7 @@ from harness.triton import TritonEndpoint
 from rowbatch.consumer.service.config import ConsumerConfig
 from rowbatch.consumer.sources.pubsub.errors import PubSubConfigError, PubSubPullError
 from rowbatch.consumer.sources.pubsub.pull import PubSubPullSource
-from rowbatch.wire.chunks import EncodedChunk, encode_chunk
+from rowbatch.wire.chunks.encode import EncodedChunk, encode_chunk
 from tests.integration.consumer_helpers import Topics, consumer_running, wait_until
 from tests.integration.pubsub_helpers import (
     WAIT_S,

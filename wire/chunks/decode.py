@@ -13,7 +13,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from rowbatch.wire.codec_arrow import decode_arrow
-from rowbatch.wire.codec_json import decode_json
+from rowbatch.wire.codec_json.decode import decode_json
 from rowbatch.wire.columns.canonical import MAX_COLUMN_NAME_LEN, Column, check_column_name
 from rowbatch.wire.columns.column_type import ColumnType
 from rowbatch.wire.columns.schema import TableSchema, as_table_schema, check_columns

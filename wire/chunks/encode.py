@@ -13,7 +13,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from rowbatch.wire.codec_arrow import Compression, encode_arrow
-from rowbatch.wire.codec_json import encode_json
+from rowbatch.wire.codec_json.encode import encode_json
 from rowbatch.wire.columns.caller_data import ColumnData, to_column
 from rowbatch.wire.columns.canonical import Column
 from rowbatch.wire.columns.column_type import ColumnType

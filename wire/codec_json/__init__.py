@@ -12,9 +12,6 @@ See ``docs/wire-format.md`` for the full rules. :mod:`~rowbatch.wire.codec_json.
 :mod:`~rowbatch.wire.codec_json.values` its values, checking every value's JSON type against the
 declared column type (a float in an int64 column, a bool in a float column, a string in a vector are
 errors, never silent conversions).
+
+Import a name from the module that defines it: this package re-exports nothing.
 """
-
-from rowbatch.wire.codec_json.decode import decode_json
-from rowbatch.wire.codec_json.encode import encode_json
-
-__all__ = ["decode_json", "encode_json"]

@@ -28,9 +28,9 @@ from rowbatch.wire.columns.column_type import (
 )
 from rowbatch.wire.errors import ColumnTypeMismatch, InvalidValue, UnsupportedColumnType
 
-#: What :func:`rowbatch.wire.chunks.encode_chunk` accepts for one column: a numpy array (masked
-#: arrays mark nulls), a pyarrow Array/ChunkedArray, or a sequence of Python values (``None`` =
-#: null).
+#: What :func:`~rowbatch.wire.chunks.encode.encode_chunk` accepts for one column: a numpy array
+#: (masked arrays mark nulls), a pyarrow Array/ChunkedArray, or a sequence of Python values
+#: (``None`` = null).
 ColumnData: TypeAlias = "NDArray[Any] | Sequence[Any] | pa.Array | pa.ChunkedArray"
 
 

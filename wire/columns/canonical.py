@@ -1,5 +1,6 @@
-"""The canonical form of a column (:class:`Column`), which :func:`rowbatch.wire.chunks.decode_chunk`
-returns and both codecs write from, and the checks every column value passes on its way in.
+"""The canonical form of a column (:class:`Column`), which
+:func:`~rowbatch.wire.chunks.decode.decode_chunk` returns and both codecs write from, and the
+checks every column value passes on its way in.
 
 Canonical numpy form of a column (``Column.values``), one entry per row:
 

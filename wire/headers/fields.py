@@ -168,7 +168,8 @@ def check_table(table: str) -> str:
 
 def kafka_headers_to_attributes(headers: Iterable[tuple[str, bytes | None]]) -> dict[str, str]:
     """Kafka record headers (as aiokafka gives them) to the string mapping that
-    :func:`rowbatch.wire.chunks.decode_chunk` takes. A header repeated with different values, or a
+    :func:`~rowbatch.wire.chunks.decode.decode_chunk` takes. A header
+    repeated with different values, or a
     value that is not UTF-8, is an :class:`~rowbatch.wire.errors.InvalidHeader`; a null value reads
     as the empty string."""
     attrs: dict[str, str] = {}

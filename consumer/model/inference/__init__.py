@@ -22,38 +22,6 @@ model raises on some rows): what succeeds is written, and the messages that fail
 nacked, not dead-lettered, since the server may be at fault; one that never succeeds is
 dead-lettered as ``too-many-attempts`` by the source (:mod:`rowbatch.consumer.engine.poison` bounds
 the bisection when the server fails everything).
+
+Import a name from the module that defines it: this package re-exports nothing.
 """
-
-from rowbatch.consumer.model.inference.client import (
-    MAX_GRPC_MESSAGE_BYTES,
-    ChannelOptions,
-    InferenceClient,
-)
-from rowbatch.consumer.model.inference.errors import (
-    FatalInferenceError,
-    InferenceError,
-    PoisonInferenceError,
-    RetryableInferenceError,
-    classify,
-    error_kind,
-    grpc_status,
-    is_exhausted,
-)
-from rowbatch.consumer.model.inference.retry import Inferencer, InferenceRetry, RetryingInferencer
-
-__all__ = [
-    "MAX_GRPC_MESSAGE_BYTES",
-    "ChannelOptions",
-    "FatalInferenceError",
-    "InferenceClient",
-    "InferenceError",
-    "InferenceRetry",
-    "Inferencer",
-    "PoisonInferenceError",
-    "RetryableInferenceError",
-    "RetryingInferencer",
-    "classify",
-    "error_kind",
-    "grpc_status",
-    "is_exhausted",
-]

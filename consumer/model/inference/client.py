@@ -17,14 +17,14 @@ from numpy.typing import NDArray
 from tritonclient.utils import InferenceServerException
 
 from rowbatch.consumer.model.answer import Answer
+from rowbatch.consumer.model.configured_spec import ConfiguredSpec
 from rowbatch.consumer.model.discovery import (
-    ConfiguredSpec,
     ModelDiscoveryError,
     ModelServerUnavailable,
-    ModelSpec,
     discover_model,
 )
 from rowbatch.consumer.model.inference.errors import FatalInferenceError, classify
+from rowbatch.consumer.model.spec import ModelSpec
 from rowbatch.consumer.model.tls import TlsOptions, channel_credentials, describe_handshake_failure
 
 #: tritonclient's own default for both message-length limits (INT32_MAX).

@@ -44,11 +44,6 @@ is a plain :class:`~rowbatch.consumer.sinks.base.SinkError`.
 Modules: ``files`` (where the dataset lives, file naming, atomic uploads), ``rows`` (schema and
 row conversion), ``index`` (the key index), ``faults`` (classification), ``sink``
 (:class:`ParquetSink`).
+
+Import a name from the module that defines it: this package re-exports nothing.
 """
-
-from rowbatch.consumer.sinks.parquet.faults import classify_parquet_error
-from rowbatch.consumer.sinks.parquet.files import PARTITION
-from rowbatch.consumer.sinks.parquet.rows import arrow_schema, to_arrow
-from rowbatch.consumer.sinks.parquet.sink import ParquetSink
-
-__all__ = ["PARTITION", "ParquetSink", "arrow_schema", "classify_parquet_error", "to_arrow"]

@@ -40,9 +40,6 @@ Faults are classified by SQLSTATE (:func:`classify_pg_error`, in ``faults``). Me
 Modules: ``dsn`` (what messages may say of the DSN), ``copy_binary`` (column types and the
 binary ``COPY`` encoding), ``table`` (creating and checking the table, the statements),
 ``faults`` (classification by SQLSTATE), ``sink`` (:class:`PostgresSink`: connection and writes).
+
+Import a name from the module that defines it: this package re-exports nothing.
 """
-
-from rowbatch.consumer.sinks.postgres.faults import classify_pg_error
-from rowbatch.consumer.sinks.postgres.sink import PostgresSink
-
-__all__ = ["PostgresSink", "classify_pg_error"]

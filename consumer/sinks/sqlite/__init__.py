@@ -27,10 +27,6 @@ Text is stored as is, U+0000 included (SQLite's TEXT is length-counted); bytes a
 Modules: ``table`` (declared types, creating and checking the table), ``rows`` (rows as
 parameter tuples), ``faults`` (:func:`classify_sqlite_error`), ``db`` (the transaction wrapper
 the Parquet key index uses too), ``sink`` (:class:`SqliteSink`).
+
+Import a name from the module that defines it: this package re-exports nothing.
 """
-
-from rowbatch.consumer.sinks.sqlite.db import sqlite_transaction
-from rowbatch.consumer.sinks.sqlite.faults import classify_sqlite_error
-from rowbatch.consumer.sinks.sqlite.sink import SqliteSink
-
-__all__ = ["SqliteSink", "classify_sqlite_error", "sqlite_transaction"]

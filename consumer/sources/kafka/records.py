@@ -11,7 +11,7 @@ from aiokafka import TopicPartition
 
 from rowbatch.consumer.sources.base import Delivery
 from rowbatch.wire.errors import WireError
-from rowbatch.wire.headers import H_ROW_COUNT, kafka_headers_to_attributes
+from rowbatch.wire.headers.fields import H_ROW_COUNT, kafka_headers_to_attributes
 
 RECORD_OVERHEAD_BYTES = 800
 """Measured (tests/unit/consumer/engine/test_memory_accounting.py): a held record's objects

@@ -50,7 +50,6 @@ from rowbatch.consumer.sources.base import (
     DeadLetterReason,
     Delivery,
     DeliveryIterator,
-    ReasonClass,
     SharedBudget,
     Withdraw,
     WorkBound,
@@ -65,6 +64,7 @@ from rowbatch.consumer.sources.kafka.readahead import ReadAhead
 from rowbatch.consumer.sources.kafka.records import Held, to_delivery
 from rowbatch.consumer.sources.kafka.revoke import Revoker
 from rowbatch.consumer.sources.kafka.settings import KafkaSettings
+from rowbatch.wire.dead_letter import ReasonClass
 
 _LOG = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from harness.consumer_process import ConsumerProcess
 from rowbatch.consumer.service.config import ConsumerConfig, load_config
 from rowbatch.consumer.sources.kafka.settings import KafkaSettings
 from rowbatch.consumer.sources.pubsub.settings import PubSubSettings
-from rowbatch.producer.cli import build_parser
+from rowbatch.producer.cli.parser import build_parser
 
 ROOT = Path(__file__).resolve().parents[3]
 COMPOSE = ROOT / "docker-compose.yml"

@@ -13,8 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from rowbatch.producer.publish import Message, PublishFailed, TopicNotFound, chunk_id_of
-from rowbatch.wire.chunks import decode_chunk
+from rowbatch.producer.publishers.errors import PublishFailed, TopicNotFound
+from rowbatch.producer.publishers.messages import Message, chunk_id_of
+from rowbatch.wire.chunks.decode import decode_chunk
 
 
 @dataclass

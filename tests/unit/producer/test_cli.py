@@ -17,10 +17,14 @@ import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 import pytest
 
-from rowbatch.producer.cli import build_parser, main, make_publisher
-from rowbatch.producer.publish import KafkaPublisher, PubSubPublisher, TopicNotFound
-from rowbatch.wire.chunks import decode_chunk
-from rowbatch.wire.headers import H_CHUNK_ID, H_ROW_COUNT, H_TABLE
+from rowbatch.producer.cli.brokers import make_publisher
+from rowbatch.producer.cli.main import main
+from rowbatch.producer.cli.parser import build_parser
+from rowbatch.producer.publishers.errors import TopicNotFound
+from rowbatch.producer.publishers.kafka import KafkaPublisher
+from rowbatch.producer.publishers.pubsub import PubSubPublisher
+from rowbatch.wire.chunks.decode import decode_chunk
+from rowbatch.wire.headers.fields import H_CHUNK_ID, H_ROW_COUNT, H_TABLE
 from tests.unit.producer.publish_fakes import FakePublisher, reassemble
 
 BROKER = ["--broker", "kafka", "--bootstrap", "fake:9092", "--topic", "rows"]

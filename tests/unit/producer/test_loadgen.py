@@ -11,21 +11,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rowbatch.producer.cli import main
-from rowbatch.producer.loadgen import (
-    DECODE_KINDS,
-    LoadKind,
-    LoadSpec,
-    MalformedKind,
-    RateLimiter,
-    expected_reason,
-    plan_malformed,
-    plan_messages,
-)
-from rowbatch.wire.chunks import decode_chunk
-from rowbatch.wire.columns import INT64, STRING, ColumnType
+from rowbatch.producer.cli.main import main
+from rowbatch.producer.loadgen.malformed import expected_reason, plan_malformed
+from rowbatch.producer.loadgen.plan import plan_messages
+from rowbatch.producer.loadgen.rate import RateLimiter
+from rowbatch.producer.loadgen.spec import DECODE_KINDS, LoadKind, LoadSpec, MalformedKind
+from rowbatch.wire.chunks.decode import decode_chunk
+from rowbatch.wire.columns.column_type import INT64, STRING, ColumnType
 from rowbatch.wire.errors import WireError
-from rowbatch.wire.headers import H_CHUNK_ID, H_PRODUCED_AT, H_ROW_COUNT, Encoding
+from rowbatch.wire.headers.fields import H_CHUNK_ID, H_PRODUCED_AT, H_ROW_COUNT, Encoding
 from tests.unit.producer.publish_fakes import FakePublisher, reassemble
 
 BROKER = ["--broker", "kafka", "--bootstrap", "fake:9092", "--topic", "load"]

@@ -15,16 +15,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from rowbatch.producer.progress import Progress, Summary, format_bytes, format_duration
-from rowbatch.producer.readers import (
-    InputError,
-    InputFormat,
-    infer_format,
-    open_source,
-    parse_schema,
-    rechunk,
-    wire_columns,
-)
-from rowbatch.wire.columns import FLOAT64, INT64, STRING, ColumnType
+from rowbatch.producer.readers.convert import wire_columns
+from rowbatch.producer.readers.errors import InputError
+from rowbatch.producer.readers.formats import InputFormat, infer_format
+from rowbatch.producer.readers.rechunk import rechunk
+from rowbatch.producer.readers.schema import parse_schema
+from rowbatch.producer.readers.source import open_source
+from rowbatch.wire.columns.column_type import FLOAT64, INT64, STRING, ColumnType
 
 Chunk = tuple[dict[str, pa.Array], dict[str, ColumnType]]
 

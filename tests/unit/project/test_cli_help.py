@@ -38,7 +38,7 @@ def _consumer_parser() -> argparse.ArgumentParser:
 
 
 def _producer_parsers() -> dict[str, argparse.ArgumentParser]:
-    from rowbatch.producer.cli import build_parser
+    from rowbatch.producer.cli.parser import build_parser
 
     parser = build_parser()
     found = {"rowbatch-producer": parser}

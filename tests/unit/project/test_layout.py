@@ -197,3 +197,103 @@ def test_the_contract_has_one_import_path() -> None:
     """The old alias modules (producer.wire, producer.headers...) are gone: one name, one path."""
     for name in ("wire", "errors", "headers", "columns", "codec_json", "codec_arrow"):
         assert not (ROOT / "producer" / f"{name}.py").exists(), name
+
+
+#: The two public facades: the only modules that re-export names defined elsewhere (issue 23).
+FACADES = ("rowbatch.wire", "rowbatch.producer")
+
+
+def _top_level(body: list[ast.stmt]) -> Iterable[ast.stmt]:
+    """A module's statements, those under a top-level ``if`` or ``try`` included."""
+    for node in body:
+        yield node
+        if isinstance(node, ast.If | ast.Try):
+            nested = [*node.body, *node.orelse]
+            if isinstance(node, ast.Try):
+                nested += [*node.finalbody, *(s for h in node.handlers for s in h.body)]
+            yield from _top_level(nested)
+
+
+class _ModuleNames:
+    """What one module defines, imports (local name -> (module, name)), star-imports and lists
+    in a literal ``__all__``."""
+
+    def __init__(self, tree: ast.Module) -> None:
+        self.defined: set[str] = set()
+        self.imported: dict[str, tuple[str, str]] = {}
+        self.explicit: set[str] = set()  # ``from m import x as x``
+        self.star: list[str] = []
+        self.listed: set[str] = set()
+        for node in _top_level(tree.body):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                self.defined.add(node.name)
+            elif isinstance(node, ast.Assign | ast.AnnAssign):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for target in targets:
+                    if isinstance(target, ast.Name) and target.id == "__all__":
+                        value = node.value
+                        if isinstance(value, ast.List | ast.Tuple):
+                            self.listed |= {
+                                e.value
+                                for e in value.elts
+                                if isinstance(e, ast.Constant) and isinstance(e.value, str)
+                            }
+                    elif isinstance(target, ast.Name):
+                        self.defined.add(target.id)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                for alias in node.names:
+                    if alias.name == "*":
+                        self.star.append(node.module)
+                        continue
+                    local = alias.asname or alias.name
+                    self.imported[local] = (node.module, alias.name)
+                    if alias.asname == alias.name:
+                        self.explicit.add(local)
+
+
+def _exporters() -> dict[tuple[str, str], set[str]]:
+    """(defining module, public name) -> every module under rowbatch that exports that name:
+    the one defining it and each re-exporting it (imported and listed in ``__all__``, imported
+    ``as`` itself, or star-imported)."""
+    names = {_module_name(p): _ModuleNames(ast.parse(p.read_text(), str(p))) for p in _sources()}
+
+    def exported(module: str) -> set[str]:
+        own = names[module]
+        found = {n for n in own.defined if not n.startswith("_")}
+        found |= {n for n in own.imported if n in own.listed or n in own.explicit}
+        for other in own.star:
+            found |= exported(other) if other in names else set()
+        return found
+
+    def origin(module: str, name: str) -> tuple[str, str] | None:
+        own = names[module]
+        if name in own.defined:
+            return module, name
+        if name in own.imported:
+            source, original = own.imported[name]
+            return origin(source, original) if source in names else None
+        for other in own.star:
+            if other in names and name in exported(other):
+                return origin(other, name)
+        return None
+
+    found: dict[tuple[str, str], set[str]] = {}
+    for module in names:
+        for name in exported(module):
+            home = origin(module, name)
+            if home is not None:
+                found.setdefault(home, set()).add(module)
+    return found
+
+
+def test_one_name_one_path() -> None:
+    """Each public name is exported by the module that defines it and at most one facade of its
+    own part (``rowbatch.wire`` for the contract, ``rowbatch.producer`` for the publishing
+    library); no other package or module re-exports it, so it has one import path, two at most."""
+    wrong: list[str] = []
+    for (home, name), modules in sorted(_exporters().items()):
+        others = modules - {home}
+        fine = len(others) <= 1 and all(m in FACADES and home.startswith(m + ".") for m in others)
+        if home not in modules or not fine:
+            wrong.append(f"{home}.{name} is exported by {sorted(modules)}")
+    assert not wrong, f"{len(wrong)} names with more than one path:\n" + "\n".join(wrong)

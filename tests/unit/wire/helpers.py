@@ -10,7 +10,8 @@ import numpy as np
 from hypothesis import strategies as st
 from numpy.typing import NDArray
 
-from rowbatch.wire.chunks import (
+from rowbatch.wire.chunks.decode import DecodedChunk
+from rowbatch.wire.columns.column_type import (
     BOOL,
     BYTES,
     FLOAT32,
@@ -18,7 +19,6 @@ from rowbatch.wire.chunks import (
     INT64,
     STRING,
     ColumnType,
-    DecodedChunk,
     Kind,
 )
 

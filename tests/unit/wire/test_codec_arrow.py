@@ -16,9 +16,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rowbatch.wire import codec_arrow
-from rowbatch.wire.chunks import Encoding, decode_chunk, encode_chunk
+from rowbatch.wire.chunks.decode import decode_chunk
+from rowbatch.wire.chunks.encode import encode_chunk
 from rowbatch.wire.codec_arrow import decode_arrow
 from rowbatch.wire.errors import WireError
+from rowbatch.wire.headers.fields import Encoding
 from tests.unit.wire.helpers import ChunkCase, chunk_cases
 
 PROPERTY = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])

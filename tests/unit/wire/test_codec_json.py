@@ -11,10 +11,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rowbatch.wire.chunks import Encoding, encode_chunk
+from rowbatch.wire.chunks.encode import encode_chunk
 from rowbatch.wire.codec_json import decode as json_decode
-from rowbatch.wire.codec_json import decode_json
+from rowbatch.wire.codec_json.decode import decode_json
 from rowbatch.wire.errors import WireError
+from rowbatch.wire.headers.fields import Encoding
 from tests.unit.wire.helpers import ChunkCase, chunk_cases
 
 PROPERTY = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

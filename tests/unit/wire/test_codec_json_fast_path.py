@@ -14,10 +14,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rowbatch.wire.chunks import Encoding, encode_chunk
+from rowbatch.wire.chunks.encode import encode_chunk
 from rowbatch.wire.codec_json import decode as json_decode
-from rowbatch.wire.codec_json import decode_json
 from rowbatch.wire.codec_json import values as json_values
+from rowbatch.wire.codec_json.decode import decode_json
+from rowbatch.wire.headers.fields import Encoding
 from tests.unit.wire.helpers import ChunkCase, chunk_cases
 from tests.unit.wire.test_codec_json import PROPERTY, documents, outcome
 

@@ -9,7 +9,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from rowbatch.wire.chunks import (
+from rowbatch.wire.chunks.decode import decode_chunk
+from rowbatch.wire.chunks.encode import encode_chunk
+from rowbatch.wire.columns.column_type import (
     BOOL,
     BYTES,
     FLOAT32,
@@ -17,8 +19,6 @@ from rowbatch.wire.chunks import (
     INT64,
     STRING,
     ColumnType,
-    decode_chunk,
-    encode_chunk,
 )
 from tests.unit.wire.helpers import masked
 

@@ -15,17 +15,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rowbatch.wire import errors
-from rowbatch.wire.chunks import (
-    FLOAT32,
-    INT64,
-    STRING,
-    ChunkHeaders,
+from rowbatch.wire.chunks.decode import decode_chunk
+from rowbatch.wire.chunks.encode import encode_chunk
+from rowbatch.wire.columns.column_type import FLOAT32, INT64, STRING, ColumnType
+from rowbatch.wire.columns.schema import TableSchema
+from rowbatch.wire.errors import (
     ColumnLengthMismatch,
-    ColumnType,
     ColumnTypeMismatch,
     CorruptArrow,
     DuplicateColumn,
-    Encoding,
     InvalidColumnName,
     InvalidHeader,
     InvalidJson,
@@ -35,15 +33,13 @@ from rowbatch.wire.chunks import (
     NoColumns,
     NullNotAllowed,
     RowCountMismatch,
-    TableSchema,
     UnsupportedColumnType,
     UnsupportedContentType,
     UnsupportedFormatVersion,
     WireError,
-    decode_chunk,
-    encode_chunk,
-    kafka_headers_to_attributes,
 )
+from rowbatch.wire.headers.chunk_headers import ChunkHeaders
+from rowbatch.wire.headers.fields import Encoding, kafka_headers_to_attributes
 from tests.unit.wire.helpers import masked
 
 JSON = Encoding.JSON.value

@@ -10,7 +10,8 @@ import math
 import numpy as np
 import pyarrow as pa
 
-from rowbatch.wire.chunks import BOOL, BYTES, FLOAT64, INT64, STRING, ColumnType, decode_chunk
+from rowbatch.wire.chunks.decode import decode_chunk
+from rowbatch.wire.columns.column_type import BOOL, BYTES, FLOAT64, INT64, STRING, ColumnType
 
 
 def test_documented_json_example_decodes() -> None:

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rowbatch.wire.chunks import InvalidHeader
-from rowbatch.wire.headers import (
-    ChunkHeaders,
+from rowbatch.wire.errors import InvalidHeader
+from rowbatch.wire.headers.chunk_headers import ChunkHeaders
+from rowbatch.wire.headers.fields import (
     Encoding,
     derive_chunk_id,
     format_timestamp,

@@ -14,9 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rowbatch.wire import headers
 from rowbatch.wire.errors import WireError
-from rowbatch.wire.headers import ChunkHeaders, Encoding, chunk_headers
+from rowbatch.wire.headers import chunk_headers, fields
+from rowbatch.wire.headers.chunk_headers import ChunkHeaders
+from rowbatch.wire.headers.fields import Encoding
 
 PROPERTY = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -29,8 +30,8 @@ CANONICAL = ChunkHeaders(
 ).to_attributes()
 
 EDGES: dict[str, list[Any]] = {
-    headers.H_FORMAT_VERSION: ["1", " 1", "1 ", "2", "", "\uff11", None, 1],
-    headers.H_CONTENT_TYPE: [
+    fields.H_FORMAT_VERSION: ["1", " 1", "1 ", "2", "", "\uff11", None, 1],
+    fields.H_CONTENT_TYPE: [
         "application/json",
         "application/vnd.apache.arrow.stream",
         "application/json; charset=utf-8",
@@ -40,9 +41,9 @@ EDGES: dict[str, list[Any]] = {
         "text/plain",
         "",
     ],
-    headers.H_CHUNK_ID: ["a", "x:1.2", "a" * 256, "a" * 257, "a b", "\u00e9", "", "\x7f", "a\n"],
-    headers.H_TABLE: ["t", "_t", ".t", "-t", "t" * 128, "t" * 129, "t.t-1", "t/t", "", "t\n"],
-    headers.H_ROW_COUNT: [
+    fields.H_CHUNK_ID: ["a", "x:1.2", "a" * 256, "a" * 257, "a b", "\u00e9", "", "\x7f", "a\n"],
+    fields.H_TABLE: ["t", "_t", ".t", "-t", "t" * 128, "t" * 129, "t.t-1", "t/t", "", "t\n"],
+    fields.H_ROW_COUNT: [
         "0",
         "1",
         "250",
@@ -59,7 +60,7 @@ EDGES: dict[str, list[Any]] = {
         "1_0",
         "",
     ],
-    headers.H_PRODUCED_AT: [
+    fields.H_PRODUCED_AT: [
         "2024-05-01T12:34:56.789Z",
         "2024-05-01T12:34:56Z",
         "2024-05-01T12:34:56.7Z",
@@ -121,7 +122,7 @@ def assert_alike(attributes: Mapping[str, Any]) -> None:
 
 def with_value(name: str, value: Any) -> dict[str, Any]:
     attrs: dict[str, Any] = dict(CANONICAL)
-    if value is None and name == headers.H_ORDERING_KEY:
+    if value is None and name == fields.H_ORDERING_KEY:
         attrs.pop(name, None)
     else:
         attrs[name] = value
@@ -143,7 +144,7 @@ def test_fast_path_is_taken_for_what_producers_write() -> None:
 @pytest.mark.parametrize(
     ("name", "value"),
     [(name, value) for name, values in EDGES.items() for value in values]
-    + [(headers.H_ORDERING_KEY, key) for key in ORDERING_KEYS],
+    + [(fields.H_ORDERING_KEY, key) for key in ORDERING_KEYS],
 )
 def test_each_edge_value_parses_alike(name: str, value: Any) -> None:
     assert_alike(with_value(name, value))
@@ -171,7 +172,7 @@ def test_missing_headers_parse_alike() -> None:
         assert_alike(attrs)
 
 
-_FIELD = st.sampled_from([*EDGES, headers.H_ORDERING_KEY])
+_FIELD = st.sampled_from([*EDGES, fields.H_ORDERING_KEY])
 
 
 @PROPERTY
@@ -192,8 +193,8 @@ _FIELD = st.sampled_from([*EDGES, headers.H_ORDERING_KEY])
 def test_any_attributes_parse_alike(changes: list[tuple[str, Any]]) -> None:
     attrs: dict[str, Any] = dict(CANONICAL)
     for name, value in changes:
-        attrs.update(with_value(name, value) if name == headers.H_ORDERING_KEY else {name: value})
-        if value is None and name == headers.H_ORDERING_KEY:
+        attrs.update(with_value(name, value) if name == fields.H_ORDERING_KEY else {name: value})
+        if value is None and name == fields.H_ORDERING_KEY:
             attrs.pop(name, None)
     assert_alike(attrs)
 
@@ -201,7 +202,7 @@ def test_any_attributes_parse_alike(changes: list[tuple[str, Any]]) -> None:
 @PROPERTY
 @given(moment=st.datetimes(timezones=st.just(dt.UTC)), count=st.integers(0, 10**18 - 1))
 def test_produced_timestamps_parse_alike(moment: dt.datetime, count: int) -> None:
-    attrs = with_value(headers.H_PRODUCED_AT, headers.format_timestamp(moment))
-    attrs[headers.H_ROW_COUNT] = str(count)
+    attrs = with_value(fields.H_PRODUCED_AT, fields.format_timestamp(moment))
+    attrs[fields.H_ROW_COUNT] = str(count)
     assert chunk_headers._headers_as_written(attrs) is not None
     assert_alike(attrs)

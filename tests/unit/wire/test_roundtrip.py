@@ -12,18 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from rowbatch.wire.chunks import (
-    BOOL,
-    FLOAT32,
-    FLOAT64,
-    INT64,
-    STRING,
-    ColumnType,
-    Encoding,
-    decode_chunk,
-    encode_chunk,
-    kafka_headers_to_attributes,
-)
+from rowbatch.wire.chunks.decode import decode_chunk
+from rowbatch.wire.chunks.encode import encode_chunk
+from rowbatch.wire.columns.column_type import BOOL, FLOAT32, FLOAT64, INT64, STRING, ColumnType
+from rowbatch.wire.headers.fields import Encoding, kafka_headers_to_attributes
 from tests.unit.wire.helpers import (
     ChunkCase,
     assert_column_equal,

@@ -10,16 +10,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rowbatch.wire.chunks import (
-    INT64,
-    STRING,
-    ColumnType,
-    Encoding,
-    RowTooLarge,
-    decode_chunk,
-    encode_chunk,
-    split_rows,
-)
+from rowbatch.wire.chunks.decode import decode_chunk
+from rowbatch.wire.chunks.encode import encode_chunk
+from rowbatch.wire.chunks.split import split_rows
+from rowbatch.wire.columns.column_type import INT64, STRING, ColumnType
+from rowbatch.wire.errors import RowTooLarge
+from rowbatch.wire.headers.fields import Encoding
 
 ENCODINGS = [Encoding.JSON, Encoding.ARROW]
 MOMENT = dt.datetime(2024, 5, 1, tzinfo=dt.UTC)

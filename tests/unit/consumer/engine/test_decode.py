@@ -8,7 +8,8 @@ import pytest
 
 from rowbatch.consumer.engine.decode import MessageDecoder, PoisonMessage
 from rowbatch.consumer.sources.base import Delivery
-from rowbatch.wire.chunks import DecodedChunk, encode_chunk
+from rowbatch.wire.chunks.decode import DecodedChunk
+from rowbatch.wire.chunks.encode import encode_chunk
 
 
 def no_check(chunk: DecodedChunk) -> None:

@@ -6,7 +6,8 @@ import pytest
 
 from rowbatch.consumer.engine.budget import ByteBudget
 from rowbatch.consumer.engine.ledger import Ledger
-from rowbatch.consumer.sources.base import DeadLetterReason, Delivery, ReasonClass
+from rowbatch.consumer.sources.base import DeadLetterReason, Delivery
+from rowbatch.wire.dead_letter import ReasonClass
 
 
 def delivery(mid: str) -> Delivery:

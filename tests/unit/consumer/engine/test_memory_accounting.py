@@ -46,7 +46,7 @@ from rowbatch.consumer.sinks.base import ResultRows
 from rowbatch.consumer.sources.base import DeadLetterReason, Delivery
 from rowbatch.consumer.sources.kafka.settings import KafkaSettings
 from rowbatch.consumer.sources.kafka.source import KafkaSource
-from rowbatch.wire.chunks import encode_chunk
+from rowbatch.wire.chunks.encode import encode_chunk
 from tests.unit.consumer.engine.test_pipeline import FnModel
 
 REPO = Path(__file__).resolve().parents[4]

@@ -20,7 +20,8 @@ from rowbatch.consumer.model.handler import BatchRows
 from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.sinks.base import ResultRows, TableSpec
 from rowbatch.consumer.sources.base import DeadLetterReason, Delivery
-from rowbatch.wire.chunks import DecodedChunk, encode_chunk
+from rowbatch.wire.chunks.decode import DecodedChunk
+from rowbatch.wire.chunks.encode import encode_chunk
 
 
 class Rejected(Exception):

@@ -24,7 +24,7 @@ from rowbatch.consumer.engine.results import Answered, ResultBuilder, split_by_m
 from rowbatch.consumer.model.answer import Answer
 from rowbatch.consumer.model.binding import Binding
 from rowbatch.consumer.model.handler import OipHandler
-from rowbatch.consumer.model.inference import InferenceClient
+from rowbatch.consumer.model.inference.client import InferenceClient
 from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.sinks.base import ResultRows
 from tests.unit.consumer.engine.test_pipeline import (

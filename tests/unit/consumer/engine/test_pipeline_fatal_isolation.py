@@ -19,10 +19,10 @@ from rowbatch.consumer.engine.batcher import Batch
 from rowbatch.consumer.engine.budget import ByteBudget
 from rowbatch.consumer.engine.decode import MessageDecoder
 from rowbatch.consumer.engine.pipeline import Pipeline, PipelineSettings
-from rowbatch.consumer.model.inference import FatalInferenceError, PoisonInferenceError
+from rowbatch.consumer.model.inference.errors import FatalInferenceError, PoisonInferenceError
 from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.sinks.base import ResultRows
-from rowbatch.consumer.sources.base import ReasonClass
+from rowbatch.wire.dead_letter import ReasonClass
 from tests.unit.consumer.engine.test_pipeline import (
     FakeSink,
     FakeSource,

@@ -21,7 +21,7 @@ from rowbatch.consumer.engine.pipeline import Pipeline, PipelineSettings
 from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.observe.scaling import ScalingSignal, SignalSettings
 from rowbatch.consumer.sources.base import Delivery
-from rowbatch.wire.chunks import encode_chunk
+from rowbatch.wire.chunks.encode import encode_chunk
 from tests.unit.consumer.engine.test_pipeline import FakeSink, FakeSource, FnModel, double, no_check
 
 

@@ -15,16 +15,16 @@ import pytest
 
 from rowbatch.consumer.model.answer import Answer
 from rowbatch.consumer.model.balancer import Balancer
-from rowbatch.consumer.model.discovery import ModelServerUnavailable, ModelSpec, TensorSpec
+from rowbatch.consumer.model.discovery import ModelServerUnavailable
 from rowbatch.consumer.model.endpoint_probe import HealthTiming
 from rowbatch.consumer.model.endpoint_state import Endpoint, Health
-from rowbatch.consumer.model.inference import (
+from rowbatch.consumer.model.inference.errors import (
     InferenceError,
-    InferenceRetry,
     PoisonInferenceError,
     RetryableInferenceError,
-    RetryingInferencer,
 )
+from rowbatch.consumer.model.inference.retry import InferenceRetry, RetryingInferencer
+from rowbatch.consumer.model.spec import ModelSpec, TensorSpec
 from rowbatch.timing import Backoff
 
 SPEC = ModelSpec(

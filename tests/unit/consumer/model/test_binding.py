@@ -13,19 +13,18 @@ from tritonclient.utils import deserialize_bytes_tensor
 from harness.model_specs import EMBEDDER, SCORER
 from rowbatch.consumer.model.binding import RESERVED_COLUMNS, Binding, BindingError, check_binding
 from rowbatch.consumer.model.chunk_check import check_chunk, check_columns
-from rowbatch.consumer.model.discovery import ModelSpec, TensorSpec
 from rowbatch.consumer.model.mismatch import SchemaMismatch
+from rowbatch.consumer.model.spec import ModelSpec, TensorSpec
 from rowbatch.consumer.model.tensors import build_inputs
-from rowbatch.wire.columns import (
+from rowbatch.wire.columns.canonical import Column, make_column
+from rowbatch.wire.columns.column_type import (
     BOOL,
     BYTES,
     FLOAT32,
     FLOAT64,
     INT64,
     STRING,
-    Column,
     ColumnType,
-    make_column,
 )
 
 EMBED_BINDING = Binding({"text": "TEXT"}, {"EMBEDDING": "embedding"}, ("id",))

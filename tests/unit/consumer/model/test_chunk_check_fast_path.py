@@ -19,11 +19,13 @@ from rowbatch.consumer.model import chunk_check as binding_module
 from rowbatch.consumer.model import handler as handler_module
 from rowbatch.consumer.model.binding import Binding
 from rowbatch.consumer.model.chunk_check import memoized_check
-from rowbatch.consumer.model.discovery import ModelSpec, TensorSpec
 from rowbatch.consumer.model.mismatch import SchemaMismatch
-from rowbatch.wire.chunks import DecodedChunk
-from rowbatch.wire.columns import BYTES, FLOAT64, INT64, STRING, Column, ColumnType, make_column
-from rowbatch.wire.headers import ChunkHeaders, Encoding
+from rowbatch.consumer.model.spec import ModelSpec, TensorSpec
+from rowbatch.wire.chunks.decode import DecodedChunk
+from rowbatch.wire.columns.canonical import Column, make_column
+from rowbatch.wire.columns.column_type import BYTES, FLOAT64, INT64, STRING, ColumnType
+from rowbatch.wire.headers.chunk_headers import ChunkHeaders
+from rowbatch.wire.headers.fields import Encoding
 
 SPEC = ModelSpec(
     "m",

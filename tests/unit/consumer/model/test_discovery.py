@@ -12,17 +12,15 @@ from typing import Any, TypeAlias
 import pytest
 from tritonclient.utils import InferenceServerException
 
+from rowbatch.consumer.model.configured_spec import ConfiguredSpec, ConfiguredSpecMismatch
 from rowbatch.consumer.model.discovery import (
-    ConfiguredSpec,
-    ConfiguredSpecMismatch,
     ModelConfigUnavailable,
     ModelDiscoveryError,
     ModelNotFound,
     ModelServerUnavailable,
-    ModelSpec,
-    TensorSpec,
     discover_model,
 )
+from rowbatch.consumer.model.spec import ModelSpec, TensorSpec
 from tests.unit.consumer.model.test_discovery_spec import SCORER_CONFIG
 
 Answer: TypeAlias = dict[str, Any] | InferenceServerException

@@ -10,15 +10,12 @@ import pytest
 
 from rowbatch.consumer.model.discovery import (
     DEFAULT_BYTES_ESTIMATE,
-    ModelConfigError,
-    ModelSpec,
-    TensorSpec,
-    default_in_flight,
     input_bytes_per_row,
     output_bytes_per_row,
     spec_from_config,
-    target_batch_size,
 )
+from rowbatch.consumer.model.server_kind import default_in_flight, target_batch_size
+from rowbatch.consumer.model.spec import ModelConfigError, ModelSpec, TensorSpec
 
 # What tritonclient 2.73 returns for deploy/models/scorer (64-bit numbers as strings).
 SCORER_CONFIG: dict[str, Any] = {

@@ -9,7 +9,6 @@ from collections.abc import Sequence
 import pytest
 from pydantic import ValidationError
 
-from rowbatch.consumer.model.discovery import ModelSpec, TensorSpec
 from rowbatch.consumer.model.endpoints import (
     Address,
     DnsName,
@@ -19,6 +18,7 @@ from rowbatch.consumer.model.endpoints import (
     parse_endpoints,
 )
 from rowbatch.consumer.model.settings import ModelSettings
+from rowbatch.consumer.model.spec import ModelSpec, TensorSpec
 from rowbatch.consumer.model.spec_match import EndpointSpecMismatch, same_spec, spec_differences
 
 

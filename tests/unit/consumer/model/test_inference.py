@@ -15,18 +15,19 @@ from numpy.typing import NDArray
 from tritonclient.utils import InferenceServerException
 
 from rowbatch.consumer.model.answer import Answer
-from rowbatch.consumer.model.inference import (
+from rowbatch.consumer.model.inference.client import (
     MAX_GRPC_MESSAGE_BYTES,
     ChannelOptions,
-    FatalInferenceError,
     InferenceClient,
+)
+from rowbatch.consumer.model.inference.errors import (
+    FatalInferenceError,
     InferenceError,
-    InferenceRetry,
     PoisonInferenceError,
     RetryableInferenceError,
-    RetryingInferencer,
     classify,
 )
+from rowbatch.consumer.model.inference.retry import InferenceRetry, RetryingInferencer
 from rowbatch.timing import Backoff
 
 

@@ -13,17 +13,16 @@ import pytest
 from tritonclient.utils import InferenceServerException
 
 from rowbatch.consumer.model.answer import Answer
-from rowbatch.consumer.model.inference import (
+from rowbatch.consumer.model.inference.client import InferenceClient
+from rowbatch.consumer.model.inference.errors import (
     FatalInferenceError,
-    InferenceClient,
     InferenceError,
-    InferenceRetry,
     PoisonInferenceError,
     RetryableInferenceError,
-    RetryingInferencer,
     classify,
     error_kind,
 )
+from rowbatch.consumer.model.inference.retry import InferenceRetry, RetryingInferencer
 from rowbatch.timing import Backoff
 from tests.unit.consumer.model.test_inference import FakeTriton, ScriptedInferencer, server_error
 

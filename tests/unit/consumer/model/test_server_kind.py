@@ -8,16 +8,16 @@ import logging
 
 import pytest
 
-from rowbatch.consumer.model.discovery import (
+from rowbatch.consumer.model.server_kind import (
     DEFAULT_BATCH_SIZE,
-    ModelConfigError,
-    ModelSpec,
-    SpecSource,
+    OTHER,
     default_in_flight,
+    describe_defaults,
+    server_kind,
     target_batch_size,
 )
-from rowbatch.consumer.model.server_kind import OTHER, describe_defaults, server_kind
 from rowbatch.consumer.model.settings import ModelSettings
+from rowbatch.consumer.model.spec import ModelConfigError, ModelSpec, SpecSource
 from rowbatch.consumer.model.spec_match import EndpointSpecMismatch, same_spec
 from rowbatch.consumer.service.build_model import (
     describe_batching,

@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from harness.consumer_process import to_toml
-from rowbatch.consumer.model.inference import InferenceClient
+from rowbatch.consumer.model.inference.client import InferenceClient
 from rowbatch.consumer.model.settings import ModelSettings
 from rowbatch.consumer.model.tls import (
     TARGET_NAME_OVERRIDE,

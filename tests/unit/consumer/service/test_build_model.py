@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 
 from rowbatch.consumer.model.balancer import Balancer
-from rowbatch.consumer.model.discovery import ModelNotFound, ModelSpec
+from rowbatch.consumer.model.discovery import ModelNotFound
 from rowbatch.consumer.model.endpoints import Address, Membership, parse_endpoints
 from rowbatch.consumer.model.settings import ModelSettings
+from rowbatch.consumer.model.spec import ModelSpec
 from rowbatch.consumer.service.build_model import (
     check_endpoints,
     connector,

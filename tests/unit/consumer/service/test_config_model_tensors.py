@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from rowbatch.consumer.model.discovery import ConfiguredSpec, TensorSpec
+from rowbatch.consumer.model.configured_spec import ConfiguredSpec
+from rowbatch.consumer.model.spec import TensorSpec
 from rowbatch.consumer.service.config import ConfigError, load_config
 
 BASE = """

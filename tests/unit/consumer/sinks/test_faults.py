@@ -19,10 +19,10 @@ from rowbatch.consumer.sinks.base import (
     SinkUnavailable,
     first_line,
 )
-from rowbatch.consumer.sinks.parquet import classify_parquet_error
-from rowbatch.consumer.sinks.postgres import classify_pg_error
-from rowbatch.consumer.sinks.sqlite import classify_sqlite_error
-from rowbatch.wire.columns import ColumnType
+from rowbatch.consumer.sinks.parquet.faults import classify_parquet_error
+from rowbatch.consumer.sinks.postgres.faults import classify_pg_error
+from rowbatch.consumer.sinks.sqlite.faults import classify_sqlite_error
+from rowbatch.wire.columns.column_type import ColumnType
 
 
 def _kind(fault: SinkError) -> type[SinkError]:

@@ -28,10 +28,10 @@ from rowbatch.consumer.sinks.base import (
     TableMismatch,
     TableSpec,
 )
-from rowbatch.consumer.sinks.parquet import ParquetSink
 from rowbatch.consumer.sinks.parquet.files import DatasetFiles
 from rowbatch.consumer.sinks.parquet.index import KeyIndex
-from rowbatch.consumer.sinks.sqlite import SqliteSink
+from rowbatch.consumer.sinks.parquet.sink import ParquetSink
+from rowbatch.consumer.sinks.sqlite.sink import SqliteSink
 from tests.sink_data import CHUNK_ROWS, DIM, FIRST_WRITE, check_snapshot, make_rows, spec
 
 # --- shared checks -----------------------------------------------------------------------------

@@ -21,12 +21,13 @@ from pydantic import SecretStr, ValidationError
 from rowbatch.consumer.engine.budget import ByteBudget
 from rowbatch.consumer.observe.lag import ThroughputMeter, desired_replicas, partition_lag
 from rowbatch.consumer.service.build_io import make_source
-from rowbatch.consumer.sources.base import DeadLetterReason, Delivery, ReasonClass
+from rowbatch.consumer.sources.base import DeadLetterReason, Delivery
 from rowbatch.consumer.sources.kafka import errors as kafka_errors
 from rowbatch.consumer.sources.kafka import records as kafka_records
 from rowbatch.consumer.sources.kafka.errors import KafkaConfigError
 from rowbatch.consumer.sources.kafka.settings import KafkaSettings
 from rowbatch.consumer.sources.kafka.source import KafkaSource
+from rowbatch.wire.dead_letter import ReasonClass
 
 TOPIC = "rows"
 TP0 = TopicPartition(TOPIC, 0)

@@ -32,8 +32,9 @@ from rowbatch.consumer.sources.pubsub.clients import (
 from rowbatch.consumer.sources.pubsub.errors import PubSubCredentialsError
 from rowbatch.consumer.sources.pubsub.pull import PubSubPullSource
 from rowbatch.consumer.sources.pubsub.settings import PubSubSettings
-from rowbatch.producer.cli import main as producer_main
-from rowbatch.producer.publishers import PublisherConfigError, PubSubPublisher
+from rowbatch.producer.cli.main import main as producer_main
+from rowbatch.producer.publishers.errors import PublisherConfigError
+from rowbatch.producer.publishers.pubsub import PubSubPublisher
 from rowbatch.wire.pubsub_env import (
     credentials_message,
     emulator_host,

@@ -17,7 +17,7 @@ from google.pubsub_v1 import types as pstypes
 from pydantic import ValidationError
 
 from rowbatch.consumer.service.build_io import make_source
-from rowbatch.consumer.sources.base import DeadLetterReason, Delivery, ReasonClass, Source
+from rowbatch.consumer.sources.base import DeadLetterReason, Delivery, Source
 from rowbatch.consumer.sources.pubsub.errors import PubSubPullError
 from rowbatch.consumer.sources.pubsub.id_batcher import IdBatcher
 from rowbatch.consumer.sources.pubsub.leases import LeaseBook
@@ -25,6 +25,7 @@ from rowbatch.consumer.sources.pubsub.pull import PubSubPullSource
 from rowbatch.consumer.sources.pubsub.settings import PubSubSettings
 from rowbatch.consumer.sources.pubsub.streaming import PubSubSource
 from rowbatch.consumer.sources.pubsub.tasks import sleep_or_event
+from rowbatch.wire.dead_letter import ReasonClass
 
 SUB = "projects/p/subscriptions/sub"
 
