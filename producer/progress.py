@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, Literal, TextIO
 
+from rowbatch.timing import Clock
+
 ProgressMode = Literal["auto", "bar", "log", "none"]
 
 _BAR_WIDTH: Final = 24
@@ -46,7 +48,7 @@ class Progress:
         mode: ProgressMode = "auto",
         total_rows: int | None = None,
         estimate_rows: Callable[[], float | None] | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = time.monotonic,
         interval_s: float = 0.2,
         log_interval_s: float = 10.0,
     ) -> None:

@@ -41,7 +41,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from rowbatch.consumer.engine.batcher import Batch, Batcher
@@ -67,7 +67,7 @@ from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.observe.scaling import ScalingSignal
 from rowbatch.consumer.sinks.base import Sink
 from rowbatch.consumer.sources.base import Source, WorkBound
-from rowbatch.timing import Backoff, Clock
+from rowbatch.timing import Backoff, Clock, Sleep
 
 __all__ = [
     "QUEUED_BATCHES_PER_REQUEST",
@@ -178,7 +178,7 @@ class Pipeline:
         metrics: Metrics,
         clock: Clock = time.monotonic,
         wall: Callable[[], float] = time.time,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        sleep: Sleep = asyncio.sleep,
         signal: ScalingSignal | None = None,
         watch_interval_s: float = WATCH_INTERVAL_S,
         trim: Callable[[], None] | None = None,

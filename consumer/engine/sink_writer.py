@@ -19,7 +19,7 @@ from typing import Generic, TypeVar
 
 from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.sinks.base import ResultRows, RowsRejected, SinkUnavailable
-from rowbatch.timing import Backoff
+from rowbatch.timing import Backoff, Sleep
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ class SinkWriter(Generic[PartT]):
         backoff: Backoff | None = None,
         on_pause: Callable[[], None] = lambda: None,
         on_resume: Callable[[], None] = lambda: None,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        sleep: Sleep = asyncio.sleep,
         rng: random.Random | None = None,
     ) -> None:
         self._write = write

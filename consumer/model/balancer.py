@@ -34,6 +34,7 @@ from rowbatch.consumer.model.inference.errors import (
     is_exhausted,
 )
 from rowbatch.consumer.model.spec import ModelSpec
+from rowbatch.timing import Clock, Sleep
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +67,8 @@ class Balancer:
         meter: Callable[[str], EndpointMeter] = _no_meter,
         on_error: Callable[[InferenceError], None] = _ignore,
         timing: HealthTiming | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        clock: Clock = time.monotonic,
+        sleep: Sleep = asyncio.sleep,
         rng: random.Random | None = None,
     ) -> None:
         self.model = model

@@ -8,13 +8,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from rowbatch.consumer.model.endpoint_state import Endpoint, EndpointClient, Health
 from rowbatch.consumer.model.spec import ModelSpec
 from rowbatch.consumer.model.spec_match import describe_mismatch, spec_differences
-from rowbatch.timing import Backoff
+from rowbatch.timing import Backoff, Sleep
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ class Prober:
         timing: HealthTiming,
         set_health: Callable[[Endpoint, Health], None],
         *,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        sleep: Sleep = asyncio.sleep,
         rng: random.Random,
     ) -> None:
         self.timing = timing

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Literal
 
 from prometheus_client import CollectorRegistry
@@ -22,6 +22,7 @@ from rowbatch.consumer.sinks.settings import ParquetSinkSettings, PostgresSinkSe
 from rowbatch.consumer.sources.base import Source
 from rowbatch.consumer.sources.kafka.settings import KafkaSettings
 from rowbatch.consumer.sources.pubsub.settings import PubSubSettings
+from rowbatch.timing import Clock, Sleep
 from rowbatch.wire.columns.column_type import ColumnType
 from rowbatch.wire.pubsub_env import project_of
 
@@ -151,8 +152,8 @@ async def open_sink(
     table: TableSpec,
     settings: SinkSettings,
     *,
-    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-    clock: Callable[[], float] = time.monotonic,
+    sleep: Sleep = asyncio.sleep,
+    clock: Clock = time.monotonic,
 ) -> None:
     """``sink.open(table)``, waiting (with backoff, up to ``settings.startup_wait_s``) while the
     sink is unreachable: a database that restarts with the consumer is not a reason to exit."""

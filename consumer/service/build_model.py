@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import replace
 
 from rowbatch.consumer.model.balancer import Balancer
@@ -20,6 +20,7 @@ from rowbatch.consumer.model.settings import ModelSettings
 from rowbatch.consumer.model.spec import SOURCE_NAMES, ModelSpec
 from rowbatch.consumer.model.spec_match import same_spec
 from rowbatch.consumer.service.startup import wait_for
+from rowbatch.timing import Clock, Sleep
 
 
 def connector(settings: ModelSettings, membership: Membership) -> Callable[[str], InferenceClient]:
@@ -45,8 +46,8 @@ async def discover_endpoints_waiting(
     membership: Membership,
     settings: ModelSettings,
     *,
-    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-    clock: Callable[[], float] = time.monotonic,
+    sleep: Sleep = asyncio.sleep,
+    clock: Clock = time.monotonic,
 ) -> dict[str, ModelSpec]:
     """Endpoint address -> the model spec it serves, for every endpoint that answered (in
     configured order), waiting with backoff (up to ``model.startup_wait_s``) while none does.

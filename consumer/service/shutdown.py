@@ -16,6 +16,8 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol, TypeVar
 
+from rowbatch.timing import Clock
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -182,7 +184,7 @@ def exit_past_stuck_threads(
     wait_s: float = TEARDOWN_S,
     threads: Callable[[], Iterable[threading.Thread]] = threading.enumerate,
     exit_now: Callable[[int], None] = _flush_and_exit,
-    clock: Callable[[], float] = time.monotonic,
+    clock: Clock = time.monotonic,
 ) -> int:
     """``code``, once every thread that would hold the interpreter open (alive, not a
     daemon) has ended; if some are still running ``wait_s`` later, log them and exit at once

@@ -12,7 +12,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from rowbatch.timing import Backoff
+from rowbatch.timing import Backoff, Clock, Sleep
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +35,8 @@ async def wait_for(
     wait_s: float,
     backoff: Backoff,
     setting: str,
-    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-    clock: Callable[[], float] = time.monotonic,
+    sleep: Sleep = asyncio.sleep,
+    clock: Clock = time.monotonic,
     rng: random.Random | None = None,
 ) -> T:
     """``op()``, retried with ``backoff`` while it raises ``unavailable``, for up to ``wait_s``

@@ -7,7 +7,6 @@ import argparse
 import asyncio
 import time
 import uuid
-from collections.abc import Callable
 from typing import TextIO
 
 from rowbatch.producer.cli.parser import ENCODINGS
@@ -18,7 +17,7 @@ from rowbatch.producer.loadgen.run import publish_load
 from rowbatch.producer.loadgen.spec import LoadSpec
 from rowbatch.producer.progress import Progress
 from rowbatch.producer.publishers.base import Publisher
-from rowbatch.timing import Sleep
+from rowbatch.timing import Clock, Sleep
 from rowbatch.wire.errors import WireError
 from rowbatch.wire.headers.fields import check_table
 
@@ -28,7 +27,7 @@ async def run_loadgen(
     publisher: Publisher,
     *,
     stderr: TextIO,
-    clock: Callable[[], float] = time.monotonic,
+    clock: Clock = time.monotonic,
     sleep: Sleep = asyncio.sleep,
 ) -> Outcome:
     """``loadgen``: the generated table, paced to ``--rate``."""

@@ -9,7 +9,7 @@ import contextlib
 import logging
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import IO, TextIO
 
 from rowbatch.producer.cli.brokers import PublisherFactory, make_publisher
@@ -20,7 +20,7 @@ from rowbatch.producer.cli.report import report, write_manifest
 from rowbatch.producer.cli.running import Outcome, RunFailed, UsageError
 from rowbatch.producer.publishers.errors import PublisherConfigError, PublishError
 from rowbatch.producer.readers.errors import InputError
-from rowbatch.timing import Sleep
+from rowbatch.timing import Clock, Sleep
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -44,7 +44,7 @@ async def _run(
     *,
     stdin: IO[bytes] | None,
     stderr: TextIO,
-    clock: Callable[[], float],
+    clock: Clock,
     sleep: Sleep,
 ) -> Outcome:
     publisher = factory(opts)
@@ -64,7 +64,7 @@ def main(
     stdin: IO[bytes] | None = None,
     stdout: TextIO | None = None,
     stderr: TextIO | None = None,
-    clock: Callable[[], float] = time.monotonic,
+    clock: Clock = time.monotonic,
     sleep: Sleep = asyncio.sleep,
 ) -> int:
     """The command line; returns the exit status. The keyword arguments are for tests."""

@@ -11,7 +11,7 @@ import json
 import re
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Final, TextIO
@@ -29,6 +29,7 @@ from rowbatch.producer.readers.formats import STDIN, InputFormat
 from rowbatch.producer.readers.rechunk import rechunk
 from rowbatch.producer.readers.schema import parse_schema
 from rowbatch.producer.readers.source import TableSource, open_source
+from rowbatch.timing import Clock
 from rowbatch.wire.chunks.encode import EncodedChunk
 from rowbatch.wire.columns.column_type import ColumnType
 from rowbatch.wire.errors import RowTooLarge, WireError
@@ -139,7 +140,7 @@ async def run_publish(
     *,
     stdin: IO[bytes] | None = None,
     stderr: TextIO,
-    clock: Callable[[], float] = time.monotonic,
+    clock: Clock = time.monotonic,
 ) -> Outcome:
     """``publish``: the file, chunk by chunk. Raises InputError/PublishError (the partial
     summary is in the exception's ``outcome`` attribute)."""

@@ -15,6 +15,7 @@ from rowbatch.producer.publishers.errors import PublishError
 from rowbatch.producer.publishers.messages import Message, PublishedChunk
 from rowbatch.producer.publishers.window import PublishWindow
 from rowbatch.producer.readers.errors import InputError
+from rowbatch.timing import Clock
 
 Submit = Callable[[Message, int | None], Awaitable[None]]
 
@@ -73,7 +74,7 @@ async def publish_all(
     tally: Tally,
     feed: Callable[[Submit], Awaitable[None]],
     *,
-    clock: Callable[[], float],
+    clock: Clock,
     max_in_flight: int,
     ordering_key: str | None,
 ) -> None:
@@ -105,7 +106,7 @@ async def run_to_outcome(
     opts: argparse.Namespace,
     prefix: str,
     *,
-    clock: Callable[[], float],
+    clock: Clock,
     manifest: Callable[[], Manifest | None] = lambda: None,
 ) -> Outcome:
     """:func:`publish_all` with the options' window and ordering key: the run's outcome, or

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+
+from rowbatch.timing import Clock, Sleep
 
 
 class RateLimiter:
@@ -15,8 +16,8 @@ class RateLimiter:
         self,
         rate: float | None,
         *,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        clock: Clock = time.monotonic,
+        sleep: Sleep = asyncio.sleep,
         max_lag_s: float = 1.0,
     ) -> None:
         if rate is not None and not rate > 0:

@@ -17,7 +17,7 @@ from tenacity.stop import stop_after_attempt, stop_base, stop_never
 
 from rowbatch.consumer.model.answer import Answer
 from rowbatch.consumer.model.inference.errors import InferenceError, RetryableInferenceError
-from rowbatch.timing import Backoff, BackoffWait
+from rowbatch.timing import Backoff, BackoffWait, Sleep
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ class RetryingInferencer:
         on_error: Callable[[InferenceError], None] = lambda _: None,
         probe: Callable[[], Awaitable[bool]] | None = None,
         probe_interval_s: float = 0.25,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        sleep: Sleep = asyncio.sleep,
         rng: random.Random | None = None,
     ) -> None:
         self.policy = policy or InferenceRetry()

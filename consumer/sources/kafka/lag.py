@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 from rowbatch.consumer.observe.lag import LagGauges, partition_lag
 from rowbatch.consumer.observe.scaling import ScalingGauges, ScalingSignal, SignalSettings, Window
 from rowbatch.consumer.sources.kafka.settings import KafkaSettings
+from rowbatch.timing import Clock
 
 _LOG = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ class LagMonitor:
         *,
         rows_per_record: Callable[[], float],
         signal: ScalingSignal,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = time.monotonic,
     ) -> None:
         self._config = config
         self._gauges = LagGauges(registry)
