@@ -196,3 +196,39 @@ class MemoryCollector:
         for part, value in self._read().parts().items():
             family.add_metric([part], value)
         yield family
+
+
+TRACE_DIR_ENV: Final = "ROWBATCH_TRACEMALLOC_DIR"
+"""Where :func:`dump_traced` writes (default: the system's temporary directory)."""
+
+
+def dump_traced(
+    directory: Path | None = None, *, top: int = 40, clock: Callable[[], float] | None = None
+) -> Path | None:
+    """While ``tracemalloc`` traces (``PYTHONTRACEMALLOC=N``, N frames a trace), write the
+    ``top`` allocation sites by bytes still allocated (grouped by traceback) to a text file
+    ``rowbatch-tracemalloc-<pid>-<ms>.txt`` in ``directory`` (``$ROWBATCH_TRACEMALLOC_DIR``,
+    else the temporary directory) and return its path; ``None`` when not tracing. The service
+    calls it on SIGUSR1: compare two dumps (ready, peak) to see what the volume allocates."""
+    if not tracemalloc.is_tracing():
+        return None
+    import tempfile  # noqa: PLC0415
+    import time  # noqa: PLC0415
+
+    where = directory or Path(os.environ.get(TRACE_DIR_ENV) or tempfile.gettempdir())
+    now = (clock or time.time)()
+    snapshot = tracemalloc.take_snapshot().filter_traces(
+        (tracemalloc.Filter(inclusive=False, filename_pattern=tracemalloc.__file__),)
+    )
+    stats = snapshot.statistics("traceback")
+    total = sum(stat.size for stat in stats)
+    lines = [
+        f"traced {total:,} bytes in {sum(s.count for s in stats):,} blocks, "
+        f"{len(stats):,} sites; top {top} by size (rss {rss_bytes():,})"
+    ]
+    for stat in stats[:top]:
+        lines.append(f"{stat.size:>14,} B {stat.count:>10,} blocks")
+        lines.extend(f"    {line}" for line in stat.traceback.format(most_recent_first=True))
+    path = where / f"rowbatch-tracemalloc-{os.getpid()}-{int(now * 1000)}.txt"
+    path.write_text("\n".join(lines) + "\n")
+    return path

@@ -9,13 +9,14 @@ import asyncio
 import logging
 import signal
 import sys
+import tracemalloc
 from pathlib import Path
 
 from rowbatch.consumer.engine.pipeline import PipelineFailed
 from rowbatch.consumer.model.binding import Binding, BindingError, check_binding
 from rowbatch.consumer.model.discovery import ModelDiscoveryError
 from rowbatch.consumer.model.spec import ModelConfigError
-from rowbatch.consumer.observe.memory import return_freed_memory
+from rowbatch.consumer.observe.memory import dump_traced, return_freed_memory
 from rowbatch.consumer.service import admin, logs
 from rowbatch.consumer.service.build_io import check_source_credentials
 from rowbatch.consumer.service.build_model import (
@@ -115,11 +116,28 @@ _STARTUP_ERRORS = (
 )
 
 
+def _dump_traced_later() -> None:
+    """SIGUSR1 while tracing: write the traced allocation sites (off the event loop)."""
+
+    async def dump() -> None:
+        path = await asyncio.to_thread(dump_traced)
+        log.warning("tracemalloc: allocation sites written to %s", path)
+
+    task = asyncio.get_running_loop().create_task(dump(), name="tracemalloc-dump")
+    _DUMPS.add(task)
+    task.add_done_callback(_DUMPS.discard)
+
+
+_DUMPS: set[asyncio.Task[None]] = set()
+
+
 async def _run(config: ConsumerConfig) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if tracemalloc.is_tracing():  # PYTHONTRACEMALLOC=N: diagnosis of memory (docs/memory.md)
+        loop.add_signal_handler(signal.SIGUSR1, _dump_traced_later)
     watchdog = Watchdog(config.shutdown_grace_s + CLOSE_MARGIN_S)
     arming = asyncio.create_task(watch_stop(stop, watchdog), name="shutdown-watchdog")
     try:
