@@ -19,6 +19,7 @@ import yaml
 
 from harness.consumer_process import ConsumerProcess
 from rowbatch.consumer.service.config import ConsumerConfig, load_config
+from rowbatch.consumer.service.shutdown import CLOSE_MARGIN_S
 from rowbatch.consumer.sources.kafka.settings import KafkaSettings
 from rowbatch.consumer.sources.pubsub.settings import PubSubSettings
 from rowbatch.producer.cli.parser import build_parser
@@ -176,7 +177,7 @@ def test_two_consumer_replicas_write_to_postgres_and_drain_before_sigkill(
         assert config.sink.kind == "postgres"
         assert config.server.host == "0.0.0.0"
         grace = float(consumer["stop_grace_period"].rstrip("s"))
-        assert grace > config.shutdown_grace_s
+        assert grace > config.shutdown_grace_s + CLOSE_MARGIN_S  # the drain, then the close
         assert f":{config.server.port}/readyz" in " ".join(consumer["healthcheck"]["test"])
 
 

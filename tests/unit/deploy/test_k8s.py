@@ -22,6 +22,7 @@ import yaml
 from rowbatch.consumer.model.endpoints import DnsName, parse_endpoints
 from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.service.config import ConsumerConfig, load_config
+from rowbatch.consumer.service.shutdown import CLOSE_MARGIN_S
 from rowbatch.consumer.sources.kafka.settings import KafkaSettings
 from rowbatch.consumer.sources.pubsub.settings import PubSubSettings
 from tests.required_tools import require_tool
@@ -174,9 +175,10 @@ def test_probes_hit_what_the_consumer_serves(where: str, tmp_path: Path) -> None
         assert ports[get["port"]] == config.server.port
     startup = container["startupProbe"]
     allowed_s = startup["periodSeconds"] * startup["failureThreshold"]
-    assert allowed_s > config.model.startup_wait_s + config.sink.startup_wait_s, (
-        "the health server starts after the start-up waits: the startup probe must outlast them"
-    )
+    # The health server starts before the start-up waits (service/runner.py; the integration
+    # test of a consumer waiting for its model server reads /healthz meanwhile), so the
+    # startup probe covers only the interpreter's start and imports.
+    assert 30 <= allowed_s <= 120
 
 
 @pytest.mark.parametrize("where", CONSUMER_OVERLAYS)
@@ -186,7 +188,10 @@ def test_the_grace_period_outlasts_the_drain(where: str, tmp_path: Path) -> None
     pod = deployment["spec"]["template"]["spec"]
     pre_stop = _container(deployment)["lifecycle"]["preStop"]["exec"]["command"]
     assert pre_stop[0] == "sleep"
-    assert pod["terminationGracePeriodSeconds"] > float(pre_stop[1]) + config.shutdown_grace_s
+    # What the consumer may take after SIGTERM before its own watchdog ends it: the drain
+    # (shutdown_grace_s), then the bounded close steps and teardown (CLOSE_MARGIN_S).
+    worst = float(pre_stop[1]) + config.shutdown_grace_s + CLOSE_MARGIN_S
+    assert pod["terminationGracePeriodSeconds"] > worst
 
 
 @pytest.mark.parametrize("where", CONSUMER_OVERLAYS)
