@@ -7,6 +7,7 @@ Nested fields use ``__`` in the environment: ``ROWBATCH_MODEL__URL=127.0.0.1:800
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -127,6 +128,24 @@ def _describe(exc: ValidationError, path: Path | None) -> str:
     where = f"{path}" if path else "the environment"
     lines = [f"invalid configuration ({where}; env vars ROWBATCH_<SECTION>__<FIELD> override):"]
     for err in exc.errors():
-        field = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-"))
-        lines.append(f"  {field or '(top level)'}: {err['msg']}")
+        parts = [str(p) for p in err["loc"] if not str(p).startswith("function-")]
+        field = ".".join(parts)
+        variable = _variable_for(parts)
+        origin = f" (from the environment: {variable})" if variable else ""
+        lines.append(f"  {field or '(top level)'}: {err['msg']}{origin}")
     return "\n".join(lines)
+
+
+_UNION_TAGS = frozenset({"pubsub", "kafka", "sqlite", "postgres", "parquet"})
+"""The ``kind`` tags pydantic puts in an error's location inside ``[source]`` and ``[sink]``."""
+
+
+def _variable_for(parts: list[str]) -> str | None:
+    """The ``ROWBATCH_*`` variable that supplied the value at ``parts`` (or a section above
+    it), if one is set: a bad value from the environment is named by its variable."""
+    fields = [p for i, p in enumerate(parts) if not (i == 1 and p in _UNION_TAGS)]
+    for n in range(len(fields), 0, -1):
+        name = "ROWBATCH_" + "__".join(f.upper() for f in fields[:n])
+        if name in os.environ:
+            return name
+    return None

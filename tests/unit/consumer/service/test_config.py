@@ -50,3 +50,31 @@ def test_errors_name_the_field(tmp_path: Path) -> None:
 def test_missing_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"nope\.toml does not exist"):
         load_config(tmp_path / "nope.toml")
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "said"),
+    [
+        ("ROWBATCH_SOURCE", "/some/path", "  source: Input should be a valid dictionary"),
+        ("ROWBATCH_SOURCE__MAX_MESSAGES", "many", "  source.pubsub.max_messages: Input should"),
+        ("ROWBATCH_SINK__BACKOFF_MAX_S", "soon", "  sink.sqlite.backoff_max_s: Input should"),
+        ("ROWBATCH_BUDGET_BYTES", "lots", "  budget_bytes: Input should"),
+    ],
+)
+def test_a_bad_value_from_the_environment_names_its_variable(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str, said: str
+) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError) as caught:
+        load_config(EXAMPLE)
+    [line] = [x for x in str(caught.value).splitlines() if x.startswith(said)]
+    assert line.endswith(f"(from the environment: {variable})"), line
+
+
+def test_a_bad_value_from_the_file_names_no_variable(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text(EXAMPLE.read_text().replace("max_messages = 1000", "max_messages = 0"))
+    with pytest.raises(ConfigError) as caught:
+        load_config(bad)
+    assert "source.pubsub.max_messages" in str(caught.value)
+    assert "from the environment" not in str(caught.value)
