@@ -23,7 +23,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 
 def partition_lag(
@@ -107,7 +107,10 @@ class LagGauges:
 
     - ``rowbatch_kafka_lag{topic,partition}``: end offset - committed offset;
     - ``rowbatch_kafka_lag_total{topic}``: their sum;
-    - ``rowbatch_kafka_backlog_rows{topic}``: lag x mean rows per record.
+    - ``rowbatch_kafka_backlog_rows{topic}``: lag x mean rows per record;
+    - ``rowbatch_kafka_lag_updated_timestamp_seconds{topic}``: when they were last read (the
+      autoscaling signal's freshness: ``time() - ...`` is its age);
+    - ``rowbatch_kafka_lag_read_failures_total{topic}``: reads that failed.
 
     The replica count they call for is ``ScalingGauges``' (``consumer/observe/scaling.py``)."""
 
@@ -130,12 +133,29 @@ class LagGauges:
             ["topic"],
             registry=registry,
         )
+        self.updated = Gauge(
+            "rowbatch_kafka_lag_updated_timestamp_seconds",
+            "Unix time of the last successful read of the topic's lag (time() minus it is the "
+            "age of rowbatch_kafka_lag and of the Kafka rowbatch_desired_replicas)",
+            ["topic"],
+            registry=registry,
+        )
+        self.read_failures = Counter(
+            "rowbatch_kafka_lag_read_failures",
+            "Reads of the topic's lag (end and committed offsets) that failed",
+            ["topic"],
+            registry=registry,
+        )
 
-    def update(self, topic: str, lags: Mapping[int, int], backlog_rows: float) -> None:
+    def update(
+        self, topic: str, lags: Mapping[int, int], backlog_rows: float, *, now: float
+    ) -> None:
+        """A successful read at ``now`` (Unix seconds)."""
         for partition, lag in lags.items():
             self.lag.labels(topic, str(partition)).set(lag)
         self.lag_total.labels(topic).set(sum(lags.values()))
         self.backlog_rows.labels(topic).set(backlog_rows)
+        self.updated.labels(topic).set(now)
 
 
 __all__ = ["LagGauges", "ThroughputMeter", "desired_replicas", "partition_lag"]

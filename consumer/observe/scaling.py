@@ -326,6 +326,14 @@ class ScalingSignal:
         s = self.settings
         self._gauges.desired.set(bounded(rounded, s.min_replicas, s.max_replicas))
 
+    def unknown(self) -> None:
+        """The backlog can no longer be read (Kafka: no lag read for a while): the figures are
+        set to NaN, "not known", until the next :meth:`fleet`. An HPA does not act on a NaN
+        (it keeps the replicas it has), KEDA uses its ``fallback``, and PromQL's ``max`` over
+        the replicas takes the ones still fresh; the old figure is never served as current."""
+        self._gauges.desired.set(math.nan)
+        self._gauges.load.set(math.nan)
+
     def fleet(
         self,
         backlog_rows: float,

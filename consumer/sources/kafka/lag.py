@@ -13,13 +13,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiokafka import TopicPartition
-from aiokafka.errors import KafkaError
 from prometheus_client import CollectorRegistry
 
 from rowbatch.consumer.observe.lag import LagGauges, partition_lag
 from rowbatch.consumer.observe.scaling import ScalingGauges, ScalingSignal, SignalSettings, Window
 from rowbatch.consumer.sources.kafka.settings import KafkaSettings
-from rowbatch.timing import Clock
+from rowbatch.timing import Clock, Sleep
 
 _LOG = logging.getLogger(__name__)
 
@@ -49,8 +48,18 @@ class LagMonitor:
         rows_per_record: Callable[[], float],
         signal: ScalingSignal,
         clock: Clock = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        sleep: Sleep = asyncio.sleep,
     ) -> None:
         self._config = config
+        self._wall = wall
+        self._sleep = sleep
+        self._last_read: float | None = None
+        """``clock()`` of the last successful read (None: none yet)."""
+        self._failing_since: float | None = None
+        self._last_warned: float | None = None
+        self.stale = False
+        """No successful read for ``stale_after_s``: the scaling figures are NaN."""
         self._gauges = LagGauges(registry)
         self._rows_per_record = rows_per_record
         self.signal = signal
@@ -87,8 +96,64 @@ class LagMonitor:
             partitions=len(tps),
             own_backlog_rows=sum(lags.get(p, 0) for p in mine) * rows_per_record,
         )
-        self._gauges.update(config.topic, lags, backlog_rows)
+        self._gauges.update(config.topic, lags, backlog_rows, now=self._wall())
         return lags
+
+    @property
+    def stale_after_s(self) -> float:
+        """How long reads may fail before the figures are withdrawn: three intervals, at
+        least 30 s (a broker restart or one slow read does not blank the signal)."""
+        return max(3 * self._config.lag_interval_s, 30.0)
+
+    async def read_once(self, refresh: Callable[[], Awaitable[object]]) -> bool:
+        """One ``refresh()``, bounded in time; a failure is counted and logged (a warning at
+        once and then at most once a minute, saying for how long the signal has been stale),
+        and past ``stale_after_s`` the scaling figures become NaN until a read succeeds (said
+        in a warning too).
+        Returns whether it succeeded."""
+        now = self._clock()
+        try:
+            async with asyncio.timeout(max(self._config.lag_interval_s, 5.0)):
+                await refresh()
+        except Exception as exc:  # noqa: BLE001 - lag is informative; consuming goes on
+            self._failed(now, exc)
+            return False
+        if self.stale or self._failing_since is not None:
+            _LOG.warning(
+                "Kafka lag of %s read again after %.0f s of failures; scaling signal current",
+                self._config.topic,
+                now - (self._failing_since or now),
+            )
+        self._last_read, self._failing_since, self._last_warned = now, None, None
+        self.stale = False
+        return True
+
+    def _failed(self, now: float, exc: BaseException) -> None:
+        topic = self._config.topic
+        self._gauges.read_failures.labels(topic).inc()
+        if self._failing_since is None:
+            self._failing_since = now
+        since = self._last_read if self._last_read is not None else self._failing_since
+        age = now - since
+        became_stale = not self.stale and age >= self.stale_after_s
+        if became_stale:
+            self.stale = True
+            self.signal.unknown()
+        if became_stale or self._last_warned is None or now - self._last_warned >= 60.0:
+            self._last_warned = now
+            what = (
+                "the scaling figures are NaN (not known) until a read succeeds"
+                if self.stale
+                else f"the scaling figures are withdrawn after {self.stale_after_s:.0f} s"
+            )
+            _LOG.warning(
+                "could not read the Kafka lag of %s for %.0f s (%s: %s); %s",
+                topic,
+                age,
+                type(exc).__name__,
+                exc,
+                what,
+            )
 
     def _group_rows_per_s(self, committed: dict[int, int | None]) -> float:
         """Records/s the group committed over the rate window (every member's writes)."""
@@ -106,14 +171,8 @@ class LagMonitor:
     async def run(self, refresh: Callable[[], Awaitable[object]]) -> None:
         """Call ``refresh()`` every ``lag_interval_s``, forever; failures are logged."""
         while True:
-            try:
-                async with asyncio.timeout(max(self._config.lag_interval_s, 5.0)):
-                    await refresh()
-            except (KafkaError, OSError, TimeoutError) as exc:
-                _LOG.debug("could not measure Kafka lag: %r", exc)
-            except Exception:  # noqa: BLE001 - lag is informative; consuming goes on
-                _LOG.warning("measuring Kafka lag failed", exc_info=True)
-            await asyncio.sleep(self._config.lag_interval_s)
+            await self.read_once(refresh)
+            await self._sleep(self._config.lag_interval_s)
 
 
 __all__ = ["LagMonitor", "standalone_signal"]

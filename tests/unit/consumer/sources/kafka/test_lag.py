@@ -4,6 +4,9 @@ one replica computes the fleet's figure), this replica's own share from its part
 
 from __future__ import annotations
 
+import math
+
+import pytest
 from aiokafka import TopicPartition
 from prometheus_client import CollectorRegistry
 
@@ -105,3 +108,68 @@ async def test_a_source_without_the_pipeline_keeps_a_signal_of_its_own() -> None
     assert signal.settings.view == "fleet"
     assert signal.settings.target_latency_s == 20.0  # the default
     assert registry.get_sample_value("rowbatch_rows_per_s_per_replica") == 500.0
+
+
+class Wall:
+    now = 1_700_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_a_failing_lag_read_is_counted_logged_and_blanks_the_figures_when_stale(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    registry = CollectorRegistry()
+    signal = ScalingSignal(
+        SignalSettings("fleet", 20.0, 1000.0, rate_window_s=10.0), ScalingGauges(registry)
+    )
+    clock, wall = Clock(), Wall()
+    monitor = LagMonitor(
+        config(lag_interval_s=5.0),
+        registry,
+        rows_per_record=lambda: 100.0,
+        signal=signal,
+        clock=clock,
+        wall=wall,
+    )
+    group = GroupView(4, mine={0})
+    group.end = dict.fromkeys(range(4), 1000)
+    group.commits = dict.fromkeys(range(4), 900)
+    assert await monitor.read_once(lambda: monitor.refresh(group))
+    # 400 records x 100 rows / (20 s x 1,000 rows/s) = 2
+    assert registry.get_sample_value("rowbatch_desired_replicas") == 2
+    updated = {"topic": TOPIC}
+    assert (
+        registry.get_sample_value("rowbatch_kafka_lag_updated_timestamp_seconds", updated)
+        == wall.now
+    )
+    assert monitor.stale_after_s == 30.0
+
+    async def unreachable() -> None:
+        raise OSError("broker down")
+
+    for now in (5.0, 10.0, 25.0, 30.0, 40.0, 95.0):
+        clock.now = now
+        assert not await monitor.read_once(unreachable)
+        desired = registry.get_sample_value("rowbatch_desired_replicas")
+        assert desired is not None
+        # 30 s after the last good read the old figure is withdrawn, not served as current
+        assert math.isnan(desired) == (now >= 30.0), now
+        assert monitor.stale == (now >= 30.0)
+    assert registry.get_sample_value("rowbatch_kafka_lag_read_failures_total", updated) == 6
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 3, warnings  # at once, when withdrawn, then once a minute
+    assert "for 5 s (OSError: broker down)" in warnings[0] and "withdrawn after 30 s" in warnings[0]
+    assert "for 30 s" in warnings[1] and "NaN" in warnings[1]
+    assert "for 95 s" in warnings[2] and "NaN" in warnings[2]
+
+    clock.now, wall.now = 100.0, wall.now + 100
+    assert await monitor.read_once(lambda: monitor.refresh(group))
+    assert not monitor.stale
+    assert registry.get_sample_value("rowbatch_desired_replicas") == 2
+    assert (
+        registry.get_sample_value("rowbatch_kafka_lag_updated_timestamp_seconds", updated)
+        == wall.now
+    )
+    assert "read again after 95 s" in caplog.records[-1].getMessage()
