@@ -157,12 +157,13 @@ def test_alerts_fire_and_every_rule_and_panel_has_data(
         wait_for(lambda: _scrapes(prom) >= 2, 30, "Prometheus scraping the consumer", proc)
 
         good = [chunk_record(text_chunk(n, ROWS_PER_CHUNK)) for n in range(CHUNKS)]
-        poison = (b"poison", b"\x00garbage{", good[0][2])
-        asyncio.run(produce(kafka, topics.topic, [*good[: CHUNKS // 2], poison]))
+        # RowbatchDeadLetters fires from 10 dead letters in ten minutes: send 12 poison records.
+        poison = [(b"poison", b"\x00garbage{", good[0][2])] * 12
+        asyncio.run(produce(kafka, topics.topic, [*good[: CHUNKS // 2], *poison]))
         wait_for(
-            lambda: (proc.metric("rowbatch_messages_dead_lettered_total") or 0) >= 1,
+            lambda: (proc.metric("rowbatch_messages_dead_lettered_total") or 0) >= 12,
             60,
-            "the poison record dead-lettered",
+            "the poison records dead-lettered",
             proc,
         )
         wait_for(lambda: bool(prom.firing("RowbatchDeadLetters")), 30, "DLQ alert", proc)
