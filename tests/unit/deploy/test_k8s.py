@@ -126,7 +126,11 @@ def test_renders_and_validates_offline(where: str) -> None:
     kinds = []
     for doc in _render(where):
         kinds.append(doc["kind"])
-        if doc["apiVersion"].split("/")[0] in ("keda.sh", "monitoring.coreos.com"):
+        if doc["apiVersion"].split("/")[0] in (
+            "keda.sh",
+            "monitoring.coreos.com",
+            "monitoring.googleapis.com",
+        ):
             schema = _crd_schema(doc["apiVersion"], doc["kind"])
             jsonschema.Draft202012Validator.check_schema(schema)
             errors = list(jsonschema.Draft202012Validator(schema).iter_errors(doc))
@@ -147,6 +151,12 @@ def test_the_crd_schemas_reject_what_the_api_server_would() -> None:
     missing = json.loads(json.dumps(so))
     del missing["spec"]["triggers"]
     assert not validator.is_valid(missing)
+    pm = _one("gke-pubsub", "PodMonitoring")
+    gmp = jsonschema.Draft202012Validator(_crd_schema(pm["apiVersion"], pm["kind"]))
+    assert gmp.is_valid(pm)
+    operator_style = json.loads(json.dumps(pm))
+    operator_style["spec"]["podMetricsEndpoints"] = operator_style["spec"].pop("endpoints")
+    assert not gmp.is_valid(operator_style)
 
 
 @pytest.mark.parametrize("where", CONSUMER_OVERLAYS)
@@ -232,12 +242,18 @@ def test_monitoring_and_disruption_budget_select_the_consumer_pods(
     deployment = _one(where, "Deployment")
     labels = deployment["spec"]["template"]["metadata"]["labels"]
     ports = {p["name"]: p["containerPort"] for p in _container(deployment)["ports"]}
-    for kind in ("PodMonitor", "PodDisruptionBudget"):
+    # GKE collects with its managed Prometheus (PodMonitoring), elsewhere the Operator's
+    # PodMonitor: exactly one of them, selecting the consumer pods.
+    monitor = "PodMonitoring" if where == "gke-pubsub" else "PodMonitor"
+    kinds = {doc["kind"] for doc in _render(where)}
+    assert {"PodMonitor", "PodMonitoring"} & kinds == {monitor}
+    for kind in (monitor, "PodDisruptionBudget"):
         selector = _one(where, kind)["spec"]["selector"]["matchLabels"]
         assert selector.items() <= labels.items()
         job_labels = _one(where, "Job")["spec"]["template"]["metadata"]["labels"]
         assert not selector.items() <= job_labels.items(), "the Job's pod is not a consumer"
-    (endpoint,) = _one(where, "PodMonitor")["spec"]["podMetricsEndpoints"]
+    spec = _one(where, monitor)["spec"]
+    (endpoint,) = spec["endpoints" if monitor == "PodMonitoring" else "podMetricsEndpoints"]
     assert ports[endpoint["port"]] == config.server.port
     assert endpoint["path"] == "/metrics"
     annotations = deployment["spec"]["template"]["metadata"]["annotations"]
