@@ -21,6 +21,7 @@ import yaml
 
 from rowbatch.consumer.model.endpoints import DnsName, parse_endpoints
 from rowbatch.consumer.observe.metrics import Metrics
+from rowbatch.consumer.service.admin import EXIT_CONFIG, EXIT_DIFFERS
 from rowbatch.consumer.service.config import ConsumerConfig, load_config
 from rowbatch.consumer.service.shutdown import CLOSE_MARGIN_S
 from rowbatch.consumer.sources.kafka.settings import KafkaSettings
@@ -231,7 +232,15 @@ def test_the_job_runs_admin_ensure_and_the_deployment_the_images_command(where: 
     assert _container(_one(where, "Deployment"))["args"] == json.loads(cmd.group(1))
     job = _one(where, "Job")
     assert _container(job)["args"] == ["admin", "ensure", "--config", CONFIG_PATH]
-    assert job["spec"]["template"]["spec"]["restartPolicy"] in ("Never", "OnFailure")
+    assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"
+    # A bad configuration or a difference cannot be fixed by retrying: it fails the Job at once.
+    (rule,) = job["spec"]["podFailurePolicy"]["rules"]
+    assert rule["action"] == "FailJob"
+    assert rule["onExitCodes"] == {
+        "containerName": _container(job)["name"],
+        "operator": "In",
+        "values": [EXIT_CONFIG, EXIT_DIFFERS],
+    }
 
 
 @pytest.mark.parametrize("where", CONSUMER_OVERLAYS)
