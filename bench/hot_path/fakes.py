@@ -131,11 +131,12 @@ class PgEncodeSink:
             for c in table_columns(table)
         )
 
-    async def write(self, rows: ResultRows) -> None:
+    async def write(self, rows: ResultRows) -> int:
         n, step = len(rows), 2_000
         for lo in range(0, n, step):
             part = slice(lo, min(lo + step, n))
             self.bytes += len(copy_binary.encode_tuples(self._columns, rows, part))
+        return n
 
     async def delete_chunks(self, chunk_ids: list[str]) -> None:
         pass
@@ -150,8 +151,8 @@ class NullSink:
     async def open(self, table: TableSpec) -> None:
         pass
 
-    async def write(self, rows: ResultRows) -> None:
-        pass
+    async def write(self, rows: ResultRows) -> int:
+        return len(rows)
 
     async def delete_chunks(self, chunk_ids: list[str]) -> None:
         pass

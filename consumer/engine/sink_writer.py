@@ -39,7 +39,7 @@ class SinkWriter(Generic[PartT]):
 
     def __init__(
         self,
-        write: Callable[[ResultRows], Awaitable[None]],
+        write: Callable[[ResultRows], Awaitable[int]],
         *,
         build: Callable[[Sequence[PartT]], ResultRows],
         split: Callable[[PartT], list[PartT]],
@@ -67,7 +67,7 @@ class SinkWriter(Generic[PartT]):
             return []
         rows = self._build(parts)
         try:
-            await self.retrying(lambda: self._write(rows), f"write of {len(rows)} rows")
+            stored = await self.retrying(lambda: self._write(rows), f"write of {len(rows)} rows")
         except RowsRejected as exc:
             self._metrics.sink_errors.labels("rejected").inc()
             if len(parts) == 1:
@@ -77,7 +77,9 @@ class SinkWriter(Generic[PartT]):
                 parts = finer
             half = len(parts) // 2
             return [*await self.write(parts[:half]), *await self.write(parts[half:])]
-        self._metrics.rows_written.inc(len(rows))
+        self._metrics.rows_written.inc(stored)
+        if stored < len(rows):  # already there: a redelivered or re-sent chunk
+            self._metrics.rows_duplicate.inc(len(rows) - stored)
         return []
 
     async def retrying(self, op: Callable[[], Awaitable[T]], what: str) -> T:

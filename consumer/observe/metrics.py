@@ -60,7 +60,17 @@ class Metrics:
             registry=r,
         )
         self.rows_in = Counter("rowbatch_rows_received", "Rows decoded", registry=r)
-        self.rows_written = Counter("rowbatch_rows_written", "Result rows written", registry=r)
+        self.rows_written = Counter(
+            "rowbatch_rows_written",
+            "Result rows stored (rows already in the table are not counted again)",
+            registry=r,
+        )
+        self.rows_duplicate = Counter(
+            "rowbatch_rows_duplicate",
+            "Result rows a write skipped because their key was in the table already "
+            "(a redelivered or re-sent chunk)",
+            registry=r,
+        )
         self.batch_size = Histogram(
             "rowbatch_batch_rows", "Rows per inference batch", buckets=_size_buckets(), registry=r
         )

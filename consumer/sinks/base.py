@@ -79,8 +79,9 @@ class Sink(Protocol):
     async def open(self, table: TableSpec) -> None:
         """Connect and create the table if it is absent (check it fits if present)."""
 
-    async def write(self, rows: ResultRows) -> None:
-        """Durably write the rows (committed when this returns)."""
+    async def write(self, rows: ResultRows) -> int:
+        """Durably write the rows (committed when this returns). Returns how many were stored:
+        rows whose key was there already are skipped (a redelivery), not counted."""
 
     async def delete_chunks(self, chunk_ids: list[str]) -> None:
         """Remove every row of these chunks: used when a message that was partly written is

@@ -203,8 +203,9 @@ def target(request: pytest.FixtureRequest, tmp_path: Path) -> Target:
 
 
 async def _write_all(sink: Sink, rows: list[ResultRows]) -> None:
+    """Writes each batch; every row is new, and each write says it stored all of them."""
     for batch in rows:
-        await sink.write(batch)
+        assert await sink.write(batch) == len(batch)
 
 
 async def test_redelivered_rows_are_written_once(target: Target) -> None:
@@ -221,15 +222,17 @@ async def test_redelivered_rows_are_written_once(target: Target) -> None:
             np.arange(4_321, 4_322),
         ]
         for g in again:
-            await sink.write(make_rows(g, processed_at=later, model_version="2"))
+            stored = await sink.write(make_rows(g, processed_at=later, model_version="2"))
+            assert stored == 0, "rows already there are skipped, and not counted as written"
     check_snapshot(target.read(), range(TOTAL))
 
 
 async def test_partly_new_batches_write_only_the_new_rows(target: Target) -> None:
     async with target.opened() as sink:
-        await sink.write(make_rows(np.arange(0, 600)))
-        await sink.write(make_rows(np.arange(400, 1_000), garbage_under_nulls=True))
-        await sink.write(make_rows(np.arange(1_000, 1_200)[::-1]))  # any row order
+        assert await sink.write(make_rows(np.arange(0, 600))) == 600
+        partly = make_rows(np.arange(400, 1_000), garbage_under_nulls=True)
+        assert await sink.write(partly) == 400  # 600..999: the new ones only
+        assert await sink.write(make_rows(np.arange(1_000, 1_200)[::-1])) == 200  # any order
     check_snapshot(target.read(), range(1_200))
 
 
@@ -245,8 +248,9 @@ async def test_delete_chunks_removes_exactly_those_chunks(target: Target) -> Non
         await sink.delete_chunks([])
         check_snapshot(target.read(), sorted(set(range(TOTAL)) - gone))
         # A deleted chunk can be written again (the keys are free).
-        await sink.write(make_rows(np.arange(3 * CHUNK_ROWS, 4 * CHUNK_ROWS)))
-        await sink.write(make_rows(np.arange(TOTAL)))
+        again = make_rows(np.arange(3 * CHUNK_ROWS, 4 * CHUNK_ROWS))
+        assert await sink.write(again) == CHUNK_ROWS
+        assert await sink.write(make_rows(np.arange(TOTAL))) == CHUNK_ROWS  # chunk 7's rows
     check_snapshot(target.read(), range(TOTAL))
 
 
@@ -254,7 +258,7 @@ async def test_reopening_an_existing_table_keeps_writes_idempotent(target: Targe
     async with target.opened() as sink:
         await sink.write(make_rows(np.arange(0, 3_000)))
     async with target.opened() as sink:
-        await sink.write(make_rows(np.arange(2_000, 5_000)))
+        assert await sink.write(make_rows(np.arange(2_000, 5_000))) == 2_000  # 3,000..4,999
     async with target.opened() as sink:
         await sink.delete_chunks(["chunk-000"])
     check_snapshot(target.read(), range(CHUNK_ROWS, 5_000))
@@ -284,7 +288,7 @@ async def test_empty_writes_and_unopened_sinks(target: Target) -> None:
     with pytest.raises(SinkError, match="not open"):
         await sink.write(make_rows(np.arange(3)))
     async with target.opened() as sink:
-        await sink.write(make_rows(np.arange(0)))
+        assert await sink.write(make_rows(np.arange(0))) == 0
         await sink.delete_chunks([])
     check_snapshot(target.read(), [])
 

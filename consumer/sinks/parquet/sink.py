@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -22,6 +22,8 @@ from rowbatch.consumer.sinks.parquet.rows import (
     describe_schema,
     to_arrow,
 )
+
+_T = TypeVar("_T")
 
 _INDEX_DIR: Final = "_rowbatch"
 
@@ -65,13 +67,14 @@ class ParquetSink:
             self._table, self._schema = table, schema
             self._unsettled = False
 
-    async def write(self, rows: ResultRows) -> None:
+    async def write(self, rows: ResultRows) -> int:
         table, schema = self._require()
         if len(rows) == 0:
-            return
+            return 0
         async with self._lock:
             self._require()
-            await self._guarded("write", self._write, table, schema, rows)
+            stored: int = await self._guarded("write", self._write, table, schema, rows)
+            return stored
 
     async def delete_chunks(self, chunk_ids: list[str]) -> None:
         self._require()
@@ -86,18 +89,18 @@ class ParquetSink:
             self._table = self._schema = None
             await in_thread(self._release)
 
-    async def _guarded(self, what: str, func: Callable[..., None], *args: Any) -> None:
+    async def _guarded(self, what: str, func: Callable[..., _T], *args: Any) -> _T:
         """``func(*args)`` in a worker thread, settling first what a failed call left; a store,
         disk or index failure is raised classified (:func:`classify_parquet_error`)."""
 
-        def run() -> None:
+        def run() -> _T:
             if self._unsettled and self._index is not None:
                 self._reconcile(self._index)
                 self._unsettled = False
-            func(*args)
+            return func(*args)
 
         try:
-            await in_thread(run)
+            return await in_thread(run)
         except BaseException as exc:
             if what != "open":
                 self._unsettled = True
@@ -159,7 +162,8 @@ class ParquetSink:
 
     # --- write ---------------------------------------------------------------------------------
 
-    def _write(self, spec: TableSpec, schema: pa.Schema, rows: ResultRows) -> None:
+    def _write(self, spec: TableSpec, schema: pa.Schema, rows: ResultRows) -> int:
+        """Writes the rows whose keys the index has not seen; returns how many."""
         index = self._require_index()
         table = to_arrow(spec, schema, rows)
         rel = part_path(rows.processed_at)
@@ -168,7 +172,7 @@ class ParquetSink:
         file_id, claimed = index.claim(rel, chunk_ids, row_index)
         if claimed is not None:
             if not claimed:
-                return  # every row is there already
+                return 0  # every row is there already
             keep = np.zeros(len(chunk_ids), dtype=bool)
             for i, key in enumerate(zip(chunk_ids, row_index, strict=True)):
                 if key in claimed:  # the first of repeated keys in the batch wins
@@ -184,6 +188,7 @@ class ParquetSink:
                     index.forget(file_id)
             raise
         index.commit(file_id)
+        return int(table.num_rows)
 
     # --- delete --------------------------------------------------------------------------------
 

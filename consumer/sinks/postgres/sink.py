@@ -85,11 +85,11 @@ class PostgresSink:
                 await self._drop_connection()
                 raise
 
-    async def write(self, rows: ResultRows) -> None:
+    async def write(self, rows: ResultRows) -> int:
         columns = self._require().columns
         n = len(rows)
         if n == 0:
-            return
+            return 0
         check_keys(rows)
         for col in columns:
             column_values(rows, col.spec)  # shapes, before anything is sent
@@ -97,7 +97,7 @@ class PostgresSink:
         parts = [slice(lo, min(lo + step, n)) for lo in range(0, n, step)]
         statements = self._sql
 
-        async def copy_and_insert(conn: _Conn) -> None:
+        async def copy_and_insert(conn: _Conn) -> int:
             async with conn.transaction(), conn.cursor() as cur:
                 async with cur.copy(statements.copy) as copy:
                     await copy.write(SIGNATURE)
@@ -106,10 +106,11 @@ class PostgresSink:
                             await asyncio.to_thread(encode_tuples, columns, rows, part)
                         )
                     await copy.write(TRAILER)
-                await cur.execute(statements.insert)
+                await cur.execute(statements.insert)  # ON CONFLICT DO NOTHING
+                return max(0, cur.rowcount)
 
         try:
-            await self._run("write", copy_and_insert)
+            return await self._run("write", copy_and_insert)
         except RowsRejected as exc:
             sharper = nul_in_text(exc, columns, rows, where=self._where, secret=self._secret)
             if sharper is None:

@@ -75,12 +75,15 @@ class SqliteSink:
             raise
         return conn
 
-    async def write(self, rows: ResultRows) -> None:
+    async def write(self, rows: ResultRows) -> int:
         table = self._require()
         if len(rows) == 0:
-            return
+            return 0
         params = await in_thread(records, table, rows)
-        await self._run("write", lambda conn: conn.executemany(self._insert, params))
+        # INSERT OR IGNORE: rowcount counts the rows inserted, not the ones already there.
+        return await self._run(
+            "write", lambda conn: conn.executemany(self._insert, params).rowcount
+        )
 
     async def delete_chunks(self, chunk_ids: list[str]) -> None:
         self._require()

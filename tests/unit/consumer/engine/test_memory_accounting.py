@@ -142,7 +142,7 @@ class FakeConsumer:
 
 
 class NoSink:
-    async def write(self, rows: ResultRows) -> None:
+    async def write(self, rows: ResultRows) -> int:
         raise AssertionError("nothing is answered, so nothing is written")
 
     async def delete_chunks(self, chunk_ids: list[str]) -> None:
@@ -402,8 +402,9 @@ class CountingSink:
     def __init__(self) -> None:
         self.rows = 0
 
-    async def write(self, rows: ResultRows) -> None:
+    async def write(self, rows: ResultRows) -> int:
         self.rows += len(rows.row_index)
+        return len(rows.row_index)
 
     async def delete_chunks(self, chunk_ids: list[str]) -> None:
         pass

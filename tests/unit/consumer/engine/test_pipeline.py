@@ -77,10 +77,12 @@ class FakeSink:
     async def open(self, table: TableSpec) -> None:
         pass
 
-    async def write(self, rows: ResultRows) -> None:
+    async def write(self, rows: ResultRows) -> int:
         self.writes += 1
+        before = len(self.rows)
         for cid, idx, val in zip(rows.chunk_id, rows.row_index, rows.outputs["y"], strict=True):
             self.rows.setdefault((str(cid), int(idx)), float(val))
+        return len(self.rows) - before
 
     async def delete_chunks(self, chunk_ids: list[str]) -> None:
         self.deleted += chunk_ids
@@ -271,7 +273,7 @@ async def test_empty_message_is_acked(rows: int) -> None:
 
 async def test_a_failing_sink_stops_the_pipeline_and_nacks() -> None:
     class BrokenSink(FakeSink):
-        async def write(self, rows: ResultRows) -> None:
+        async def write(self, rows: ResultRows) -> int:
             raise OSError("disk full")
 
     source = FakeSource([message(i, [1.0]) for i in range(4)], hold_open=True)

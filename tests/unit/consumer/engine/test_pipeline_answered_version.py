@@ -128,12 +128,12 @@ class VersionSink(FakeSink):
         self.versions: dict[float, str] = {}
         self.write_versions: list[str] = []
 
-    async def write(self, rows: ResultRows) -> None:
+    async def write(self, rows: ResultRows) -> int:
         await self.gate.wait()
         self.write_versions.append(rows.model_version)
         for y in rows.outputs["y"]:
             self.versions[float(y)] = rows.model_version
-        await super().write(rows)
+        return await super().write(rows)
 
 
 def run_pipeline(source: FakeSource, sink: FakeSink, run: Any, fixed_version: str) -> Pipeline:

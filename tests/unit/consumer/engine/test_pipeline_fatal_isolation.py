@@ -45,11 +45,12 @@ class CountingSink(FakeSink):
         super().__init__()
         self.times: dict[tuple[str, int], int] = {}
 
-    async def write(self, rows: ResultRows) -> None:
-        await super().write(rows)
+    async def write(self, rows: ResultRows) -> int:
+        stored = await super().write(rows)
         for cid, idx in zip(rows.chunk_id, rows.row_index, strict=True):
             key = (str(cid), int(idx))
             self.times[key] = self.times.get(key, 0) + 1
+        return stored
 
 
 class Model:

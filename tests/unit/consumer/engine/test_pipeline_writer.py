@@ -36,14 +36,14 @@ class FlakySink(FakeSink):
         self.attempts = 0
         self.sizes: list[int] = []
 
-    async def write(self, rows: ResultRows) -> None:
+    async def write(self, rows: ResultRows) -> int:
         self.attempts += 1
         if self.attempts <= self.outage:
             raise SinkUnavailable("connection refused (server restarting)")
         if self.bad is not None and (rows.outputs["y"] == self.bad).any():
             raise RowsRejected('invalid byte sequence for encoding "UTF8": 0x00', code="nul")
         self.sizes.append(len(rows))
-        await super().write(rows)
+        return await super().write(rows)
 
 
 def pipeline(
@@ -136,9 +136,9 @@ async def test_answered_batches_waiting_for_the_sink_are_written_together() -> N
     gate = asyncio.Event()
 
     class SlowSink(FlakySink):
-        async def write(self, rows: ResultRows) -> None:
+        async def write(self, rows: ResultRows) -> int:
             await gate.wait()
-            await super().write(rows)
+            return await super().write(rows)
 
     deliveries = [message(i, [float(i)] * 4) for i in range(12)]
     source, sink = FakeSource(deliveries), SlowSink()
