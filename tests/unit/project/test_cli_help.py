@@ -142,3 +142,21 @@ def test_descriptions_from_docstrings_drop_the_markup() -> None:
     More detail."""
     assert description(doc) == "python -m bench x: runs bench.x.run on rowbatch-consumer run."
     assert description(None) == ""
+
+
+def test_every_console_script_names_a_function() -> None:
+    """``[project.scripts]`` targets resolve to callables, not to a module of the same name
+    (``rowbatch.producer.cli:main`` named the submodule ``main`` once the package stopped
+    re-exporting the function)."""
+    import importlib
+    import inspect
+    import tomllib
+
+    from harness.service import REPO_ROOT
+
+    scripts = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert set(scripts) == {"rowbatch-consumer", "rowbatch-producer"}
+    for name, target in scripts.items():
+        module, _, attr = target.partition(":")
+        function = getattr(importlib.import_module(module), attr)
+        assert inspect.isfunction(function), f"{name} = {target} is {function!r}"
