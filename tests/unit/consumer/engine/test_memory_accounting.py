@@ -43,7 +43,7 @@ from rowbatch.consumer.engine.decode import MessageDecoder
 from rowbatch.consumer.engine.pipeline import Pipeline, PipelineSettings
 from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.sinks.base import ResultRows
-from rowbatch.consumer.sources.base import DeadLetterReason, Delivery
+from rowbatch.consumer.sources.base import DeadLetterReason, Delivery, Source
 from rowbatch.consumer.sources.kafka.settings import KafkaSettings
 from rowbatch.consumer.sources.kafka.source import KafkaSource
 from rowbatch.wire.chunks.encode import encode_chunk
@@ -209,26 +209,16 @@ class Held:
         return self.measured / self.charged
 
 
-async def hold(
-    batch: list[Message], needed: tuple[str, ...], measure: Callable[[], int], *, taken: bool
-) -> Held:
-    """Let the Kafka source fetch ``batch`` and, when ``taken``, the pipeline take every
-    message in (held, never answered); else leave them read ahead. Returns the growth of
-    ``measure()`` and what the budget charged."""
-    source, made = kafka_source(
-        max_buffered_records=10**9, max_buffered_bytes=10**12, max_poll_records=10**9
-    )
-    await source._ensure_consumer()
-    source._on_assigned({TP})
+def holding_pipeline(source: Source, needed: tuple[str, ...], budget: ByteBudget) -> Pipeline:
+    """The real pipeline over ``source``, holding every message it takes: its model never
+    answers and its batch target is never reached."""
     never = asyncio.Event()
 
     async def run_batch(batch: Batch) -> Mapping[str, NDArray[Any]]:
         await never.wait()
         raise AssertionError
 
-    metrics = Metrics(CollectorRegistry())
-    budget = ByteBudget(10**12)
-    pipeline = Pipeline(
+    return Pipeline(
         source=source,
         sink=NoSink(),  # type: ignore[arg-type]
         decoder=MessageDecoder(needed, lambda chunk: None),
@@ -244,8 +234,23 @@ async def hold(
             model_version="1",
         ),
         budget=budget,
-        metrics=metrics,
+        metrics=Metrics(CollectorRegistry()),
     )
+
+
+async def hold(
+    batch: list[Message], needed: tuple[str, ...], measure: Callable[[], int], *, taken: bool
+) -> Held:
+    """Let the Kafka source fetch ``batch`` and, when ``taken``, the pipeline take every
+    message in (held, never answered); else leave them read ahead. Returns the growth of
+    ``measure()`` and what the budget charged."""
+    source, made = kafka_source(
+        max_buffered_records=10**9, max_buffered_bytes=10**12, max_poll_records=10**9
+    )
+    await source._ensure_consumer()
+    source._on_assigned({TP})
+    budget = ByteBudget(10**12)
+    pipeline = holding_pipeline(source, needed, budget)
     if not taken:
         source.share_budget(budget)
     gc.collect()

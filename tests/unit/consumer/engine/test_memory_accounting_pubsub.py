@@ -14,20 +14,14 @@ import json
 import subprocess
 import sys
 import tracemalloc
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from google.pubsub_v1 import types as pstypes
-from numpy.typing import NDArray
-from prometheus_client import CollectorRegistry
 
-from rowbatch.consumer.engine.batcher import Batch
 from rowbatch.consumer.engine.budget import ByteBudget
-from rowbatch.consumer.engine.decode import MessageDecoder
-from rowbatch.consumer.engine.pipeline import Pipeline, PipelineSettings
-from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.sources.pubsub.pull import PubSubPullSource
 from rowbatch.consumer.sources.pubsub.settings import PubSubSettings
 from tests.unit.consumer.engine.test_memory_accounting import (
@@ -35,12 +29,11 @@ from tests.unit.consumer.engine.test_memory_accounting import (
     TOLERANCE,
     Held,
     Message,
-    NoSink,
+    holding_pipeline,
     messages,
     rss,
     until,
 )
-from tests.unit.consumer.engine.test_pipeline import FnModel
 
 SUB = "projects/p/subscriptions/memory"
 ACK_ID_CHARS = 176
@@ -110,31 +103,8 @@ async def hold(batch: list[Message], needed: tuple[str, ...], measure: Callable[
         ),
         rpc=rpc,
     )
-    never = asyncio.Event()
-
-    async def run_batch(batch: Batch) -> Mapping[str, NDArray[Any]]:
-        await never.wait()
-        raise AssertionError
-
     budget = ByteBudget(10**12)
-    pipeline = Pipeline(
-        source=source,
-        sink=NoSink(),  # type: ignore[arg-type]
-        decoder=MessageDecoder(needed, lambda chunk: None),
-        model=FnModel(run_batch),
-        settings=PipelineSettings(
-            target_batch_size=10**9,
-            max_wait_s=3600,
-            max_in_flight=2,
-            output_bytes_per_row=8,
-            outputs={"Y": "y"},
-            passthrough=("id",),
-            model_name="m",
-            model_version="1",
-        ),
-        budget=budget,
-        metrics=Metrics(CollectorRegistry()),
-    )
+    pipeline = holding_pipeline(source, needed, budget)
     raw = wire_messages(batch)
     gc.collect()
     before = measure()
