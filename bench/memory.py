@@ -10,7 +10,8 @@ bytes are (docs/memory.md).
 
 Each run: peak RSS minus RSS once ready within budget + 64 MiB, and peak RSS within
 budget + 150 MB. Next to the peak, the split sampled every 50 ms from the consumer's
-``/metrics``: what the budget counted (``rowbatch_inflight_bytes``), what the sink writes held
+``/metrics``: what the budget counted (``rowbatch_inflight_bytes`` and the source's
+``rowbatch_read_ahead_bytes``), what the sink writes held
 besides it (``rowbatch_write_bytes``), and, at the sample of highest RSS, what malloc had
 handed out and what it kept freed (``rowbatch_memory_bytes{part}``)."""
 
@@ -236,8 +237,9 @@ class MemoryResult:
                 "peak: VmHWM; ready: VmRSS once /readyz, before anything was published; "
                 "median: of VmRSS during the run; bound: budget + 64 MiB; limit: budget + 150 "
                 "MB (peak).",
-                "budget max / write max: highest rowbatch_inflight_bytes / rowbatch_write_bytes "
-                "seen (sampled every 50 ms); 'at peak': at the sample of highest RSS, what the "
+                "budget max / write max: highest rowbatch_inflight_bytes + "
+                "rowbatch_read_ahead_bytes / rowbatch_write_bytes seen (sampled every 50 ms); "
+                "'at peak': at the sample of highest RSS, what the "
                 "budget counted + what the writes held, and rowbatch_memory_bytes: malloc used "
                 "(uordblks + hblkhd), malloc kept (fordblks: freed, not returned), Arrow pool.",
                 "Pub/Sub emulator; 500- and 2,000-row messages published once the consumer is "
@@ -275,7 +277,7 @@ def _sample(proc: ConsumerProcess) -> Sample | None:
 
     return Sample(
         rss,
-        m.get("rowbatch_inflight_bytes", 0.0) / MiB,
+        (m.get("rowbatch_inflight_bytes", 0.0) + m.get("rowbatch_read_ahead_bytes", 0.0)) / MiB,
         m.get("rowbatch_write_bytes", 0.0) / MiB,
         part("malloc_in_use"),
         part("malloc_kept"),

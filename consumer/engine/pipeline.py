@@ -284,6 +284,7 @@ class Pipeline:
             trim=trim,
         )
         metrics.budget_bytes.set(budget.limit)
+        metrics.read_ahead_bytes.set_function(lambda: budget.ahead)
         metrics.target_batch_size.set(settings.target_batch_size)
 
     # --- backoff hooks (passed to the inferencer and the sink writer) -----------------------

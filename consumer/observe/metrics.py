@@ -130,6 +130,12 @@ class Metrics:
             "rowbatch_inflight_bytes", "Bytes held against the memory budget", registry=r
         )
         self.budget_bytes = Gauge("rowbatch_budget_bytes", "The memory budget", registry=r)
+        self.read_ahead_bytes = Gauge(
+            "rowbatch_read_ahead_bytes",
+            "What the source holds read ahead of the pipeline (fetched or pulled, not yet "
+            "taken), held in the memory budget",
+            registry=r,
+        )
         self.write_bytes = Gauge(
             "rowbatch_write_bytes",
             "Bytes the sink writes in progress hold besides the outputs they write (joined "

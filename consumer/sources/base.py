@@ -134,6 +134,10 @@ class Source(Protocol):
         """Stop fetching and release the broker connection; unsettled deliveries are nacked."""
 
 
+READ_AHEAD_SHARE = 0.25
+"""The most of a shared budget a source's read-ahead may hold; the pipeline keeps the rest."""
+
+
 class SharedBudget(Protocol):
     """The pipeline's byte budget as a source that reads ahead sees it
     (:class:`rowbatch.consumer.engine.budget.ByteBudget` is one)."""

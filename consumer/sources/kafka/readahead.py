@@ -41,14 +41,11 @@ from typing import Any
 from aiokafka import TopicPartition
 from aiokafka.errors import ConsumerStoppedError, KafkaError
 
-from rowbatch.consumer.sources.base import SharedBudget
+from rowbatch.consumer.sources.base import READ_AHEAD_SHARE, SharedBudget
 from rowbatch.consumer.sources.kafka.records import Held, work_rows
 from rowbatch.consumer.sources.kafka.settings import KafkaSettings
 
 _LOG = logging.getLogger(__name__)
-
-READ_AHEAD_SHARE = 0.25
-"""The most of a shared budget the read-ahead may hold; the pipeline keeps the rest."""
 
 ROWS_STALL_S = 1.0
 """How long the buffer may stay full of rows before fetching is paused (see above)."""
@@ -307,4 +304,4 @@ class ReadAhead:
             consumer.resume(*consumer.paused())
 
 
-__all__ = ["READ_AHEAD_SHARE", "ROWS_STALL_S", "ReadAhead"]
+__all__ = ["ROWS_STALL_S", "ReadAhead"]

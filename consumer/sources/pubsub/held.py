@@ -4,7 +4,11 @@ waiting behind the key's previous message.
 
 A message with an ordering key is ready only after the previous one of the same key has been
 settled (as the streaming client does); nacking one also gives back the key's messages held
-behind it, which an ordered subscription redelivers in order."""
+behind it, which an ordered subscription redelivers in order.
+
+What the received and not yet yielded deliveries cost in memory (``ahead_cost``: payload,
+attributes and ``HELD_OVERHEAD_BYTES``) is the source's read-ahead, held in the pipeline's
+byte budget once it is shared (``PullFlow``); a yielded delivery is charged by the pipeline."""
 
 from __future__ import annotations
 
@@ -18,6 +22,24 @@ from rowbatch.consumer.sources.pubsub.errors import not_held
 from rowbatch.consumer.sources.pubsub.pull_rpc import ReceivedMessage
 
 _NONE: tuple[str, ...] = ()
+
+HELD_OVERHEAD_BYTES = 700
+"""Measured (``python -m tests.unit.consumer.engine.test_memory_accounting_pubsub``: 2.2-3.4 KB
+a 1-row message waiting, charged 3.1-3.5 KB), on top of the payload and
+attributes: what holding one received, not yet yielded message costs (the ``Delivery`` and its
+strings, the ack id, this module's and the lease keeper's records of it)."""
+ATTRIBUTE_OVERHEAD_BYTES = 250
+"""Per attribute, on top of twice its name and value lengths (a dict slot and two strings)."""
+
+
+def ahead_cost(delivery: Delivery) -> int:
+    """What holding ``delivery`` costs while it waits to be yielded."""
+    attributes = delivery.attributes
+    cost = HELD_OVERHEAD_BYTES + delivery.size
+    if attributes:
+        cost += ATTRIBUTE_OVERHEAD_BYTES * len(attributes)
+        cost += 2 * sum(len(k) + len(v) for k, v in attributes.items())
+    return cost
 
 
 @dataclass(slots=True)
@@ -36,6 +58,11 @@ class HeldDeliveries:
         self._held: dict[Delivery, _Held] = {}
         self.bytes = 0
         """Payload bytes held (``Delivery.size``): what flow control by bytes counts."""
+        self.ahead_bytes = 0
+        """What the received, not yet yielded deliveries cost (``ahead_cost``)."""
+        self.received = 0
+        self.received_cost = 0
+        """Deliveries received so far and what they cost: their mean sizes the next pull."""
         self._buffer: deque[Delivery] = deque()
         self._keys: dict[str, deque[Delivery]] = {}
         """Ordering key -> its messages held behind the one yielded (or buffered)."""
@@ -54,6 +81,11 @@ class HeldDeliveries:
     def has_ready(self) -> bool:
         return bool(self._buffer)
 
+    @property
+    def mean_cost(self) -> int | None:
+        """The mean ``ahead_cost`` of the deliveries received so far (None before any)."""
+        return self.received_cost // self.received if self.received else None
+
     def receive(self, received: Sequence[ReceivedMessage], now: float) -> list[str]:
         """Hold the messages of one Pull response, received at ``now``; returns their ack
         ids. The hot path: one protobuf read and a few dict operations per message."""
@@ -63,6 +95,7 @@ class HeldDeliveries:
         keys = self._keys
         ack_ids: list[str] = []
         size = 0
+        ahead = 0
         for item in received:
             message = item.message
             stamp = message.publish_time
@@ -80,6 +113,7 @@ class HeldDeliveries:
             held[delivery] = _Held(ack_id, now)
             ack_ids.append(ack_id)
             size += delivery.size
+            ahead += ahead_cost(delivery)
             key = delivery.ordering_key
             if key:
                 behind = keys.get(key)
@@ -89,12 +123,16 @@ class HeldDeliveries:
                 keys[key] = deque()
             buffer.append(delivery)
         self.bytes += size
+        self.ahead_bytes += ahead
+        self.received += len(ack_ids)
+        self.received_cost += ahead
         return ack_ids
 
     def pop_ready(self) -> tuple[Delivery, float]:
         """The next ready delivery (``has_ready`` must be true) and when it was received; it
         stays held."""
         delivery = self._buffer.popleft()
+        self.ahead_bytes -= ahead_cost(delivery)
         return delivery, self._held[delivery].received_at
 
     def release(self, delivery: Delivery, *, nacked: bool) -> tuple[str, Sequence[str]]:
@@ -115,6 +153,7 @@ class HeldDeliveries:
             given_back = []
             for waiting in behind:
                 self.bytes -= waiting.size
+                self.ahead_bytes -= ahead_cost(waiting)
                 given_back.append(self._held.pop(waiting).ack_id)
             return held.ack_id, given_back
         self._buffer.append(behind.popleft())
@@ -127,6 +166,7 @@ class HeldDeliveries:
         ack_ids = [held.ack_id for held in self._held.values()]
         self._held.clear()
         self.bytes = 0
+        self.ahead_bytes = 0
         self._buffer.clear()
         self._keys.clear()
         return ack_ids

@@ -39,6 +39,7 @@ from rowbatch.consumer.sources.base import (
     DeadLetterReason,
     Delivery,
     DeliveryIterator,
+    SharedBudget,
     package_version,
 )
 from rowbatch.consumer.sources.pubsub.clients import client_address, default_subscriber
@@ -164,6 +165,11 @@ class PubSubPullSource(PubSubSourceBase):
             delivery, reason, nack=self.nack, ack_if_held=self._ack_if_held
         )
 
+    def share_budget(self, budget: SharedBudget) -> None:
+        """Hold what is received and not yet yielded in the pipeline's ``budget`` and pull
+        only while it has room (called by the pipeline when it starts; see ``pull_flow``)."""
+        self._flow.share(budget)
+
     def pause(self) -> None:
         """Stop pulling and yielding; pulls in flight still land in the buffer, and every
         held message stays leased."""
@@ -193,6 +199,7 @@ class PubSubPullSource(PubSubSourceBase):
         # keep the message from being redelivered until the extension ran out.
         await stop_tasks(self._lease_tasks, _STOP_WAIT_S, where=self._sub)
         unsettled = self._held.release_all()
+        self._flow.report()
         self._leases.clear()
         self._settling.nacks.extend(unsettled)
         if self._started:
@@ -349,6 +356,7 @@ class PubSubPullSource(PubSubSourceBase):
     def _receive(self, received: Sequence[ReceivedMessage], sent_at: float) -> None:
         now = self._clock()
         ack_ids = self._held.receive(received, now)
+        self._flow.report()
         self._leases.add(ack_ids, received_at=now, sent_at=sent_at)
         self._changed.set()
 
@@ -373,6 +381,7 @@ class PubSubPullSource(PubSubSourceBase):
 
     def _pop(self) -> Delivery | None:
         delivery, received_at = self._held.pop_ready()
+        self._flow.report()
         if self._clock() - received_at < self.config.max_lease_duration_s:
             return delivery
         warn_lease_lapsed(_LOG, delivery, self.config.max_lease_duration_s)
@@ -382,6 +391,8 @@ class PubSubPullSource(PubSubSourceBase):
     def _settle(self, delivery: Delivery, *, nacked: bool) -> None:
         """Settled here (flow control has room at once); the ack or nack call follows."""
         ack_id, given_back = self._held.release(delivery, nacked=nacked)
+        if given_back:
+            self._flow.report()
         self._leases.remove(ack_id)
         settling = self._settling
         (settling.nacks if nacked else settling.acks).add(ack_id)

@@ -6,8 +6,12 @@ free (so a full window refills in a few large pulls, not one per ack). The messa
 (received, not yet acked/nacked, plus those asked for by pulls in flight) stay within
 ``max_messages``; no pull starts while the bytes held reach ``max_bytes`` (one response may
 overshoot by its own size), while more than ``max_messages`` acks/nacks are unconfirmed, or
-while the source is paused or closing. Pull long-polls when the subscription is empty; an empty
-answer that comes back at once is followed by a short growing wait (10..250 ms)."""
+while the source is paused or closing. Once the pipeline shares its byte budget
+(``share``), what is received and not yet yielded (``HeldDeliveries.ahead_bytes``) is held in
+it as read-ahead, at most ``READ_AHEAD_SHARE`` of it, and a pull asks for no more messages than
+the room left holds at the mean cost seen so far (64 before any was seen). Pull long-polls
+when the subscription is empty; an empty answer that comes back at once is followed by a
+short growing wait (10..250 ms)."""
 
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from collections.abc import Callable, Sequence
 
 from google.api_core import exceptions as gexc
 
+from rowbatch.consumer.sources.base import READ_AHEAD_SHARE, SharedBudget
 from rowbatch.consumer.sources.pubsub.errors import PubSubPullError
 from rowbatch.consumer.sources.pubsub.held import HeldDeliveries
 from rowbatch.consumer.sources.pubsub.id_batcher import TRANSIENT_ERRORS
@@ -30,6 +35,8 @@ _FAST_EMPTY_S = 0.5
 """An empty answer sooner than this did not long-poll: wait a little before the next Pull."""
 _IDLE_WAIT_S = (0.01, 0.25)
 _BACKOFF_S = (0.1, 10.0)
+_FIRST_PULL = 64
+"""With a shared budget, the most messages a pull asks for before any cost was seen."""
 
 
 class PullFlow:
@@ -51,6 +58,20 @@ class PullFlow:
         """Messages asked for by pulls in flight."""
         self.room = asyncio.Event()
         """Flow control may have room again (or pause/close changed)."""
+        self.budget: SharedBudget | None = None
+
+    def share(self, budget: SharedBudget) -> None:
+        """Hold the read-ahead in the pipeline's ``budget``; pullers wake when it frees room."""
+        self.budget = budget
+        budget.watch(self.room.set)
+        self.report()
+
+    def report(self) -> None:
+        """Tell the shared budget what the read-ahead costs now (after it changed); a
+        smaller read-ahead may make room for a pull."""
+        if self.budget is not None:
+            self.budget.set_ahead(self._held.ahead_bytes)
+            self.room.set()
 
     def size(self) -> int:
         """How many messages the next Pull asks for; 0: none now. A pull waits until room
@@ -63,6 +84,17 @@ class PullFlow:
             return 0
         room = config.max_messages - len(self._held) - self.reserved
         share = min(config.pull_max_messages, -(-config.max_messages // config.pull_concurrency))
+        budget = self.budget
+        if budget is not None:
+            limit = int(budget.limit * READ_AHEAD_SHARE)
+            free = min(budget.room, limit - self._held.ahead_bytes)
+            mean = self._held.mean_cost
+            if mean is None:  # nothing received yet: a small pull tells the cost
+                room = min(room, _FIRST_PULL if free > 0 else 0)
+                share = min(share, _FIRST_PULL)
+            else:
+                room = min(room, free // mean - self.reserved)
+                share = min(share, max(1, limit // mean // config.pull_concurrency))
         if room < max(1, share // 2):
             return 0
         return min(room, share)

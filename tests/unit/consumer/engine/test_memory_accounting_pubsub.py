@@ -122,17 +122,42 @@ async def hold(batch: list[Message], needed: tuple[str, ...], measure: Callable[
     return Held(n, grew, charged)
 
 
-def probe(kind: str, encoding: str, n: int) -> dict[str, Any]:
-    """One RSS measurement (run it in a fresh process)."""
+async def read_ahead(batch: list[Message], measure: Callable[[], int]) -> Held:
+    """The pull source receives ``batch`` and yields one message: the rest wait as its
+    read-ahead. Returns the growth of ``measure()`` and what the read-ahead was charged
+    (``ahead_bytes``, what the shared budget holds)."""
+    rpc = WireRpc()
+    n = len(batch)
+    source = PubSubPullSource(
+        PubSubSettings(subscription=SUB, max_messages=n, max_bytes=10**12), rpc=rpc
+    )
+    raw = wire_messages(batch)
+    gc.collect()
+    before = measure()
+    rpc.publish(raw)
+    iterator = source.deliveries()
+    await anext(iterator)
+    await until(lambda: source.buffered == n - 1)
+    gc.collect()
+    grew = measure() - before
+    charged = source._held.ahead_bytes
+    del raw
+    await source.close()
+    return Held(n - 1, grew, charged)
+
+
+def probe(kind: str, encoding: str, n: int, taken: bool = True) -> dict[str, Any]:
+    """One RSS measurement (run it in a fresh process); ``taken``: held by the pipeline, else
+    waiting in the source's read-ahead."""
     batch, needed = messages(kind, encoding, n)
-    held = asyncio.run(hold(batch, needed, rss))
-    return {"n": n, "measured": held.measured, "charged": held.charged}
+    held = asyncio.run(hold(batch, needed, rss) if taken else read_ahead(batch, rss))
+    return {"n": held.n, "measured": held.measured, "charged": held.charged}
 
 
-def probe_in_subprocess(kind: str, encoding: str, n: int) -> Held:
+def probe_in_subprocess(kind: str, encoding: str, n: int, taken: bool = True) -> Held:
     code = (
         "import json; from tests.unit.consumer.engine.test_memory_accounting_pubsub import "
-        f"probe; print(json.dumps(probe({kind!r}, {encoding!r}, {n})))"
+        f"probe; print(json.dumps(probe({kind!r}, {encoding!r}, {n}, {taken})))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
@@ -153,6 +178,16 @@ def test_a_held_1_row_pubsub_message_is_charged_what_it_really_costs(
     assert 1 / TOLERANCE <= held.ratio <= TOLERANCE, held
 
 
+@pytest.mark.parametrize("encoding", ["json", "arrow"])
+def test_pulled_messages_waiting_as_read_ahead_are_charged_what_they_cost(encoding: str) -> None:
+    held = probe_in_subprocess("numeric", encoding, 10_000, taken=False)
+    print(
+        f"\npubsub read-ahead {encoding}: RSS {held.measured / held.n:,.0f} B per message, "
+        f"charged {held.charged / held.n:,.0f} B"
+    )
+    assert 1 / TOLERANCE <= held.ratio <= TOLERANCE, held
+
+
 @pytest.mark.parametrize("kind", ["numeric", "text"])
 async def test_traced_python_memory_of_held_pubsub_messages_matches_the_charge(
     kind: str,
@@ -167,6 +202,13 @@ async def test_traced_python_memory_of_held_pubsub_messages_matches_the_charge(
 
 
 if __name__ == "__main__":
+    for encoding in ("json", "arrow"):
+        for n in (10_000, 20_000):
+            held = probe_in_subprocess("numeric", encoding, n, taken=False)
+            print(
+                f"read-ahead {encoding:6s} n={n}: RSS {held.measured / held.n:,.0f} B per "
+                f"message, charged {held.charged / held.n:,.0f} B ({held.ratio:.2f}x)"
+            )
     for kind, encoding in (("numeric", "json"), ("numeric", "arrow"), ("text", "json")):
         for n in (10_000, 20_000):
             held = probe_in_subprocess(kind, encoding, n)

@@ -16,9 +16,11 @@ from google.api_core import exceptions as gexc
 from google.pubsub_v1 import types as pstypes
 from pydantic import ValidationError
 
+from rowbatch.consumer.engine.budget import ByteBudget
 from rowbatch.consumer.service.build_io import make_source
-from rowbatch.consumer.sources.base import DeadLetterReason, Delivery, Source
+from rowbatch.consumer.sources.base import READ_AHEAD_SHARE, DeadLetterReason, Delivery, Source
 from rowbatch.consumer.sources.pubsub.errors import PubSubPullError
+from rowbatch.consumer.sources.pubsub.held import ahead_cost
 from rowbatch.consumer.sources.pubsub.id_batcher import IdBatcher
 from rowbatch.consumer.sources.pubsub.leases import LeaseBook
 from rowbatch.consumer.sources.pubsub.pull import PubSubPullSource
@@ -452,6 +454,45 @@ async def test_flow_control_by_bytes(make: Factory, rpc: FakeRpc) -> None:
     await take(iterator, 1)
     await settle()
     assert rpc.pulls == [1, 1, 1]
+
+
+async def test_read_ahead_is_held_in_a_shared_budget_within_its_share(
+    make: Factory, rpc: FakeRpc
+) -> None:
+    # max_messages would let 10,000 messages wait; the shared budget holds the read-ahead to a
+    # quarter of it (issue 22: 20,000 pulled 1-row messages were ~40 MiB nobody counted)
+    budget = ByteBudget(400_000)
+    source = make(max_messages=10_000, pull_concurrency=2, ack_delay_ms=0)
+    source.share_budget(budget)
+    rpc.publish(received(2_000))
+    iterator = source.deliveries()
+    await take(iterator, 1)
+    await settle()
+    quarter = budget.limit * READ_AHEAD_SHARE
+    per_message = ahead_cost((await take(iterator, 1))[0])
+    assert 0 < budget.ahead <= quarter + 64 * per_message  # a first pull may overshoot once
+    pulled = sum(rpc.pulls)
+    assert pulled < 2 * quarter / per_message
+    for _ in range(5):
+        await take(iterator, int(quarter / per_message / 2))
+        await settle()
+        assert budget.ahead <= quarter
+    assert sum(rpc.pulls) > pulled  # taking made room: pulls went on
+    assert budget.ahead == source._held.ahead_bytes
+
+
+async def test_no_pull_while_the_pipeline_holds_the_budget(make: Factory, rpc: FakeRpc) -> None:
+    budget = ByteBudget(100_000)
+    await budget.acquire(budget.limit)
+    source = make(pull_concurrency=1, ack_delay_ms=0)
+    source.share_budget(budget)
+    rpc.publish(received(50))
+    waiting = asyncio.ensure_future(anext(source.deliveries()))
+    await settle()
+    assert rpc.pulls == [] and not waiting.done()
+    await budget.release(budget.limit)  # the pipeline settled what it held: pulling starts
+    await settle()
+    assert rpc.pulls and waiting.done()
 
 
 async def test_pause_stops_pulling_and_yielding_while_leases_continue(
