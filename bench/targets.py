@@ -81,6 +81,15 @@ def check_targets(sections: Mapping[str, Any]) -> list[Target]:
                 mem.peak_rss_mib <= mem.limit_mib,
             )
         )
+        anon = mem.worst_anon
+        found.append(
+            Target(
+                "peak allocated (RssAnon)",
+                f"<= budget + 150 MB = {anon.limit_mib:,.0f} MiB",
+                f"{anon.peak_anon_mib:,.0f} MiB",
+                anon.peak_anon_mib <= anon.limit_mib,
+            )
+        )
     return found + saturation_targets(sections.get("saturation"))
 
 

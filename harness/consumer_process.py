@@ -64,10 +64,15 @@ def cpu_times(pid: int) -> CpuTimes:
 
 
 def memory_kib(pid: int) -> dict[str, int]:
-    """``VmRSS`` (now) and ``VmHWM`` (peak RSS so far) from ``/proc/<pid>/status``."""
+    """``VmRSS`` (now), ``VmHWM`` (peak RSS so far) and the two parts of ``VmRSS``:
+    ``RssAnon`` (memory the process allocated) and ``RssFile`` (pages of mapped files, mostly
+    shared libraries' code and data: shared, and reclaimable by the kernel), from
+    ``/proc/<pid>/status``."""
     text = Path(f"/proc/{pid}/status").read_text()
-    found = dict(re.findall(r"^(VmRSS|VmHWM):\s+(\d+) kB$", text, flags=re.MULTILINE))
-    return {key: int(found[key]) for key in ("VmRSS", "VmHWM")}
+    found = dict(
+        re.findall(r"^(VmRSS|VmHWM|RssAnon|RssFile):\s+(\d+) kB$", text, flags=re.MULTILINE)
+    )
+    return {key: int(found[key]) for key in ("VmRSS", "VmHWM", "RssAnon", "RssFile")}
 
 
 def parse_metrics(body: str) -> dict[str, float]:
