@@ -46,6 +46,8 @@ def ahead_cost(delivery: Delivery) -> int:
 class _Held:
     ack_id: str
     received_at: float
+    cost: int
+    """``ahead_cost`` of the delivery, counted while it waits to be yielded."""
 
 
 class HeldDeliveries:
@@ -110,10 +112,11 @@ class HeldDeliveries:
                 size=message.ByteSize(),
             )
             ack_id = item.ack_id
-            held[delivery] = _Held(ack_id, now)
+            cost = ahead_cost(delivery)
+            held[delivery] = _Held(ack_id, now, cost)
             ack_ids.append(ack_id)
             size += delivery.size
-            ahead += ahead_cost(delivery)
+            ahead += cost
             key = delivery.ordering_key
             if key:
                 behind = keys.get(key)
@@ -132,8 +135,9 @@ class HeldDeliveries:
         """The next ready delivery (``has_ready`` must be true) and when it was received; it
         stays held."""
         delivery = self._buffer.popleft()
-        self.ahead_bytes -= ahead_cost(delivery)
-        return delivery, self._held[delivery].received_at
+        held = self._held[delivery]
+        self.ahead_bytes -= held.cost
+        return delivery, held.received_at
 
     def release(self, delivery: Delivery, *, nacked: bool) -> tuple[str, Sequence[str]]:
         """Stop holding ``delivery`` (settled): returns its ack id and, when ``nacked``, those
@@ -153,8 +157,9 @@ class HeldDeliveries:
             given_back = []
             for waiting in behind:
                 self.bytes -= waiting.size
-                self.ahead_bytes -= ahead_cost(waiting)
-                given_back.append(self._held.pop(waiting).ack_id)
+                gone = self._held.pop(waiting)
+                self.ahead_bytes -= gone.cost
+                given_back.append(gone.ack_id)
             return held.ack_id, given_back
         self._buffer.append(behind.popleft())
         self._keys[key] = behind
