@@ -93,7 +93,10 @@ class PullFlow:
                 room = min(room, _FIRST_PULL if free > 0 else 0)
                 share = min(share, _FIRST_PULL)
             else:
-                room = min(room, free // mean - self.reserved)
+                fits = free // mean - self.reserved
+                if fits < 1 and free > 0 and not self._held.ahead_bytes and not self.reserved:
+                    fits = 1  # messages larger than the share still come, one at a time
+                room = min(room, fits)
                 share = min(share, max(1, limit // mean // config.pull_concurrency))
         if room < max(1, share // 2):
             return 0

@@ -481,6 +481,25 @@ async def test_read_ahead_is_held_in_a_shared_budget_within_its_share(
     assert budget.ahead == source._held.ahead_bytes
 
 
+async def test_messages_larger_than_the_read_ahead_share_still_come_one_at_a_time(
+    make: Factory, rpc: FakeRpc
+) -> None:
+    # a 40 KB message against a 100 KB budget: its read-ahead share (25 KB) never holds one
+    budget = ByteBudget(100_000)
+    source = make(pull_concurrency=1, ack_delay_ms=0)
+    source.share_budget(budget)
+    rpc.publish(received(1, data=b"x" * 40_000))
+    iterator = source.deliveries()
+    await source.ack((await take(iterator, 1))[0])  # the first pull tells the cost
+    rpc.publish(received(3, start=1, data=b"x" * 40_000))
+    for _ in range(3):
+        delivery = (await take(iterator, 1))[0]
+        await settle()
+        assert budget.ahead <= ahead_cost(delivery)  # one waits at most
+        await source.ack(delivery)
+    assert rpc.pulls[0] == 64 and rpc.pulls[1:4] == [1, 1, 1]
+
+
 async def test_no_pull_while_the_pipeline_holds_the_budget(make: Factory, rpc: FakeRpc) -> None:
     budget = ByteBudget(100_000)
     await budget.acquire(budget.limit)
