@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
+import numpy as np
 import pyarrow as pa
 
 from rowbatch.wire.columns.arrow import (
@@ -51,6 +52,28 @@ class _KnownSchema:
 #: Schema messages (their exact bytes) of streams decoded before, for :func:`_decode_known`.
 _KNOWN_SCHEMAS: Final[dict[bytes, _KnownSchema]] = {}
 MAX_KNOWN_SCHEMAS: Final = 256
+
+
+@dataclass(frozen=True, eq=False)
+class _Layout:
+    """A stream seen before whose columns are all fixed-width numbers without nulls, read as
+    zero-copy views: given the same bytes up to the record batch's body (schema, row counts,
+    null counts, buffer offsets and lengths, no compression), every column lies at the same
+    place in the body, and any body bytes are valid values."""
+
+    names: tuple[str, ...]
+    columns: tuple[tuple[ColumnType, np.dtype[Any], int, tuple[int, ...]], ...]
+    """Per column: its type, the numpy dtype, its offset in the payload and its shape."""
+    size: int
+    """The payload's whole length (body and end-of-stream marker included)."""
+    trailer: bytes
+    """What follows the body: the end-of-stream marker, or nothing."""
+
+
+#: Stream prefixes (schema message and record batch metadata, their exact bytes) of streams
+#: decoded before whose columns are fixed-width views, for :func:`_decode_layout`.
+_LAYOUTS: Final[dict[bytes, _Layout]] = {}
+MAX_LAYOUTS: Final = 1024
 _CONTINUATION: Final = b"\xff\xff\xff\xff"
 _END_OF_STREAM: Final = _CONTINUATION + b"\x00\x00\x00\x00"
 
@@ -70,6 +93,71 @@ def _schema_message_end(payload: bytes | bytearray | memoryview, buffer: pa.Buff
         return 0
     length = int.from_bytes(head[4:8], "little", signed=True)
     return 8 + length if 0 < length <= len(buffer) - 8 else 0
+
+
+def _body_start(payload: bytes, schema_end: int) -> int:
+    """Where the body of the record batch message after the schema message (ending at
+    ``schema_end``) starts; 0 when its prefix is not there."""
+    head = payload[schema_end : schema_end + 8]
+    if len(head) < 8 or head[:4] != _CONTINUATION:
+        return 0
+    length = int.from_bytes(head[4:8], "little", signed=True)
+    start = schema_end + 8 + length
+    return start if length > 0 and start <= len(payload) else 0
+
+
+def _decode_layout(payload: bytes) -> tuple[list[str], list[Column]] | None:
+    """The stream's names and columns when everything up to its record batch's body is, byte
+    for byte, that of a stream seen before whose columns were all fixed-width numbers without
+    nulls (see :class:`_Layout`), and it is as long; None for anything else."""
+    if not _LAYOUTS or payload[:4] != _CONTINUATION:
+        return None
+    length = int.from_bytes(payload[4:8], "little", signed=True)
+    end = 8 + length if 0 < length <= len(payload) - 8 else 0
+    start = _body_start(payload, end) if end else 0
+    layout = _LAYOUTS.get(payload[:start]) if start else None
+    if layout is None or len(payload) != layout.size:
+        return None
+    if layout.trailer and not payload.endswith(layout.trailer):
+        return None
+    columns = []
+    for name, (ctype, dtype, offset, shape) in zip(layout.names, layout.columns, strict=True):
+        count = 1
+        for dim in shape:
+            count *= dim
+        values = np.frombuffer(payload, dtype, count, offset).reshape(shape)
+        columns.append(Column(name, ctype, values))
+    return list(layout.names), columns
+
+
+def _learn_layout(
+    payload: bytes,
+    schema_end: int,
+    names: tuple[str, ...],
+    columns: list[Column],
+    trailer: bytes,
+) -> None:
+    """Keep the layout of a stream just decoded against a known schema (one record batch,
+    then ``trailer``) when every column is a zero-copy view of ``payload`` of fixed-width
+    numbers, no nulls."""
+    start = _body_start(payload, schema_end)
+    if not start:
+        return
+    base = np.frombuffer(payload, np.uint8).ctypes.data
+    placed = []
+    for col in columns:
+        values = col.values
+        if col.nulls is not None or values.dtype.kind not in "iuf":
+            return
+        if not values.flags.c_contiguous or values.flags.writeable:
+            return
+        offset = values.ctypes.data - base
+        if offset < start or offset + values.nbytes > len(payload):
+            return
+        placed.append((col.type, values.dtype, offset, values.shape))
+    if len(_LAYOUTS) >= MAX_LAYOUTS:
+        _LAYOUTS.clear()
+    _LAYOUTS[payload[:start]] = _Layout(names, tuple(placed), len(payload), trailer)
 
 
 def _decode_known(
@@ -104,6 +192,8 @@ def _decode_known(
         convert(name, batch.column(i))
         for i, (name, convert) in enumerate(zip(known.names, known.converters, strict=True))
     ]
+    if type(payload) is bytes:
+        _learn_layout(payload, end, known.names, columns, _END_OF_STREAM if rest else b"")
     return list(known.names), columns
 
 
@@ -142,6 +232,10 @@ def _remember(
 def decode_arrow(payload: bytes | bytearray | memoryview) -> tuple[list[str], list[Column]]:
     """Returns the schema's field names (duplicates kept, for the caller to report) and the
     columns. Numeric columns are views into ``payload`` where Arrow allows it."""
+    if type(payload) is bytes:
+        laid_out = _decode_layout(payload)
+        if laid_out is not None:
+            return laid_out
     buffer = pa.py_buffer(payload)
     known = _decode_known(payload, buffer)
     if known is not None:

@@ -26,7 +26,9 @@ ARRAY_OVERHEAD_BYTES = 170
 allocation of its data), counting every array in a view's ``base`` chain."""
 FOREIGN_BUFFER_OVERHEAD_BYTES = 900
 """Per column whose array is a zero-copy view of memory numpy does not own (Arrow): the
-pyarrow array and buffer objects it keeps alive."""
+pyarrow array and buffer objects it keeps alive. Not charged for a view of the payload's own
+``bytes`` (Arrow columns read in place, ``rowbatch.wire.codec_arrow``): that keeps only the
+payload alive, which is counted already."""
 
 
 def _array_overhead(values: NDArray[Any]) -> int:
@@ -35,7 +37,8 @@ def _array_overhead(values: NDArray[Any]) -> int:
     while isinstance(base, np.ndarray):
         cost += ARRAY_OVERHEAD_BYTES
         base = base.base
-    return cost if base is None else cost + FOREIGN_BUFFER_OVERHEAD_BYTES
+    # A view of a bytes object (a payload read in place) keeps nothing but the payload alive.
+    return cost if base is None or type(base) is bytes else cost + FOREIGN_BUFFER_OVERHEAD_BYTES
 
 
 def message_cost(
@@ -129,6 +132,12 @@ class ByteBudget:
                 await waiter
             finally:
                 self._waiters.remove(waiter)
+        self._used += n
+
+    def take_now(self, n: int) -> None:
+        """Hold ``n`` bytes now: ``acquire`` for a caller that has just seen them ``fits``."""
+        if n < 0:
+            raise ValueError(f"cannot reserve a negative amount ({n} bytes)")
         self._used += n
 
     async def release(self, n: int) -> None:

@@ -53,8 +53,11 @@ def outcome(payload: bytes) -> Any:
 
 @contextmanager
 def schemas() -> Iterator[dict[bytes, Any]]:
-    """An empty schema cache for the duration (the module's is restored after)."""
-    with mock.patch.dict(codec_arrow._KNOWN_SCHEMAS, clear=True):
+    """Empty schema and layout caches for the duration (the module's are restored after)."""
+    with (
+        mock.patch.dict(codec_arrow._KNOWN_SCHEMAS, clear=True),
+        mock.patch.dict(codec_arrow._LAYOUTS, clear=True),
+    ):
         yield codec_arrow._KNOWN_SCHEMAS
 
 
@@ -64,10 +67,12 @@ def cold(payload: bytes) -> Any:
 
 
 def warm(payload: bytes, primer: bytes) -> Any:
-    """The outcome once ``primer`` (a good stream) has put its schema in the cache."""
+    """The outcome once ``primer`` (a good stream) has put its schema in the cache, and its
+    layout when its columns are fixed-width numbers without nulls (decoded twice)."""
     with schemas() as known:
         decode_arrow(primer)
         assert known
+        decode_arrow(primer)
         return outcome(payload)
 
 
@@ -114,6 +119,70 @@ def test_known_schema_keeps_zero_copy_views() -> None:
     for col in cols:
         assert np.shares_memory(col.values, raw)
         assert not col.values.flags.writeable
+
+
+NUMERIC = pa.record_batch(
+    [
+        pa.array([1, 2, 3], pa.int64()),
+        pa.FixedSizeListArray.from_arrays(pa.array(np.arange(6, dtype=np.float32)), 2),
+        pa.array([0.5, 1.5, 2.5], pa.float32()),
+    ],
+    names=["i", "v", "f"],
+)
+
+
+def test_a_layout_seen_before_is_read_in_place() -> None:
+    """Fixed-width columns without nulls, the same bytes up to the body: read at the same
+    offsets (views of the payload), the same columns bit for bit as the stream reader's."""
+    first, second = stream([NUMERIC]), stream([NUMERIC.slice(0, 3)])
+    flipped = bytearray(first)
+    flipped[-16] ^= 0x55  # a body byte: another value of the last column, the same layout
+    other = bytes(flipped)
+    with schemas():
+        decode_arrow(first)
+        assert not codec_arrow._LAYOUTS
+        decode_arrow(first)
+        assert len(codec_arrow._LAYOUTS) == 1
+        assert codec_arrow._decode_layout(other) is not None
+        names, cols = decode_arrow(other)
+    raw = np.frombuffer(other, dtype=np.uint8)
+    assert names == ["i", "v", "f"]
+    assert all(np.shares_memory(c.values, raw) for c in cols)
+    assert all(not c.values.flags.writeable for c in cols)
+    assert warm(other, first) == cold(other)
+    assert warm(second, first) == cold(second)
+
+
+def test_layouts_are_not_kept_for_nulls_text_or_compression() -> None:
+    with_nulls = pa.record_batch([pa.array([1, None], pa.int64())], names=["i"])
+    for payload in (GOOD, stream([with_nulls])):
+        with schemas():
+            decode_arrow(payload)
+            decode_arrow(payload)
+            assert not codec_arrow._LAYOUTS
+    compressed = encode_chunk(
+        "t", {"i": np.arange(4)}, Encoding.ARROW, "c", compression="zstd"
+    ).payload
+    with schemas():
+        decode_arrow(compressed)
+        decode_arrow(compressed)
+        assert not codec_arrow._LAYOUTS
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        stream([NUMERIC]),
+        stream([NUMERIC], end=False),
+        stream([NUMERIC]) + b"\x00" * 8,
+        stream([NUMERIC])[:-1],
+        stream([NUMERIC])[:-8] + b"\x00" * 8,
+        stream([NUMERIC, NUMERIC]),
+        stream([NUMERIC.slice(0, 2)]),
+    ],
+)
+def test_streams_decode_alike_with_a_known_layout(payload: bytes) -> None:
+    assert warm(payload, stream([NUMERIC])) == cold(payload)
 
 
 @pytest.mark.parametrize(
