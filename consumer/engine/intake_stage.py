@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 
 from rowbatch.consumer.engine.budget import ByteBudget, message_cost
 from rowbatch.consumer.engine.decode import MessageDecoder, MessageRows, PoisonMessage
 from rowbatch.consumer.engine.gate import Gate
 from rowbatch.consumer.engine.stage_context import StageContext
+from rowbatch.consumer.observe.metrics import observe_many
 from rowbatch.consumer.observe.scaling import ScalingSignal
 from rowbatch.consumer.sources.base import (
     BoundsReadAhead,
+    DeliversVectors,
     Delivery,
     SharesBudget,
     Source,
@@ -73,6 +75,13 @@ class IntakeStage:
         self._admitting: Delivery | None = None
         """The delivery waiting in ``_admit`` (taken from the source, not yet in the ledger)."""
         self._admitting_withdrawn = False
+        self._hand: Sequence[Delivery] = ()
+        """The vector being taken; ``_at``: the index of its first delivery neither taken
+        nor settled (the one in ``_admit`` included)."""
+        self._at = 0
+        self._withdrawn: set[Delivery] = set()
+        """Deliveries of ``_hand`` the source took back before they were taken."""
+        self._taken = 0
 
     async def run(self) -> None:
         source = self._source
@@ -85,38 +94,86 @@ class IntakeStage:
             source.bound_read_ahead(self._work)
         if isinstance(source, WithdrawsDeliveries):
             source.on_withdraw(self.withdraw)
-        taken = 0
-        async for delivery in source.deliveries():
-            self._metrics.messages_in.inc()
-            age = max(0.0, self._wall() - delivery.publish_time)
-            self._metrics.receive_age_seconds.observe(age)
-            try:
-                rows = self._intake.rows(delivery)
-            except PoisonMessage as poison:
-                await self._dead_letter(delivery, poison.reason, None)
-                continue
-            reserve = self._cost(delivery, rows)
-            self._admitting, self._admitting_withdrawn = delivery, False
-            try:
-                await self._admit(reserve)
-            except asyncio.CancelledError:
-                if not self._admitting_withdrawn:
-                    await self._nack(delivery)
-                raise
-            finally:
-                self._admitting = None
-            if self._admitting_withdrawn:  # the source took it back while it waited
-                self._budget.release_now(reserve)
-                self._metrics.inflight_bytes.set(self._budget.used)
-                continue
-            self._accept(delivery, rows, reserve)
-            if self._signal is not None:
-                self._signal.received(rows.rows, age)
-            # A source with a deep buffer yields without ever suspending: let the flusher,
-            # the inference workers and the writers run (and release budget) meanwhile.
-            taken += 1
-            if taken % _INTAKE_YIELD_EVERY == 0 or not self._budget.fits(reserve):
-                await asyncio.sleep(0)
+        vectors = (
+            source.vectors()
+            if isinstance(source, DeliversVectors)
+            else _one_by_one(source.deliveries())
+        )
+        async for vector in vectors:
+            await self._take(vector)
+
+    async def _take(self, vector: Sequence[Delivery]) -> None:
+        """Take one vector of deliveries, in order: each is decoded (poison dead-lettered
+        alone), admitted (at once when the gate is open and the work bound and the budget
+        have room, else waiting as ``_admit`` does), opened in the ledger and queued in the
+        batcher. Metrics are updated once per vector; until taken, the rest of the vector
+        can be withdrawn, and is nacked if intake is cancelled."""
+        metrics = self._metrics
+        now = self._wall()
+        ages = [max(0.0, now - d.publish_time) for d in vector]
+        metrics.messages_in.inc(len(vector))
+        observe_many(metrics.receive_age_seconds, ages)
+        budget, batcher, gate, work = self._budget, self._batcher, self._gate, self._work
+        rows_in = 0
+        self._hand, self._withdrawn = vector, set()
+        try:
+            for at, delivery in enumerate(vector):
+                self._at = at
+                if self._withdrawn and delivery in self._withdrawn:
+                    continue
+                try:
+                    rows = self._intake.rows(delivery)
+                except PoisonMessage as poison:
+                    self._at = at + 1  # settled by the dead letter, whatever happens
+                    await self._dead_letter(delivery, poison.reason, None)
+                    continue
+                reserve = self._cost(delivery, rows)
+                if gate.is_open and batcher.pending_rows < work.rows and budget.fits(reserve):
+                    budget.take_now(reserve)
+                elif not await self._admit_waiting(delivery, reserve):
+                    continue  # withdrawn while it waited
+                self._accept(delivery, rows, reserve)
+                rows_in += rows.rows
+                if self._signal is not None:
+                    self._signal.received(rows.rows, ages[at])
+                # A source with a deep buffer yields without ever suspending: let the flusher,
+                # the inference workers and the writers run (and release budget) meanwhile.
+                self._taken += 1
+                if self._taken % _INTAKE_YIELD_EVERY == 0 or not budget.fits(reserve):
+                    self._at = at + 1
+                    self._gauges()
+                    await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            for delivery in self._in_hand():
+                await self._nack(delivery)
+            raise
+        finally:
+            self._hand = ()
+            metrics.rows_in.inc(rows_in)
+            self._gauges()
+
+    def _in_hand(self) -> list[Delivery]:
+        """The deliveries of the vector being taken that are neither taken nor settled nor
+        withdrawn (from the one being handled on)."""
+        return [d for d in self._hand[self._at :] if d not in self._withdrawn]
+
+    def _gauges(self) -> None:
+        self._metrics.inflight_bytes.set(self._budget.used)
+        self._metrics.inflight_messages.set(len(self._ledger))
+
+    async def _admit_waiting(self, delivery: Delivery, reserve: int) -> bool:
+        """``_admit`` for ``delivery``; False when it was withdrawn meanwhile (its budget is
+        given back)."""
+        self._admitting, self._admitting_withdrawn = delivery, False
+        try:
+            await self._admit(reserve)
+        finally:
+            self._admitting = None
+        if self._admitting_withdrawn:  # the source took it back while it waited
+            self._budget.release_now(reserve)
+            self._metrics.inflight_bytes.set(self._budget.used)
+            return False
+        return True
 
     def _cost(self, delivery: Delivery, rows: MessageRows) -> int:
         """What holding this message costs until it is settled (see ``message_cost``): the
@@ -131,12 +188,19 @@ class IntakeStage:
 
     def withdraw(self, deliveries: Sequence[Delivery]) -> list[Delivery]:
         """The source takes ``deliveries`` back: drop those not yet sent to the model (queued
-        in the batcher, or still waiting to be admitted) and return them."""
+        in the batcher, waiting to be admitted, or not yet taken from the vector in hand)
+        and return them."""
         dropped = self._withdraw(deliveries)
+        wanted = set(deliveries)
         waiting = self._admitting
-        if waiting is not None and not self._admitting_withdrawn and waiting in set(deliveries):
+        if waiting is not None and not self._admitting_withdrawn and waiting in wanted:
             self._admitting_withdrawn = True
+            self._withdrawn.add(waiting)
             dropped.append(waiting)
+        for delivery in self._hand[self._at :]:
+            if delivery in wanted and delivery not in self._withdrawn:
+                self._withdrawn.add(delivery)
+                dropped.append(delivery)
         return dropped
 
     async def _admit(self, reserve: int) -> None:
@@ -167,8 +231,6 @@ class IntakeStage:
 
     def _accept(self, delivery: Delivery, rows: MessageRows, reserve: int) -> None:
         entry = self._ledger.open(delivery, rows.chunk_id, rows.rows, reserve, self._clock())
-        self._metrics.rows_in.inc(rows.rows)
-        self._metrics.inflight_messages.set(len(self._ledger))
         if rows.rows == 0:
             done = self._ledger.written(entry.key, 0)
             assert done is not None
@@ -180,3 +242,9 @@ class IntakeStage:
             return
         self._batcher.add(entry.key, rows.columns, rows.nulls)
         self._rows_queued.set()
+
+
+async def _one_by_one(deliveries: AsyncIterator[Delivery]) -> AsyncIterator[list[Delivery]]:
+    """A source without vectors, as vectors of one delivery."""
+    async for delivery in deliveries:
+        yield [delivery]

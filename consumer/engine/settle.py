@@ -12,10 +12,10 @@ from rowbatch.consumer.engine.budget import ByteBudget
 from rowbatch.consumer.engine.ledger import Entry, Ledger
 from rowbatch.consumer.engine.results import Answered
 from rowbatch.consumer.engine.sink_writer import SinkWriter
-from rowbatch.consumer.observe.metrics import Metrics
+from rowbatch.consumer.observe.metrics import Metrics, observe_many
 from rowbatch.consumer.observe.scaling import ScalingSignal
 from rowbatch.consumer.sinks.base import Sink
-from rowbatch.consumer.sources.base import DeadLetterReason, Delivery, Source
+from rowbatch.consumer.sources.base import AcksVectors, DeadLetterReason, Delivery, Source
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +66,33 @@ class Settler:
         if self._signal is not None:
             self._signal.written(entry.rows)
         await self._release(entry)
+
+    async def settle_many(self, entries: Sequence[Entry]) -> None:
+        """``settle`` each of ``entries`` (complete messages, e.g. those of one sink write):
+        the acked ones in one ``ack_many`` when the source has it, with the metrics and the
+        budget updated once."""
+        acked = [e for e in entries if e.failure is None]
+        for entry in entries:
+            if entry.failure is not None:
+                await self.settle(entry)
+        if not acked:
+            return
+        deliveries = [e.delivery for e in acked]
+        if isinstance(self._source, AcksVectors):
+            await self._source.ack_many(deliveries)
+        else:
+            for delivery in deliveries:
+                await self._source.ack(delivery)
+        now = self._wall()
+        self._metrics.messages_acked.inc(len(acked))
+        observe_many(
+            self._metrics.end_to_end_seconds, [max(0.0, now - d.publish_time) for d in deliveries]
+        )
+        if self._signal is not None:
+            self._signal.written(sum(e.rows for e in acked))
+        self._budget.release_now(sum(e.reserved_bytes for e in acked))
+        self._metrics.inflight_bytes.set(self._budget.used)
+        self._metrics.inflight_messages.set(len(self._ledger))
 
     async def fail(self, segment: Segment, reason: DeadLetterReason) -> None:
         """The segment's rows failed for good: its message is dead-lettered once its other

@@ -42,7 +42,7 @@ class WriteStage:
         self._answered = answered
         self._writer = writer
         self._ledger = context.ledger
-        self._settle = context.settler.settle
+        self._settle_many = context.settler.settle_many
         self._fail = context.settler.fail
         self._metrics = context.metrics
         self._max_write_rows = max_write_rows
@@ -105,13 +105,15 @@ class WriteStage:
             reason = DeadLetterReason(ReasonClass.REJECTED_BY_SINK, f"{error}", error.code)
             for segment in part.batch.segments:
                 await self._fail(segment, reason)
+        done = []
         for part in live:
             for segment in part.batch.segments:
                 if segment in failed or segment.message not in self._ledger:
                     continue
-                done = self._ledger.written(segment.message, len(segment))
-                if done is not None:
-                    await self._settle(done)
+                entry = self._ledger.written(segment.message, len(segment))
+                if entry is not None:
+                    done.append(entry)
+        await self._settle_many(done)
 
     def _live(self, part: Answered) -> Answered | None:
         """The part without the segments of messages settled meanwhile (abandoned, or failed

@@ -3,6 +3,9 @@ consumers in one process do not collide). Names are documented in the README."""
 
 from __future__ import annotations
 
+import bisect
+from collections import Counter as Tally
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -32,6 +35,27 @@ PAUSE_REASONS = ("backoff", "budget")
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _FILL_BUCKETS = (0.1, 0.25, 0.5, 0.75, 0.9, 0.99, 1.0)
 _AGE_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 15, 30, 60, 120, 300, 600, 1800, 3600)
+
+
+def observe_many(histogram: Histogram, values: Sequence[float]) -> None:
+    """``histogram.observe(v)`` for each of ``values``, with one update of its sum and of
+    each bucket hit (a vector of messages costs a few locked updates, not one per message).
+    Relies on the client's bucket layout (``_upper_bounds``, ``_buckets``, ``_sum``, as in
+    prometheus_client 0.20 to 0.26); without it, observes one by one."""
+    bounds = getattr(histogram, "_upper_bounds", None)
+    buckets = getattr(histogram, "_buckets", None)
+    total = getattr(histogram, "_sum", None)
+    if len(values) < 2 or bounds is None or buckets is None or total is None:
+        for value in values:
+            histogram.observe(value)
+        return
+    histogram._raise_if_not_observable()  # type: ignore[no-untyped-call]
+    total.inc(sum(values))
+    # observe() counts a value in the first bucket whose bound is >= it (bisect_left), and
+    # NaN in none.
+    hits = Tally(bisect.bisect_left(bounds, v) for v in values if v == v)  # noqa: PLR0124
+    for index, count in hits.items():
+        buckets[index].inc(count)
 
 
 def _size_buckets() -> tuple[float, ...]:

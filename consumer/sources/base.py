@@ -11,9 +11,12 @@ from typing import Protocol, Self, runtime_checkable
 from rowbatch.wire.dead_letter import DEFAULT_CODES, ReasonClass
 
 __all__ = [
+    "VECTOR_MAX",
+    "AcksVectors",
     "BoundsReadAhead",
     "DeadLetterFailed",
     "DeadLetterReason",
+    "DeliversVectors",
     "Delivery",
     "DeliveryIterator",
     "SharedBudget",
@@ -22,6 +25,7 @@ __all__ = [
     "SourceConfigError",
     "SourceError",
     "SourceUnreachable",
+    "VectorIterator",
     "Withdraw",
     "WithdrawsDeliveries",
     "WorkBound",
@@ -132,6 +136,43 @@ class Source(Protocol):
 
     async def close(self) -> None:
         """Stop fetching and release the broker connection; unsettled deliveries are nacked."""
+
+
+VECTOR_MAX = 512
+"""The most deliveries one vector holds (see :class:`DeliversVectors`)."""
+
+
+@runtime_checkable
+class DeliversVectors(Protocol):
+    """Optional part of :class:`Source`: a source that receives messages in runs (a Kafka
+    fetch, a Pub/Sub Pull response) yields them as vectors, lists of at most ``VECTOR_MAX``
+    deliveries taken together, so the pipeline pays its per-message glue (awaits, metric
+    updates, budget and flow bookkeeping) once per run. The pipeline then reads ``vectors()``
+    instead of ``deliveries()``; each delivery in a vector is settled on its own as usual."""
+
+    def vectors(self) -> AsyncIterator[Sequence[Delivery]]: ...
+
+
+@runtime_checkable
+class AcksVectors(Protocol):
+    """Optional part of :class:`Source`: ``ack`` of many deliveries at once (the messages of
+    one sink write), with the bookkeeping done once."""
+
+    async def ack_many(self, deliveries: Sequence[Delivery]) -> None: ...
+
+
+class VectorIterator:
+    """What a source's ``vectors()`` returns: each ``__anext__`` awaits ``next_vector``
+    (which raises ``StopAsyncIteration`` once the source is closed)."""
+
+    def __init__(self, next_vector: Callable[[], Awaitable[Sequence[Delivery]]]) -> None:
+        self._next = next_vector
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> Sequence[Delivery]:
+        return await self._next()
 
 
 READ_AHEAD_SHARE = 0.25

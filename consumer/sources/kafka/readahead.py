@@ -225,6 +225,35 @@ class ReadAhead:
                 return held
         return None
 
+    def pop_ready_many(self, now: float, current: Callable[[Held], bool], limit: int) -> list[Held]:
+        """Up to ``limit`` records to yield, as ``pop_ready`` would return them one by one
+        (due retries first, then the buffer in fetch order), with the bookkeeping (budget
+        report, rows room, fetch pause) done once."""
+        out: list[Held] = []
+        retries = self.retries
+        while retries and retries[0][0] <= now and len(out) < limit:
+            held = heapq.heappop(retries)[2]
+            self.retry_bytes -= held.cost
+            if current(held):
+                out.append(held)
+        buffer = self.buffer
+        popped = cost = rows = 0
+        while buffer and len(out) < limit:
+            held = buffer.popleft()
+            popped += 1
+            cost += held.cost
+            rows += held.rows or 1  # work_rows
+            if current(held):
+                out.append(held)
+        if popped:
+            self.buffered_bytes -= cost
+            self.buffered_rows -= rows
+            self._room.set()
+        self.report()
+        if popped:
+            self.update_fetch_pause()
+        return out
+
     def purge(self, tps: set[TopicPartition]) -> None:
         """Drop buffered and retry-waiting records of ``tps`` (never yielded again)."""
         kept = deque(h for h in self.buffer if h.tp not in tps)

@@ -39,7 +39,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -47,10 +47,12 @@ from prometheus_client import CollectorRegistry
 
 from rowbatch.consumer.observe.scaling import ScalingSignal
 from rowbatch.consumer.sources.base import (
+    VECTOR_MAX,
     DeadLetterReason,
     Delivery,
     DeliveryIterator,
     SharedBudget,
+    VectorIterator,
     Withdraw,
     WorkBound,
     package_version,
@@ -65,6 +67,7 @@ from rowbatch.consumer.sources.kafka.records import Held, to_delivery
 from rowbatch.consumer.sources.kafka.revoke import Revoker
 from rowbatch.consumer.sources.kafka.settings import KafkaSettings
 from rowbatch.wire.dead_letter import ReasonClass
+from rowbatch.wire.errors import WireError
 
 _LOG = logging.getLogger(__name__)
 
@@ -127,6 +130,8 @@ class KafkaSource:
             signal=signal or standalone_signal(config, self.registry),
         )
         self._changed = asyncio.Event()
+        self._undecodable: deque[tuple[Delivery, WireError]] = deque()
+        """Registered records whose headers are not UTF-8, to dead-letter here."""
         self._closed = False
         self._error: BaseException | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -153,8 +158,17 @@ class KafkaSource:
         for good."""
         return DeliveryIterator(self._next_delivery)
 
+    def vectors(self) -> VectorIterator:
+        """``deliveries()`` in runs: each step yields every record ready to be yielded (due
+        retries first, then the read-ahead in fetch order), at most ``VECTOR_MAX``."""
+        return VectorIterator(self._next_vector)
+
     async def ack(self, delivery: Delivery) -> None:
         self._settle(self._take(delivery))
+
+    async def ack_many(self, deliveries: Sequence[Delivery]) -> None:
+        for delivery in deliveries:
+            self._settle(self._take(delivery))
 
     async def nack(self, delivery: Delivery) -> None:
         """Re-deliver locally after a backoff, with ``delivery_attempt`` + 1; the partition's
@@ -360,7 +374,15 @@ class KafkaSource:
     # -- internals: deliveries ---------------------------------------------------------------
 
     async def _next_delivery(self) -> Delivery:
-        if not self._closed:
+        vector = await self._next_run(1)
+        return vector[0]
+
+    async def _next_vector(self) -> list[Delivery]:
+        return await self._next_run(VECTOR_MAX)
+
+    async def _next_run(self, limit: int) -> list[Delivery]:
+        """The next 1 to ``limit`` deliveries ready to be yielded (waiting for some)."""
+        if not self._clients.consumer_started and not self._closed:
             await self._ensure_consumer()
         while True:
             if self._error is not None:
@@ -370,13 +392,24 @@ class KafkaSource:
                 ) from self._error
             if self._closed:
                 raise StopAsyncIteration
+            while self._undecodable:  # put aside while a vector was being handed over
+                await self._dead_letter_undecodable(*self._undecodable.popleft())
             now = time.monotonic()
             if not self._ahead.paused:
-                held = self._ahead.pop_ready(now, self._partitions.is_current)
-                if held is not None:
-                    delivery = await self._deliver(held)
-                    if delivery is not None:
-                        return delivery
+                ready = self._ahead.pop_ready_many(now, self._partitions.is_current, limit)
+                if ready:
+                    vector = []
+                    for held in ready:
+                        delivery, bad = self._register(held)
+                        if bad is None:
+                            vector.append(delivery)
+                        else:
+                            self._undecodable.append((delivery, bad))
+                    if vector:
+                        # Handed over with no await since they were registered, so a revoke
+                        # finds each either here or in the pipeline; the undecodable ones
+                        # are dead-lettered at the next call (they hold their commit).
+                        return vector
                     continue
             self._changed.clear()
             timeout: float | None = None
@@ -387,21 +420,23 @@ class KafkaSource:
                 async with asyncio.timeout(timeout):
                     await self._changed.wait()
 
-    async def _deliver(self, held: Held) -> Delivery | None:
-        """Yield ``held`` as a delivery, or dead-letter it here (``undecodable``) when its
-        headers cannot become attributes (then None)."""
+    def _register(self, held: Held) -> tuple[Delivery, WireError | None]:
+        """``held`` as a delivery, now unsettled, and why its headers cannot become
+        attributes (then it must be dead-lettered here, not yielded), or None."""
         delivery, bad = to_delivery(held)
         self._unsettled[delivery] = held
         self._partitions.yielded(held)
-        if bad is None:
-            return delivery
+        return delivery, bad
+
+    async def _dead_letter_undecodable(self, delivery: Delivery, bad: WireError) -> None:
+        """Dead-letter ``delivery`` here (``undecodable``): its headers are not UTF-8."""
         reason = DeadLetterReason(ReasonClass.UNDECODABLE, f"{bad.reason}: {bad}", code=bad.reason)
         try:
             await self.dead_letter(delivery, reason)
         except DeadLetterFailed:
             _LOG.exception("dead-letter publish failed for %s; retrying later", delivery.message_id)
             await self.nack(delivery)
-            return None
+            return
         self.dead_lettered_here += 1
         _LOG.warning("dead-lettered %s: undecodable headers: %s", delivery.message_id, bad)
         if self._on_dead_letter is not None:
@@ -409,7 +444,6 @@ class KafkaSource:
                 self._on_dead_letter(reason)
             except Exception:  # noqa: BLE001 - a metrics hook must not stop consumption
                 _LOG.exception("on_dead_letter hook failed for %s", delivery.message_id)
-        return None
 
     def _take(self, delivery: Delivery) -> Held:
         held = self._unsettled.pop(delivery, None)

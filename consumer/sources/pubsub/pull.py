@@ -36,10 +36,12 @@ from google.cloud import pubsub_v1
 from google.pubsub_v1.services.subscriber import SubscriberAsyncClient
 
 from rowbatch.consumer.sources.base import (
+    VECTOR_MAX,
     DeadLetterReason,
     Delivery,
     DeliveryIterator,
     SharedBudget,
+    VectorIterator,
     package_version,
 )
 from rowbatch.consumer.sources.pubsub.clients import client_address, default_subscriber
@@ -146,9 +148,18 @@ class PubSubPullSource(PubSubSourceBase):
         ``__anext__``. Raises ``PubSubPullError`` if Pull fails for good."""
         return DeliveryIterator(self._next_delivery)
 
+    def vectors(self) -> VectorIterator:
+        """``deliveries()`` in runs: each step yields every delivery ready to be yielded
+        (at most ``VECTOR_MAX``), such as the messages of one Pull response."""
+        return VectorIterator(self._next_vector)
+
     async def ack(self, delivery: Delivery) -> None:
         """Settled here at once; the Acknowledge call follows within ``ack_delay_s``."""
         self._settle(delivery, nacked=False)
+
+    async def ack_many(self, deliveries: Sequence[Delivery]) -> None:
+        for delivery in deliveries:
+            self._settle(delivery, nacked=False)
 
     async def nack(self, delivery: Delivery) -> None:
         """ModifyAckDeadline 0, batched like acks."""
@@ -361,6 +372,14 @@ class PubSubPullSource(PubSubSourceBase):
         self._changed.set()
 
     async def _next_delivery(self) -> Delivery:
+        vector = await self._next_run(1)
+        return vector[0]
+
+    async def _next_vector(self) -> list[Delivery]:
+        return await self._next_run(VECTOR_MAX)
+
+    async def _next_run(self, limit: int) -> list[Delivery]:
+        """The next 1 to ``limit`` deliveries ready to be yielded (waiting for some)."""
         if not self._started and not self._flow.closing:
             self._start()
         while True:
@@ -372,21 +391,28 @@ class PubSubPullSource(PubSubSourceBase):
                     raise error
                 raise PubSubPullError(f"pulling from {self._sub} stopped: {error!r}") from error
             if not self._flow.paused and self._held.has_ready():
-                delivery = self._pop()
-                if delivery is not None:
-                    return delivery
+                vector = self._pop(limit)
+                if vector:
+                    return vector
                 continue
             self._changed.clear()
             await self._changed.wait()
 
-    def _pop(self) -> Delivery | None:
-        delivery, received_at = self._held.pop_ready()
+    def _pop(self, limit: int) -> list[Delivery]:
+        """Up to ``limit`` ready deliveries; those held past ``max_lease_duration_s`` are
+        nacked instead."""
+        held = self._held
+        now = self._clock()
+        vector: list[Delivery] = []
+        while len(vector) < limit and held.has_ready():
+            delivery, received_at = held.pop_ready()
+            if now - received_at < self.config.max_lease_duration_s:
+                vector.append(delivery)
+                continue
+            warn_lease_lapsed(_LOG, delivery, self.config.max_lease_duration_s)
+            self._settle(delivery, nacked=True)
         self._flow.report()
-        if self._clock() - received_at < self.config.max_lease_duration_s:
-            return delivery
-        warn_lease_lapsed(_LOG, delivery, self.config.max_lease_duration_s)
-        self._settle(delivery, nacked=True)
-        return None
+        return vector
 
     def _settle(self, delivery: Delivery, *, nacked: bool) -> None:
         """Settled here (flow control has room at once); the ack or nack call follows."""

@@ -77,15 +77,15 @@ def stage(
 ) -> WriteStage:
     settled: list[Entry] = []
 
-    async def settle(entry: Entry) -> None:
-        settled.append(entry)
+    async def settle_many(entries: Sequence[Entry]) -> None:
+        settled.extend(entries)
 
     async def fail(*_: Any) -> None:
         raise AssertionError("nothing fails here")
 
     context = StageContext(
         ledger=ledger,
-        settler=cast("Any", SimpleNamespace(settle=settle, fail=fail)),
+        settler=cast("Any", SimpleNamespace(settle_many=settle_many, fail=fail)),
         batcher=Batcher(100, 1.0, lambda: 0.0),
         metrics=metrics,
         clock=lambda: 0.0,
