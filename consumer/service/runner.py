@@ -39,6 +39,7 @@ from rowbatch.consumer.service.build_model import (
     per_endpoint_limit,
 )
 from rowbatch.consumer.service.config import ConsumerConfig
+from rowbatch.consumer.service.gc_tuning import tune_gc
 from rowbatch.consumer.service.health import HealthServer
 from rowbatch.consumer.service.shutdown import (
     CLOSE_STEP_S,
@@ -176,6 +177,7 @@ async def run_consumer(
             ", ".join(f"{ep.address}: {ep.limit}" for ep in balancer.endpoints),
             config.budget_bytes,
         )
+        tune_gc()
         running.ready = True
         if on_running is not None:
             on_running(running)

@@ -93,6 +93,34 @@ class Delivery:
     size: int = field(default=0)
     """Bytes the broker counts against flow control (payload plus attributes)."""
 
+    @classmethod
+    def of(
+        cls,
+        *,
+        message_id: str,
+        payload: bytes,
+        attributes: Mapping[str, str],
+        publish_time: float,
+        delivery_attempt: int,
+        source: str,
+        ordering_key: str,
+        size: int,
+    ) -> Delivery:
+        """The instance, without the frozen dataclass's per-field ``__init__`` (the sources
+        build one per message)."""
+        out = object.__new__(cls)
+        out.__dict__.update(
+            message_id=message_id,
+            payload=payload,
+            attributes=attributes,
+            publish_time=publish_time,
+            delivery_attempt=delivery_attempt,
+            source=source,
+            ordering_key=ordering_key,
+            size=size,
+        )
+        return out
+
 
 class DeliveryIterator:
     """What a source's ``deliveries()`` returns: each ``__anext__`` awaits ``next_delivery``

@@ -39,9 +39,17 @@ class Held:
 
 
 def hold(record: Any, tp: TopicPartition, epoch: int) -> Held:
-    """``record`` (fetched under assignment ``epoch`` of ``tp``) as the source holds it."""
-    size = record_size(record)
-    return Held(record, tp, epoch, size, record_rows(record), record_cost(record, size))
+    """``record`` (fetched under assignment ``epoch`` of ``tp``) as the source holds it: its
+    ``record_size``, ``record_rows`` and ``record_cost`` in one pass over its headers."""
+    headers = record.headers
+    size = len(record.value or b"") + len(record.key or b"")
+    rows: int | None = None
+    for key, value in headers:
+        size += len(key) + len(value or b"")
+        if rows is None and key == H_ROW_COUNT:
+            rows = _rows_of(value)
+    cost = size + RECORD_OVERHEAD_BYTES + HEADER_OVERHEAD_BYTES * len(headers)
+    return Held(record, tp, epoch, size, rows or 0, cost)
 
 
 def record_size(record: Any) -> int:
@@ -56,11 +64,16 @@ def record_cost(record: Any, size: int) -> int:
 def record_rows(record: Any) -> int:
     for key, value in record.headers:
         if key == H_ROW_COUNT:
-            try:
-                return max(0, int(bytes(value or b"").decode("ascii")))
-            except (UnicodeDecodeError, ValueError):
-                return 0
+            return _rows_of(value)
     return 0
+
+
+def _rows_of(value: bytes | None) -> int:
+    """A ``rowbatch-row-count`` header's value as a count (0 when it is not one)."""
+    try:
+        return max(0, int(bytes(value or b"").decode("ascii")))
+    except (UnicodeDecodeError, ValueError):
+        return 0
 
 
 def work_rows(held: Held) -> int:
@@ -79,14 +92,15 @@ def to_delivery(held: Held) -> tuple[Delivery, WireError | None]:
     except WireError as exc:
         attributes, bad = {}, exc
     timestamp = record.timestamp
-    delivery = Delivery(
+    key = record.key
+    delivery = Delivery.of(
         message_id=f"{tp.topic}/{tp.partition}/{record.offset}",
         payload=bytes(record.value or b""),
         attributes=attributes,
         publish_time=timestamp / 1000 if timestamp is not None and timestamp >= 0 else time.time(),
         delivery_attempt=held.attempt,
         source=f"{tp.topic}/{tp.partition}",
-        ordering_key=bytes(record.key or b"").decode("utf-8", errors="replace"),
+        ordering_key=bytes(key).decode("utf-8", errors="replace") if key else "",
         size=held.size,
     )
     return delivery, bad

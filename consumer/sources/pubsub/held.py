@@ -101,7 +101,7 @@ class HeldDeliveries:
         for item in received:
             message = item.message
             stamp = message.publish_time
-            delivery = Delivery(
+            delivery = Delivery.of(
                 message_id=message.message_id,
                 payload=message.data,
                 attributes=dict(message.attributes),

@@ -206,3 +206,28 @@ def test_produced_timestamps_parse_alike(moment: dt.datetime, count: int) -> Non
     attrs[fields.H_ROW_COUNT] = str(count)
     assert chunk_headers._headers_as_written(attrs) is not None
     assert_alike(attrs)
+
+
+kafka_values = st.one_of(
+    st.none(),
+    st.binary(max_size=8),
+    st.text(max_size=6).map(lambda t: t.encode("utf-8")),
+    st.binary(max_size=4).map(bytearray),
+)
+
+
+def kafka_outcome(headers: Any) -> Any:
+    try:
+        return fields.kafka_headers_to_attributes(headers)
+    except WireError as exc:
+        return (type(exc).__name__, str(exc))
+
+
+@settings(max_examples=300)
+@given(
+    headers=st.lists(st.tuples(st.sampled_from(["a", "b", "rowbatch-table"]), kafka_values)),
+)
+def test_kafka_headers_read_alike_either_way(headers: list[tuple[str, Any]]) -> None:
+    """A list (the fast path) reads as the same headers one at a time (the general loop)."""
+    assert kafka_outcome(list(headers)) == kafka_outcome(iter(headers))
+    assert kafka_outcome(tuple(headers)) == kafka_outcome(iter(headers))
