@@ -5,6 +5,7 @@
     .venv/bin/python scripts/profile_hot_path.py --sink parquet --profile 20
     .venv/bin/python scripts/profile_hot_path.py --json out.json
     .venv/bin/python scripts/profile_hot_path.py --per-message --broker   # us/message
+    .venv/bin/python scripts/profile_hot_path.py --per-message --vector 256
 """
 
 import sys

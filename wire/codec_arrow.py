@@ -4,12 +4,14 @@ message, zero or more record batches, optional end-of-stream marker). See
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, Final, Literal
 
 import numpy as np
 import pyarrow as pa
+from numpy.typing import NDArray
 
 from rowbatch.wire.columns.arrow import (
     ArrowConverter,
@@ -54,25 +56,41 @@ _KNOWN_SCHEMAS: Final[dict[bytes, _KnownSchema]] = {}
 MAX_KNOWN_SCHEMAS: Final = 256
 
 
-@dataclass(frozen=True, eq=False)
-class _Layout:
+@dataclass(eq=False)
+class Layout:
     """A stream seen before whose columns are all fixed-width numbers without nulls, read as
     zero-copy views: given the same bytes up to the record batch's body (schema, row counts,
     null counts, buffer offsets and lengths, no compression), every column lies at the same
     place in the body, and any body bytes are valid values."""
 
     names: tuple[str, ...]
-    columns: tuple[tuple[ColumnType, np.dtype[Any], int, tuple[int, ...]], ...]
-    """Per column: its type, the numpy dtype, its offset in the payload and its shape."""
+    columns: tuple[tuple[ColumnType, np.dtype[Any], int, int, tuple[int, ...] | None], ...]
+    """Per column: its type, the numpy dtype, its offset in the payload, its number of values
+    and its shape (None: one dimension)."""
     size: int
     """The payload's whole length (body and end-of-stream marker included)."""
     trailer: bytes
     """What follows the body: the end-of-stream marker, or nothing."""
+    types: Mapping[str, ColumnType]
+    """Column name -> type (read-only; shared by every chunk of this layout)."""
+    rows: int
+    checked: bool = False
+    """A chunk of this layout passed :func:`rowbatch.wire.chunks.decode.decode_chunk`'s checks
+    of the columns (names, lengths): they hold for every chunk of it (the same schema and row
+    counts), so its chunks may skip them (:func:`read_checked`)."""
+
+    def arrays(self, payload: bytes) -> list[NDArray[Any]]:
+        """The columns' values in ``payload`` (a stream of this layout), as read-only views."""
+        out = []
+        for _, dtype, offset, count, shape in self.columns:
+            values = np.frombuffer(payload, dtype, count, offset)
+            out.append(values if shape is None else values.reshape(shape))
+        return out
 
 
 #: Stream prefixes (schema message and record batch metadata, their exact bytes) of streams
 #: decoded before whose columns are fixed-width views, for :func:`_decode_layout`.
-_LAYOUTS: Final[dict[bytes, _Layout]] = {}
+_LAYOUTS: Final[dict[bytes, Layout]] = {}
 MAX_LAYOUTS: Final = 1024
 _CONTINUATION: Final = b"\xff\xff\xff\xff"
 _END_OF_STREAM: Final = _CONTINUATION + b"\x00\x00\x00\x00"
@@ -106,10 +124,10 @@ def _body_start(payload: bytes, schema_end: int) -> int:
     return start if length > 0 and start <= len(payload) else 0
 
 
-def _decode_layout(payload: bytes) -> tuple[list[str], list[Column]] | None:
-    """The stream's names and columns when everything up to its record batch's body is, byte
-    for byte, that of a stream seen before whose columns were all fixed-width numbers without
-    nulls (see :class:`_Layout`), and it is as long; None for anything else."""
+def find_layout(payload: bytes) -> Layout | None:
+    """The layout ``payload`` has when everything up to its record batch's body is, byte for
+    byte, that of a stream seen before whose columns were all fixed-width numbers without
+    nulls (see :class:`Layout`), and it is as long; None for anything else."""
     if not _LAYOUTS or payload[:4] != _CONTINUATION:
         return None
     length = int.from_bytes(payload[4:8], "little", signed=True)
@@ -120,14 +138,29 @@ def _decode_layout(payload: bytes) -> tuple[list[str], list[Column]] | None:
         return None
     if layout.trailer and not payload.endswith(layout.trailer):
         return None
-    columns = []
-    for name, (ctype, dtype, offset, shape) in zip(layout.names, layout.columns, strict=True):
-        count = 1
-        for dim in shape:
-            count *= dim
-        values = np.frombuffer(payload, dtype, count, offset).reshape(shape)
-        columns.append(Column(name, ctype, values))
-    return list(layout.names), columns
+    return layout
+
+
+def read_checked(payload: bytes) -> tuple[dict[str, NDArray[Any]], Layout] | None:
+    """The columns of ``payload`` by name, and its layout, when its layout is known and
+    ``checked``; None otherwise (decode it with :func:`decode_arrow_laid_out`)."""
+    layout = find_layout(payload)
+    if layout is None or not layout.checked:
+        return None
+    return dict(zip(layout.names, layout.arrays(payload), strict=True)), layout
+
+
+def _decode_layout(payload: bytes) -> tuple[list[str], list[Column], Layout] | None:
+    layout = find_layout(payload)
+    if layout is None:
+        return None
+    columns = [
+        Column(name, ctype, values)
+        for name, (ctype, *_), values in zip(
+            layout.names, layout.columns, layout.arrays(payload), strict=True
+        )
+    ]
+    return list(layout.names), columns, layout
 
 
 def _learn_layout(
@@ -136,33 +169,38 @@ def _learn_layout(
     names: tuple[str, ...],
     columns: list[Column],
     trailer: bytes,
-) -> None:
-    """Keep the layout of a stream just decoded against a known schema (one record batch,
-    then ``trailer``) when every column is a zero-copy view of ``payload`` of fixed-width
-    numbers, no nulls."""
+) -> Layout | None:
+    """Keep (and return) the layout of a stream just decoded against a known schema (one
+    record batch, then ``trailer``) when every column is a zero-copy view of ``payload`` of
+    fixed-width numbers, no nulls."""
     start = _body_start(payload, schema_end)
     if not start:
-        return
+        return None
     base = np.frombuffer(payload, np.uint8).ctypes.data
     placed = []
     for col in columns:
         values = col.values
         if col.nulls is not None or values.dtype.kind not in "iuf":
-            return
+            return None
         if not values.flags.c_contiguous or values.flags.writeable:
-            return
+            return None
         offset = values.ctypes.data - base
         if offset < start or offset + values.nbytes > len(payload):
-            return
-        placed.append((col.type, values.dtype, offset, values.shape))
+            return None
+        shape = None if values.ndim == 1 else values.shape
+        placed.append((col.type, values.dtype, offset, values.size, shape))
     if len(_LAYOUTS) >= MAX_LAYOUTS:
         _LAYOUTS.clear()
-    _LAYOUTS[payload[:start]] = _Layout(names, tuple(placed), len(payload), trailer)
+    types = MappingProxyType({col.name: col.type for col in columns})
+    rows = len(columns[0].values) if columns else 0
+    layout = Layout(names, tuple(placed), len(payload), trailer, types, rows)
+    _LAYOUTS[payload[:start]] = layout
+    return layout
 
 
 def _decode_known(
     payload: bytes | bytearray | memoryview, buffer: pa.Buffer
-) -> tuple[list[str], list[Column]] | None:
+) -> tuple[list[str], list[Column], Layout | None] | None:
     """The stream's names and columns when it is a schema seen before (the same bytes) followed
     by exactly one record batch and, optionally, the end-of-stream marker; None for anything
     else (the stream reader then decodes it and words any error). Skips the stream reader's
@@ -192,9 +230,11 @@ def _decode_known(
         convert(name, batch.column(i))
         for i, (name, convert) in enumerate(zip(known.names, known.converters, strict=True))
     ]
+    layout = None
     if type(payload) is bytes:
-        _learn_layout(payload, end, known.names, columns, _END_OF_STREAM if rest else b"")
-    return list(known.names), columns
+        trailer = _END_OF_STREAM if rest else b""
+        layout = _learn_layout(payload, end, known.names, columns, trailer)
+    return list(known.names), columns, layout
 
 
 def _remember(
@@ -232,6 +272,14 @@ def _remember(
 def decode_arrow(payload: bytes | bytearray | memoryview) -> tuple[list[str], list[Column]]:
     """Returns the schema's field names (duplicates kept, for the caller to report) and the
     columns. Numeric columns are views into ``payload`` where Arrow allows it."""
+    names, columns, _ = decode_arrow_laid_out(payload)
+    return names, columns
+
+
+def decode_arrow_laid_out(
+    payload: bytes | bytearray | memoryview,
+) -> tuple[list[str], list[Column], Layout | None]:
+    """:func:`decode_arrow`, and the layout the payload was read by (None: by pyarrow)."""
     if type(payload) is bytes:
         laid_out = _decode_layout(payload)
         if laid_out is not None:
@@ -240,6 +288,14 @@ def decode_arrow(payload: bytes | bytearray | memoryview) -> tuple[list[str], li
     known = _decode_known(payload, buffer)
     if known is not None:
         return known
+    names, columns = _decode_with_reader(payload, buffer)
+    return names, columns, None
+
+
+def _decode_with_reader(
+    payload: bytes | bytearray | memoryview, buffer: pa.Buffer
+) -> tuple[list[str], list[Column]]:
+    """The stream reader's decode (any valid stream), and the schema remembered."""
     source = pa.BufferReader(buffer)
     try:
         reader = pa.ipc.open_stream(source)

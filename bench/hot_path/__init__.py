@@ -22,10 +22,13 @@ answers at once (no tensors, no gRPC unless ``--tensor``): rowbatch's own per-me
 ``other`` is the pipeline's glue: asyncio, metrics, the byte budget, the writer). The total is
 from uninstrumented runs; stage figures are corrected for the timers' own cost. The broker
 clients' per-message receive cost (aiokafka record parsing, the Pub/Sub client's message
-wrapper) is measured apart (``--broker``).
+wrapper) is measured apart (``--broker``). ``--vector N``: the source gives its deliveries in
+vectors of N, as the Kafka and Pub/Sub pull sources do (by default one at a time, as the
+streaming Pub/Sub source does).
 
     .venv/bin/python scripts/profile_hot_path.py                      # table, all cases
     .venv/bin/python scripts/profile_hot_path.py --sink parquet --profile 20
     .venv/bin/python scripts/profile_hot_path.py --json out.json
     .venv/bin/python scripts/profile_hot_path.py --per-message --broker   # us/message
+    .venv/bin/python scripts/profile_hot_path.py --per-message --vector 256
 """

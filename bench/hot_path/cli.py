@@ -39,6 +39,14 @@ def main() -> None:
     parser.add_argument(
         "--broker", action="store_true", help="broker clients' receive cost (--per-message)"
     )
+    parser.add_argument(
+        "--vector",
+        type=int,
+        default=0,
+        metavar="N",
+        help="deliveries per vector, as the Kafka and Pub/Sub pull sources give them (0: one "
+        "by one, as the streaming Pub/Sub source does) (--per-message)",
+    )
     args = parser.parse_args()
     if args.per_message:
         results = per_message_table(args)

@@ -77,6 +77,27 @@ class ListSource:
         pass
 
 
+class VectorListSource(ListSource):
+    """``ListSource`` that yields vectors of ``size`` deliveries (as the Kafka and Pub/Sub pull
+    sources do) and acks a write's messages at once."""
+
+    def __init__(self, deliveries: Sequence[Delivery], size: int) -> None:
+        super().__init__(deliveries)
+        self._size = size
+
+    async def vectors(self) -> AsyncIterator[Sequence[Delivery]]:
+        for at in range(0, len(self._deliveries), self._size):
+            yield self._deliveries[at : at + self._size]
+
+    async def ack_many(self, deliveries: Sequence[Delivery]) -> None:
+        self.acked += len(deliveries)
+
+
+def list_source(deliveries: Sequence[Delivery], vector: int) -> ListSource:
+    """One delivery at a time (``vector`` 0), or in vectors of ``vector``."""
+    return VectorListSource(deliveries, vector) if vector > 0 else ListSource(deliveries)
+
+
 class FakeTriton:
     """Encodes the real gRPC request, answers with ready-made outputs (a model doing no work)."""
 

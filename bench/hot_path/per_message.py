@@ -4,6 +4,7 @@ nothing and a model that answers at once, so what is left is rowbatch's own per-
 from __future__ import annotations
 
 import argparse
+import functools
 import pstats
 from collections.abc import Sequence
 from typing import Any
@@ -49,7 +50,13 @@ class _Unused:
 
 
 def run_messages(
-    kind: str, deliveries: Sequence[Delivery], *, instrument: bool, tensor: bool, profile: bool
+    kind: str,
+    deliveries: Sequence[Delivery],
+    *,
+    instrument: bool,
+    tensor: bool,
+    profile: bool,
+    vector: int = 0,
 ) -> tuple[float, Stages, pstats.Stats | None]:
     """(total CPU s, stages, profile) for the pipeline over ``deliveries`` with a null sink and
     a model that answers at once."""
@@ -106,6 +113,7 @@ def run_messages(
             model=model,
             budget_bytes=1 << 40,
             profile=profile,
+            vector=vector,
         )
     return total, stages, stats
 
@@ -114,9 +122,10 @@ def per_message_table(args: argparse.Namespace) -> list[dict[str, Any]]:
     inside, outside = timer_cost()
     figures: list[dict[str, Any]] = []
     cols = (*MSG_STAGES, "other")
+    mode = f"in vectors of {args.vector}" if args.vector else "one by one"
     print(
-        f"CPU us/message, best of {args.repeat} (stages: best instrumented run, less the timers' "
-        f"cost of {inside * 1e6:.2f}+{outside * 1e6:.2f} us a call)"
+        f"CPU us/message, deliveries {mode}, best of {args.repeat} (stages: best instrumented "
+        f"run, less the timers' cost of {inside * 1e6:.2f}+{outside * 1e6:.2f} us a call)"
     )
     print(f"{'case':<22}{'total':>7}" + "".join(f"{s:>8}" for s in cols))
     for rows in (int(r) for r in args.sizes.split(",")):
@@ -124,18 +133,11 @@ def per_message_table(args: argparse.Namespace) -> list[dict[str, Any]]:
         for encoding in args.encoding.split(","):
             for kind in args.kind.split(","):
                 deliveries = make_deliveries(encoding, kind, messages, rows)
-                plain = min(
-                    run_messages(
-                        kind, deliveries, instrument=False, tensor=args.tensor, profile=False
-                    )[0]
-                    for _ in range(args.repeat)
+                run = functools.partial(
+                    run_messages, kind, deliveries, tensor=args.tensor, vector=args.vector
                 )
-                timed = [
-                    run_messages(
-                        kind, deliveries, instrument=True, tensor=args.tensor, profile=False
-                    )
-                    for _ in range(args.repeat)
-                ]
+                plain = min(run(instrument=False, profile=False)[0] for _ in range(args.repeat))
+                timed = [run(instrument=True, profile=False) for _ in range(args.repeat)]
                 _, stages, _ = min(timed, key=lambda r: r[0])
                 per_msg = {
                     s: v / messages * 1e6 for s, v in stages.corrected(inside, outside).items()
@@ -146,9 +148,7 @@ def per_message_table(args: argparse.Namespace) -> list[dict[str, Any]]:
                 print(f"{case:<22}{total:7.1f}" + "".join(f"{per_msg[s]:8.2f}" for s in cols))
                 figures.append({"case": case, "messages": messages, "total": total, **per_msg})
                 if args.profile:
-                    _, _, stats = run_messages(
-                        kind, deliveries, instrument=False, tensor=args.tensor, profile=True
-                    )
+                    _, _, stats = run(instrument=False, profile=True)
                     assert stats is not None
                     print_profile(case + " (per message)", stats, messages, args.profile)
     return figures

@@ -9,7 +9,7 @@ import pstats
 import time
 from collections.abc import Sequence
 
-from bench.hot_path.fakes import BINDINGS, MODELS, TABLES, ListSource
+from bench.hot_path.fakes import BINDINGS, MODELS, TABLES, list_source
 from bench.hot_path.timers import profiled
 from rowbatch.consumer.engine.budget import ByteBudget
 from rowbatch.consumer.engine.decode import MessageDecoder, SchemaCheck
@@ -29,12 +29,14 @@ def run_pipeline(
     model: ModelHandler,
     budget_bytes: int,
     profile: bool,
+    vector: int = 0,
 ) -> tuple[float, pstats.Stats | None]:
     """(CPU s of ``Pipeline.run``, profile) for the pipeline over ``deliveries`` with the
     ``kind`` model's binding. The sink is opened before and closed after, outside the timed
-    part. Raises ``AssertionError`` unless every delivery was acked."""
+    part. Raises ``AssertionError`` unless every delivery was acked. ``vector``: deliveries
+    per vector (0: one at a time, as a source without vectors gives them)."""
     spec, binding = MODELS[kind], BINDINGS[kind]
-    source = ListSource(deliveries)
+    source = list_source(deliveries, vector)
 
     async def main() -> float:
         await sink.open(TABLES[kind])

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from rowbatch.wire.codec_arrow import decode_arrow
+from rowbatch.wire.codec_arrow import Layout, decode_arrow_laid_out, read_checked
 from rowbatch.wire.codec_json.decode import decode_json
 from rowbatch.wire.columns.canonical import MAX_COLUMN_NAME_LEN, Column, check_column_name
 from rowbatch.wire.columns.column_type import ColumnType
@@ -67,6 +67,36 @@ class DecodedChunk:
         return chunk
 
 
+_NO_NULLS: Mapping[str, NDArray[np.bool_]] = MappingProxyType({})
+
+
+def _row_count_mismatch(headers: ChunkHeaders, n: int) -> RowCountMismatch:
+    return RowCountMismatch(
+        f"header {H_ROW_COUNT!r} says {headers.row_count} rows but the payload has {n}",
+        header=H_ROW_COUNT,
+        expected=str(headers.row_count),
+        found=str(n),
+    )
+
+
+def _read_checked(payload: bytes, headers: ChunkHeaders) -> DecodedChunk | None:
+    """The chunk when ``payload`` has a layout whose columns passed ``decode_chunk``'s checks
+    before (see :class:`~rowbatch.wire.codec_arrow.Layout`); None otherwise."""
+    checked = read_checked(payload)
+    if checked is None:
+        return None
+    arrays, layout = checked
+    if layout.rows != headers.row_count:
+        raise _row_count_mismatch(headers, layout.rows)
+    return DecodedChunk._of(
+        headers=headers,
+        columns=MappingProxyType(arrays),
+        types=layout.types,
+        null_masks=_NO_NULLS,
+        row_count=layout.rows,
+    )
+
+
 def decode_chunk(
     payload: bytes | bytearray | memoryview,
     attributes: Mapping[str, str],
@@ -77,11 +107,16 @@ def decode_chunk(
     ``kafka_headers_to_attributes(record.headers)``. Raises a :class:`WireError` subclass (with
     a dead-letter ``reason``) for anything that does not follow the contract."""
     headers = ChunkHeaders.from_attributes(attributes)
+    layout: Layout | None = None
     if headers.content_type is Encoding.JSON:
         cols = decode_json(payload)
         names = [c.name for c in cols]
     else:
-        names, cols = decode_arrow(payload)
+        if schema is None and type(payload) is bytes:
+            chunk = _read_checked(payload, headers)
+            if chunk is not None:
+                return chunk
+        names, cols, layout = decode_arrow_laid_out(payload)
     for name in names:
         if type(name) is not str or not 0 < len(name) <= MAX_COLUMN_NAME_LEN:
             check_column_name(name)
@@ -94,12 +129,9 @@ def decode_chunk(
     # Names are unique by now, so check_columns only has no columns or unequal lengths to find.
     n = lengths.pop() if len(lengths) == 1 else check_columns(cols)
     if n != headers.row_count:
-        raise RowCountMismatch(
-            f"header {H_ROW_COUNT!r} says {headers.row_count} rows but the payload has {n}",
-            header=H_ROW_COUNT,
-            expected=str(headers.row_count),
-            found=str(n),
-        )
+        raise _row_count_mismatch(headers, n)
+    if layout is not None and schema is None:
+        layout.checked = True  # names valid and unique, lengths equal: for all of its chunks
     table_schema = as_table_schema(schema)
     if table_schema is not None:
         table_schema.check({c.name: c for c in cols})

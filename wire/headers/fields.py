@@ -172,7 +172,7 @@ def kafka_headers_to_attributes(headers: Iterable[tuple[str, bytes | None]]) -> 
     repeated with different values, or a
     value that is not UTF-8, is an :class:`~rowbatch.wire.errors.InvalidHeader`; a null value reads
     as the empty string."""
-    if type(headers) in (list, tuple):
+    if isinstance(headers, (list, tuple)):
         # As producers write them (bytes values, no name twice): one pass in a comprehension.
         try:
             fast = {key: raw.decode("utf-8") for key, raw in headers}

@@ -271,7 +271,10 @@ def test_decoded_chunks_are_the_same_either_way(case: ChunkCase) -> None:
     enc = encode_chunk("t", case.columns, Encoding.ARROW, "c", schema=case.types)
     with schemas():
         first = decode_chunk(enc.payload, enc.attributes)
-        second = decode_chunk(enc.payload, enc.attributes)
+        decode_chunk(enc.payload, enc.attributes)  # its schema known: its layout is learned
+        second = decode_chunk(enc.payload, enc.attributes)  # by its checked layout, if any
+    assert second.row_count == first.row_count
+    assert second.headers == first.headers
     assert list(first.columns) == list(second.columns)
     assert dict(first.types) == dict(second.types)
     for name, values in first.columns.items():
@@ -295,3 +298,45 @@ def test_a_field_name_that_is_not_utf8_is_corrupt_arrow() -> None:
     payload[104] ^= 32
     assert cold(bytes(payload))[:2] == ("error", "CorruptArrow")
     assert warm(bytes(payload), GOOD) == cold(bytes(payload))
+
+
+def test_chunks_of_a_checked_layout_decode_as_the_first_did() -> None:
+    columns = {"i": np.arange(3), "v": np.ones((3, 2), np.float32)}
+    enc = encode_chunk("t", columns, Encoding.ARROW, "c")
+    with schemas():
+        first = decode_chunk(enc.payload, enc.attributes)
+        decode_chunk(enc.payload, enc.attributes)
+        [layout] = codec_arrow._LAYOUTS.values()
+        assert layout.checked
+        assert codec_arrow.read_checked(enc.payload) is not None
+        again = decode_chunk(enc.payload, enc.attributes)
+        wrong = {**enc.attributes, "rowbatch-row-count": "4"}
+        with pytest.raises(WireError) as fast:
+            decode_chunk(enc.payload, wrong)
+    with schemas(), pytest.raises(WireError) as slow:
+        decode_chunk(enc.payload, wrong)
+    assert (str(fast.value), fast.value.reason) == (str(slow.value), slow.value.reason)
+    assert dict(again.types) == dict(first.types)
+    assert not again.null_masks
+    for name in columns:
+        assert again.columns[name].tobytes() == first.columns[name].tobytes()
+        assert again.columns[name].shape == first.columns[name].shape
+        assert not again.columns[name].flags.writeable
+
+
+def test_a_layout_whose_columns_fail_the_checks_is_never_checked() -> None:
+    long_name = "x" * 300  # longer than a column name may be
+    payload = stream([pa.record_batch([pa.array([1, 2], pa.int64())], names=[long_name])])
+    attributes = {
+        "rowbatch-format-version": "1",
+        "content-type": "application/vnd.apache.arrow.stream",
+        "rowbatch-chunk-id": "c",
+        "rowbatch-table": "t",
+        "rowbatch-row-count": "2",
+        "rowbatch-produced-at": "2026-12-02T10:00:00.000Z",
+    }
+    with schemas():
+        for _ in range(3):
+            with pytest.raises(WireError, match="column name"):
+                decode_chunk(payload, attributes)
+        assert all(not layout.checked for layout in codec_arrow._LAYOUTS.values())
