@@ -122,8 +122,21 @@ def memoized_check(
     inputs = tuple(binding.inputs)
     tensors = {column: spec.input(model_input) for column, model_input in binding.inputs.items()}
     known: dict[tuple[Any, ...], _InputPlan] = {}
+    # The last chunk's types mapping and signature: chunks read by one Arrow layout share
+    # their types mapping, and their arrays' dtypes and row shapes are the layout's, so the
+    # same mapping (held here, so its id cannot be reused) means the same signature.
+    last: list[Any] = [None, None]
 
     def signature(chunk: DecodedChunk) -> tuple[Any, ...] | None:
+        types_of = chunk.types
+        if types_of is last[0]:
+            return last[1]  # type: ignore[no-any-return]
+        key = _signature(chunk)
+        if chunk.shared_types:
+            last[:] = [types_of, key]
+        return key
+
+    def _signature(chunk: DecodedChunk) -> tuple[Any, ...] | None:
         try:
             types = tuple(map(chunk.types.__getitem__, names))
             arrays = tuple(map(chunk.columns.__getitem__, inputs))

@@ -33,6 +33,10 @@ class DecodedChunk:
     types: Mapping[str, ColumnType]
     null_masks: Mapping[str, NDArray[np.bool_]]
     row_count: int
+    shared_types: bool = False
+    """``types`` is shared with the other chunks of one Arrow layout (read by
+    :class:`~rowbatch.wire.codec_arrow.Layout`): they all have the same columns, with the
+    same dtypes and row shapes."""
 
     @property
     def chunk_id(self) -> str:
@@ -48,11 +52,13 @@ class DecodedChunk:
     @classmethod
     def _of(
         cls,
+        *,
         headers: ChunkHeaders,
         columns: Mapping[str, NDArray[Any]],
         types: Mapping[str, ColumnType],
         null_masks: Mapping[str, NDArray[np.bool_]],
         row_count: int,
+        shared_types: bool = False,
     ) -> DecodedChunk:
         """The instance, without the frozen dataclass's per-field ``__init__`` (a cost per
         message)."""
@@ -63,6 +69,7 @@ class DecodedChunk:
             types=types,
             null_masks=null_masks,
             row_count=row_count,
+            shared_types=shared_types,
         )
         return chunk
 
@@ -94,6 +101,7 @@ def _read_checked(payload: bytes, headers: ChunkHeaders) -> DecodedChunk | None:
         types=layout.types,
         null_masks=_NO_NULLS,
         row_count=layout.rows,
+        shared_types=True,
     )
 
 

@@ -4,6 +4,7 @@ path for headers exactly as producers write them (the consumer reads them per me
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -205,9 +206,17 @@ _CONTENT_TYPES: Final[Mapping[str, Encoding]] = {enc.value: enc for enc in Encod
 _SHORT_ORDERING_KEY: Final = MAX_ORDERING_KEY_BYTES // 4
 
 
+@functools.lru_cache(maxsize=1024)
+def _table_as_written(table: str) -> bool:
+    """``table`` is a valid table name (remembered: a topic carries one or a few)."""
+    return TABLE_RE.fullmatch(table) is not None
+
+
+@functools.lru_cache(maxsize=1024)
 def _timestamp_as_written(value: str) -> datetime | None:
     """``value`` in exactly the form producers write (``2024-05-01T12:34:56.789Z``, ASCII
-    digits) as :func:`parse_timestamp` reads it; None for any other form."""
+    digits) as :func:`parse_timestamp` reads it; None for any other form. Remembered: chunks
+    produced in the same millisecond carry the same stamp."""
     if not _TIMESTAMP_AS_WRITTEN_RE.fullmatch(value):
         return None
     try:
@@ -247,7 +256,7 @@ def _headers_as_written(attributes: Mapping[str, str]) -> ChunkHeaders | None:
     if (
         encoding is None
         or not CHUNK_ID_RE.fullmatch(chunk_id)
-        or not TABLE_RE.fullmatch(table)
+        or not _table_as_written(table)
         or not (row_count.isascii() and row_count.isdigit() and len(row_count) <= 18)
         or (row_count[0] == "0" and row_count != "0")
         or (

@@ -181,3 +181,30 @@ def test_passthrough_types_alike(passthrough: dict[str, ColumnType]) -> None:
     full = full_check(passthrough)
     for variant in ("good", "good", "id_string", "good", "id_missing", "good"):
         assert outcome(memoized, variant) == outcome(full, variant), variant
+
+
+SAME_SIGNATURE = ("good", "good_again", "a_too_big", "a_too_small", "d_overflows_fp32", "good")
+
+
+def shared(variant: str, types: Mapping[str, ColumnType]) -> DecodedChunk:
+    """``chunk(variant)`` as one Arrow layout's chunks come: sharing one types mapping."""
+    c = chunk(variant)
+    return DecodedChunk(c.headers, c.columns, types, c.null_masks, c.row_count, True)
+
+
+def test_chunks_sharing_their_types_are_checked_alike() -> None:
+    """Chunks of one layout (one types mapping): the signature is found once, the values are
+    still checked per chunk."""
+    types = chunk("good").types
+    memoized, full = make_check(PASSTHROUGH), full_check()
+    for variant in SAME_SIGNATURE:
+
+        def run(check: Callable[[DecodedChunk], None], v: str = variant) -> Any:
+            try:
+                check(shared(v, types))
+            except SchemaMismatch as exc:
+                return (str(exc), exc.code)
+            return "ok"
+
+        assert run(memoized) == run(full), variant
+    assert run(full_check(), "a_too_big")[1] == "invalid_value"
