@@ -15,8 +15,8 @@ from rowbatch.producer.loadgen.manifest import Manifest
 from rowbatch.producer.loadgen.rate import RateLimiter
 from rowbatch.producer.loadgen.run import publish_load
 from rowbatch.producer.loadgen.spec import LoadSpec
-from rowbatch.producer.progress import Progress
 from rowbatch.producer.publishers.base import Publisher
+from rowbatch.progress import Progress
 from rowbatch.timing import Clock, Sleep
 from rowbatch.wire.errors import WireError
 from rowbatch.wire.headers.fields import check_table

@@ -20,20 +20,20 @@ import pyarrow as pa
 
 from rowbatch.producer.cli.parser import ENCODINGS
 from rowbatch.producer.cli.running import Outcome, Submit, Tally, UsageError, run_to_outcome
-from rowbatch.producer.progress import Progress
 from rowbatch.producer.publishers.base import Publisher
 from rowbatch.producer.publishers.splitting import split_for
-from rowbatch.producer.readers.convert import wire_columns
-from rowbatch.producer.readers.errors import InputError
-from rowbatch.producer.readers.formats import STDIN, InputFormat
-from rowbatch.producer.readers.rechunk import rechunk
-from rowbatch.producer.readers.schema import parse_schema
-from rowbatch.producer.readers.source import TableSource, open_source
+from rowbatch.progress import Progress
 from rowbatch.timing import Clock
 from rowbatch.wire.chunks.encode import EncodedChunk
 from rowbatch.wire.columns.column_type import ColumnType
 from rowbatch.wire.errors import RowTooLarge, WireError
 from rowbatch.wire.headers.fields import MAX_TABLE_LEN, Encoding, check_table, derive_chunk_id
+from rowbatch.wire.readers.convert import wire_columns
+from rowbatch.wire.readers.errors import InputError
+from rowbatch.wire.readers.formats import STDIN, InputFormat
+from rowbatch.wire.readers.rechunk import rechunk
+from rowbatch.wire.readers.schema import parse_schema
+from rowbatch.wire.readers.source import TableSource, open_source
 
 _UNSAFE: Final = re.compile(r"[^A-Za-z0-9_.-]+")
 

@@ -9,13 +9,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from rowbatch.producer.loadgen.manifest import Manifest
-from rowbatch.producer.progress import Progress, Summary
 from rowbatch.producer.publishers.base import Publisher
 from rowbatch.producer.publishers.errors import PublishError
 from rowbatch.producer.publishers.messages import Message, PublishedChunk
 from rowbatch.producer.publishers.window import PublishWindow
-from rowbatch.producer.readers.errors import InputError
+from rowbatch.progress import Progress, Summary
 from rowbatch.timing import Clock
+from rowbatch.wire.readers.errors import InputError
 
 Submit = Callable[[Message, int | None], Awaitable[None]]
 

@@ -24,7 +24,7 @@ DEV_ONLY = ("harness", "bench", "tests")
 #: Lowest first. A module may import its own layer's package or a lower layer, never a higher
 #: one; packages on the same layer (the three adapters) may not import each other.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("rowbatch.wire", "rowbatch.timing"),
+    ("rowbatch.wire", "rowbatch.timing", "rowbatch.progress"),
     ("rowbatch.consumer.section",),
     ("rowbatch.consumer.observe",),
     ("rowbatch.consumer.sources", "rowbatch.consumer.model", "rowbatch.consumer.sinks"),

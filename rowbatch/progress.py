@@ -1,4 +1,5 @@
-"""A progress line for the publishing CLI (rows, rows/s, ETA) and the final summary.
+"""A progress line (rows, rows/s, ETA) and a final summary, for the publishing CLI and the
+consumer's table runs.
 
 No dependency: one line on stderr, redrawn with ``\\r`` at most every ``interval_s`` on a
 terminal (``bar``), or written as a plain line every ``log_interval_s`` (``log``, for logs of

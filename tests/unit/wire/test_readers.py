@@ -14,14 +14,14 @@ import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 import pytest
 
-from rowbatch.producer.progress import Progress, Summary, format_bytes, format_duration
-from rowbatch.producer.readers.convert import wire_columns
-from rowbatch.producer.readers.errors import InputError
-from rowbatch.producer.readers.formats import InputFormat, infer_format
-from rowbatch.producer.readers.rechunk import rechunk
-from rowbatch.producer.readers.schema import parse_schema
-from rowbatch.producer.readers.source import open_source
+from rowbatch.progress import Progress, Summary, format_bytes, format_duration
 from rowbatch.wire.columns.column_type import FLOAT64, INT64, STRING, ColumnType
+from rowbatch.wire.readers.convert import wire_columns
+from rowbatch.wire.readers.errors import InputError
+from rowbatch.wire.readers.formats import InputFormat, infer_format
+from rowbatch.wire.readers.rechunk import rechunk
+from rowbatch.wire.readers.schema import parse_schema
+from rowbatch.wire.readers.source import open_source
 
 Chunk = tuple[dict[str, pa.Array], dict[str, ColumnType]]
 
