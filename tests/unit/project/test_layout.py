@@ -24,7 +24,8 @@ DEV_ONLY = ("harness", "bench", "tests")
 #: Lowest first. A module may import its own layer's package or a lower layer, never a higher
 #: one; packages on the same layer (the three adapters) may not import each other.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("rowbatch.wire", "rowbatch.timing", "rowbatch.progress"),
+    ("rowbatch.wire", "rowbatch.timing"),
+    ("rowbatch.progress",),
     ("rowbatch.consumer.section",),
     ("rowbatch.consumer.observe",),
     ("rowbatch.consumer.sources", "rowbatch.consumer.model", "rowbatch.consumer.sinks"),
@@ -185,10 +186,11 @@ def test_rowbatch_links_the_repository_folders() -> None:
         "__init__.py",
         "py.typed",
         "timing.py",
+        "progress.py",
         "__pycache__",
     }, (
-        "rowbatch/ holds the package marker, the links and timing.py (clock and backoff of "
-        "the producer and the consumer)"
+        "rowbatch/ holds the package marker, the links, timing.py (clock and backoff of "
+        "the producer and the consumer) and progress.py (their progress line)"
     )
     assert Path(rowbatch.__file__).parent.resolve() == ROOT / "rowbatch"
 
