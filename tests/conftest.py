@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from harness.kafka import KafkaEndpoint
     from harness.postgres import PostgresEndpoint
     from harness.pubsub import PubSubEndpoint
+    from harness.s3 import S3Endpoint
     from harness.triton import TritonEndpoint
 
 
@@ -84,6 +85,14 @@ def postgres(run_dir: RunDir) -> Iterator[PostgresEndpoint]:
     from harness.postgres import PostgresService
 
     with PostgresService(run_dir) as endpoint:
+        yield endpoint
+
+
+@pytest.fixture(scope="session")
+def s3(run_dir: RunDir) -> Iterator[S3Endpoint]:
+    from harness.s3 import S3Service
+
+    with S3Service(run_dir) as endpoint:
         yield endpoint
 
 
