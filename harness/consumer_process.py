@@ -104,6 +104,8 @@ class ConsumerProcess:
     log_path: Path
     port: int
     env: dict[str, str] | None = None
+    command: tuple[str, ...] = ("run",)
+    """The consumer's command and its options (``("table", "--shard", "0/4")``)."""
     proc: subprocess.Popen[bytes] | None = None
     _log: IO[bytes] | None = field(default=None, repr=False)
 
@@ -113,7 +115,14 @@ class ConsumerProcess:
             env = {k: v for k, v in os.environ.items() if not k.startswith("ROWBATCH_")}
         self._log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rowbatch.consumer", "run", "--config", str(self.config_path)],
+            [
+                sys.executable,
+                "-m",
+                "rowbatch.consumer",
+                *self.command,
+                "--config",
+                str(self.config_path),
+            ],
             stdout=self._log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

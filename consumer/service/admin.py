@@ -111,6 +111,11 @@ async def ensure_source(
         return await asyncio.to_thread(
             _ensure_pubsub, settings, dry_run=dry_run, timeout_s=timeout_s
         )
+    if not isinstance(settings, KafkaSettings):
+        raise SourceConfigError(
+            f"admin ensure: [source] kind = {settings.kind!r} reads a stored table and has no "
+            "broker to set up"
+        )
     return await _ensure_kafka(settings, dry_run=dry_run, timeout_s=timeout_s)
 
 

@@ -7,11 +7,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from prometheus_client import CollectorRegistry
 
 from rowbatch.consumer import __version__
+from rowbatch.consumer.engine.decode import MessageDecoder, PoisonMessage
+from rowbatch.consumer.model.settings import BindingSettings
 from rowbatch.consumer.model.spec import ModelSpec
 from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.observe.scaling import ScalingSignal, SignalSettings
@@ -19,12 +21,16 @@ from rowbatch.consumer.service.config import ConsumerConfig, SinkSettings, Sourc
 from rowbatch.consumer.service.startup import wait_for
 from rowbatch.consumer.sinks.base import ColumnSpec, Sink, SinkUnavailable, TableSpec
 from rowbatch.consumer.sinks.settings import ParquetSinkSettings, PostgresSinkSettings
-from rowbatch.consumer.sources.base import Source
+from rowbatch.consumer.sources.base import DeadLetterReason, Delivery, Source
 from rowbatch.consumer.sources.kafka.settings import KafkaSettings
 from rowbatch.consumer.sources.pubsub.settings import PubSubSettings
+from rowbatch.consumer.sources.table.settings import TableSettings
 from rowbatch.timing import Clock, Sleep
 from rowbatch.wire.columns.column_type import ColumnType
 from rowbatch.wire.pubsub_env import project_of
+
+if TYPE_CHECKING:
+    from rowbatch.consumer.sources.table.source import TableSource
 
 _DATATYPE_DTYPES = {
     "FP32": "float32",
@@ -44,6 +50,11 @@ def scaling_signal(
     ``slots_fill_server``: the in-flight limit comes from the model's configuration (not
     ``model.max_in_flight``), so slots all busy mean a full server."""
     view: Literal["fleet", "share"] = "fleet" if isinstance(settings, KafkaSettings) else "share"
+    if isinstance(settings, TableSettings):  # a table run is sized by its shards, not scaled
+        return ScalingSignal(
+            SignalSettings(view, 10.0, None, slots_fill_server=slots_fill_server),
+            metrics.scaling,
+        )
     return ScalingSignal(
         SignalSettings(
             view,
@@ -67,8 +78,6 @@ def make_source(
     counted in ``rowbatch_messages_dead_lettered_total{reason}``, like the pipeline's).
     ``signal``: the consumer's scaling signal, which the Kafka source feeds with the group's
     backlog (default: one built from ``settings`` on ``metrics``)."""
-    from rowbatch.consumer.sources.base import DeadLetterReason  # noqa: PLC0415
-
     registry: CollectorRegistry | None = None
     on_dead_letter: Callable[[DeadLetterReason], None] | None = None
     if metrics is not None:
@@ -78,6 +87,8 @@ def make_source(
         def on_dead_letter(reason: DeadLetterReason) -> None:
             counter.labels(reason.reason_class.value).inc()
 
+    if isinstance(settings, TableSettings):
+        raise TypeError("a table source is built by make_table_source (it needs the model)")
     if isinstance(settings, PubSubSettings) and settings.mode == "pull":
         from rowbatch.consumer.sources.pubsub.pull import PubSubPullSource  # noqa: PLC0415
 
@@ -98,6 +109,35 @@ def make_source(
         registry=registry,
         on_dead_letter=on_dead_letter,
         signal=signal,
+    )
+
+
+def make_table_source(
+    settings: TableSettings,
+    spec: ModelSpec,
+    binding: BindingSettings,
+    decoder: MessageDecoder,
+    metrics: Metrics | None = None,
+) -> TableSource:
+    """The table source of an offline run: its progress is keyed by the model (name and
+    version) and the binding; its first chunk is checked with ``decoder`` at start-up."""
+    from rowbatch.consumer.sources.table.source import TableSource  # noqa: PLC0415
+
+    def probe(delivery: Delivery) -> DeadLetterReason | None:
+        try:
+            decoder.rows(delivery)
+        except PoisonMessage as exc:
+            return exc.reason
+        return None
+
+    return TableSource(
+        settings,
+        model=spec.name,
+        model_version=spec.version,
+        binding=binding.model_dump(),
+        columns=(*binding.inputs, *binding.passthrough),
+        probe=probe,
+        registry=metrics.registry if metrics is not None else None,
     )
 
 

@@ -9,8 +9,12 @@ import asyncio
 import logging
 import signal
 import sys
+import time
 import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
+
+from pydantic import ValidationError
 
 from rowbatch.consumer.engine.pipeline import PipelineFailed
 from rowbatch.consumer.model.binding import Binding, BindingError, check_binding
@@ -25,7 +29,7 @@ from rowbatch.consumer.service.build_model import (
     describe_origin,
 )
 from rowbatch.consumer.service.config import ConfigError, ConsumerConfig, load_config
-from rowbatch.consumer.service.runner import run_consumer
+from rowbatch.consumer.service.runner import Running, run_consumer
 from rowbatch.consumer.service.shutdown import (
     CLOSE_MARGIN_S,
     Watchdog,
@@ -34,17 +38,25 @@ from rowbatch.consumer.service.shutdown import (
     watch_stop,
 )
 from rowbatch.consumer.service.startup import StartupError
+from rowbatch.consumer.service.table_run import report_progress, summarize, write_summary
 from rowbatch.consumer.sinks.base import SinkError
 from rowbatch.consumer.sources.base import SourceConfigError, SourceUnreachable
+from rowbatch.consumer.sources.table.settings import TableSettings
+from rowbatch.consumer.sources.table.source import TableSource
 
 log = logging.getLogger("rowbatch.consumer")
 
 DESCRIPTION = """\
-Run the rowbatch consumer: read row chunks from Pub/Sub or Kafka, run them through a model
-on an inference server, and write the results to a table."""
+Run the rowbatch consumer: read row chunks from Pub/Sub or Kafka (or a stored table), run them
+through a model on an inference server, and write the results to a table."""
 EPILOG = """\
 commands:
   run --config FILE           consume until SIGTERM or SIGINT
+  table --config FILE [--input PATH_OR_URL] [--shard K/N] [--new-run] [--summary FILE]
+                              run the model over a stored table (Parquet, CSV, JSON Lines;
+                              a file, a directory or an object-store URL) once, resuming
+                              what an earlier run of the same shard left; the config's
+                              [source] is kind = "table", or --input replaces it
   check --config FILE         validate the configuration, reach the model server and print
                               the model's inputs, outputs and batch size
   admin ensure --config FILE  create the topics and subscriptions the configuration needs
@@ -58,6 +70,8 @@ PUBSUB_EMULATOR_HOST=host:port names an emulator.
 exit codes:
   run, check    0 clean stop; 1 failed while running; 2 bad configuration or a failed
                 start-up check
+  table         0 every row of the shard written or dead-lettered; 1, 2 as run; 3 stopped
+                (SIGTERM) before the shard was done: run it again to resume
   admin ensure  0 everything exists as configured (or was created); 1 the broker refused a
                 call; 2 bad configuration; 3 something exists but differs; 4 the broker did
                 not answer
@@ -74,8 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "command",
-        choices=["run", "check", "admin"],
-        help="run: consume; check: validate and print the model spec; admin: see ACTION",
+        choices=["run", "table", "check", "admin"],
+        help="run: consume; table: run over a stored table; check: validate and print the "
+        "model spec; admin: see ACTION",
     )
     parser.add_argument(
         "action",
@@ -88,6 +103,27 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         metavar="FILE",
         help="the TOML configuration file (ROWBATCH_* environment variables override it)",
+    )
+    parser.add_argument(
+        "--input",
+        metavar="PATH_OR_URL",
+        help="table: the table to read ([source] input; replaces a broker [source])",
+    )
+    parser.add_argument(
+        "--shard",
+        metavar="K/N",
+        help="table: this worker's shard K of N ([source] shard and shards)",
+    )
+    parser.add_argument(
+        "--new-run",
+        action="store_true",
+        help="table: forget this shard's progress and start over ([source] new_run)",
+    )
+    parser.add_argument(
+        "--summary",
+        type=Path,
+        metavar="FILE",
+        help="table: also write the final summary as JSON to FILE",
     )
     parser.add_argument(
         "--dry-run",
@@ -131,7 +167,7 @@ def _dump_traced_later() -> None:
 _DUMPS: set[asyncio.Task[None]] = set()
 
 
-async def _run(config: ConsumerConfig) -> None:
+async def _run(config: ConsumerConfig, on_running: Callable[[Running], None] | None = None) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -141,9 +177,91 @@ async def _run(config: ConsumerConfig) -> None:
     watchdog = Watchdog(config.shutdown_grace_s + CLOSE_MARGIN_S)
     arming = asyncio.create_task(watch_stop(stop, watchdog), name="shutdown-watchdog")
     try:
-        await run_consumer(config, stop)
+        await run_consumer(config, stop, on_running=on_running)
     finally:
         arming.cancel()
+
+
+EXIT_INCOMPLETE = 3
+"""``table``: stopped before every row of the shard was settled (a rerun resumes)."""
+
+
+def table_config(config: ConsumerConfig, args: argparse.Namespace) -> ConsumerConfig:
+    """``config`` with its ``[source]`` made a table source by the command line: ``--input``
+    replaces a broker source, ``--shard K/N`` and ``--new-run`` override the file."""
+    source = config.source
+    if not isinstance(source, TableSettings) and not args.input:
+        raise ConfigError(
+            f"table: [source] is kind = {source.kind!r}; give --input PATH_OR_URL, or a "
+            '[source] with kind = "table" and input'
+        )
+    fields: dict[str, object] = (
+        source.model_dump(by_alias=True, exclude_unset=True)
+        if isinstance(source, TableSettings)
+        else {}
+    )
+    fields["kind"] = "table"
+    if args.input:
+        fields["input"] = args.input
+    if args.shard:
+        k, sep, n = str(args.shard).partition("/")
+        if not (sep and k.isdigit() and n.isdigit()):
+            raise ConfigError(f"--shard {args.shard!r}: give K/N, e.g. --shard 0/4")
+        fields["shard"], fields["shards"] = int(k), int(n)
+    if args.new_run:
+        fields["new_run"] = True
+    try:
+        table = TableSettings.model_validate(fields)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'source'}: {e['msg']}" for e in exc.errors()
+        )
+        raise ConfigError(f"table: invalid [source]: {problems}") from None
+    return config.model_copy(update={"source": table})
+
+
+def _run_table(config: ConsumerConfig, summary_path: Path | None) -> int:
+    """Runs the table source to its end (or a stop), prints the summary; the exit code."""
+    seen: list[Running] = []
+    reporting: list[asyncio.Task[None]] = []
+    assert isinstance(config.source, TableSettings)
+    interval = config.source.progress_interval_s
+
+    slots: list[int] = []
+
+    def on_running(running: Running) -> None:
+        seen.append(running)
+        slots.append(running.balancer.capacity if running.balancer is not None else 0)
+        if isinstance(running.source, TableSource):
+            reporting.append(
+                asyncio.create_task(
+                    report_progress(running.source, sys.stderr, interval), name="table-progress"
+                )
+            )
+
+    async def run() -> None:
+        try:
+            await _run(config, on_running)
+        finally:
+            for task in reporting:
+                task.cancel()
+            await asyncio.gather(*reporting, return_exceptions=True)
+
+    started = time.monotonic()
+    run_bounded(run())
+    if not seen or not isinstance(seen[0].source, TableSource):
+        return EXIT_INCOMPLETE  # stopped during start-up
+    running = seen[0]
+    assert isinstance(running.source, TableSource)
+    summary = summarize(
+        running.source,
+        running.metrics,
+        running.target_batch_size,
+        slots[0],
+        time.monotonic() - started,
+    )
+    write_summary(summary, summary_path, sys.stderr)
+    return 0 if summary.complete else EXIT_INCOMPLETE
 
 
 async def _check(config: ConsumerConfig) -> None:
@@ -171,18 +289,28 @@ def main(argv: list[str] | None = None) -> int:
         args.dry_run and args.command != "admin"
     ):
         parser.error("admin takes the action ensure (and --dry-run); run and check take neither")
+    table_only = (args.input, args.shard, args.new_run, args.summary)
+    if args.command != "table" and any(table_only):
+        parser.error("--input, --shard, --new-run and --summary go with the table command")
     if args.command == "admin":
         return admin.ensure_broker(args.config, dry_run=args.dry_run, timeout_s=args.timeout)
     try:
         config = load_config(args.config)
+        if args.command == "table":
+            config = table_config(config, args)
+        elif isinstance(config.source, TableSettings) and args.command == "run":
+            config = table_config(config, args)
+            args.command = "table"
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     logs.configure(config.log_format, config.log_level)
     try:
         check_source_credentials(config.source)  # at once, before waiting for anything
-        if args.command == "run":
+        if args.command in ("run", "table"):
             return_freed_memory()  # before the threads start: RSS follows the budget
+        if args.command == "table":
+            return exit_past_stuck_threads(_run_table(config, args.summary))
         run_bounded(_run(config) if args.command == "run" else _check(config))
     except _STARTUP_ERRORS as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -32,6 +32,7 @@ from rowbatch.consumer.sinks.settings import (
 )
 from rowbatch.consumer.sources.kafka.settings import KafkaSettings
 from rowbatch.consumer.sources.pubsub.settings import PubSubSettings
+from rowbatch.consumer.sources.table.settings import TableSettings
 
 __all__ = [
     "ConfigError",
@@ -43,8 +44,11 @@ __all__ = [
 ]
 
 
-SourceSettings = Annotated[PubSubSettings | KafkaSettings, Field(discriminator="kind")]
-"""The ``[source]`` section: each source's own settings type, chosen by ``kind``."""
+SourceSettings = Annotated[
+    PubSubSettings | KafkaSettings | TableSettings, Field(discriminator="kind")
+]
+"""The ``[source]`` section: each source's own settings type, chosen by ``kind`` (``table``:
+offline table mode, ``sources/table/``)."""
 
 
 SinkSettings = Annotated[
@@ -136,7 +140,7 @@ def _describe(exc: ValidationError, path: Path | None) -> str:
     return "\n".join(lines)
 
 
-_UNION_TAGS = frozenset({"pubsub", "kafka", "sqlite", "postgres", "parquet"})
+_UNION_TAGS = frozenset({"pubsub", "kafka", "table", "sqlite", "postgres", "parquet"})
 """The ``kind`` tags pydantic puts in an error's location inside ``[source]`` and ``[sink]``."""
 
 

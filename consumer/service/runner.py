@@ -28,6 +28,7 @@ from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.service.build_io import (
     make_sink,
     make_source,
+    make_table_source,
     open_sink,
     scaling_signal,
     table_spec,
@@ -50,6 +51,7 @@ from rowbatch.consumer.service.shutdown import (
 )
 from rowbatch.consumer.sinks.base import Sink
 from rowbatch.consumer.sources.base import Source
+from rowbatch.consumer.sources.table.settings import TableSettings
 from rowbatch.wire.columns.column_type import ColumnType
 
 log = logging.getLogger(__name__)
@@ -68,6 +70,8 @@ class Running:
     ready: bool = False
     balancer: Balancer | None = None
     """The model-server endpoints and their state."""
+    source: Source | None = None
+    """Set once built (a table run's counts are on its ``TableSource``)."""
 
 
 async def run_consumer(
@@ -122,8 +126,6 @@ async def run_consumer(
         signal = scaling_signal(
             config.source, metrics, slots_fill_server=config.model.max_in_flight is None
         )
-        source = source or make_source(config.source, metrics, signal)
-        await source.check()
         pipeline: Pipeline
         inferencer = RetryingInferencer(  # backs off only when no endpoint is left to try
             balancer,
@@ -136,15 +138,21 @@ async def run_consumer(
             probe=balancer.any_healthy,
         )
         handler = OipHandler(inferencer, spec, binding, passthrough_types, target)
+        decoder = MessageDecoder(
+            binding.columns,
+            handler.check,
+            getattr(config.source, "max_delivery_attempts", None),
+            DecodeLimits(config.max_message_bytes, config.max_attributes_bytes),
+        )
+        if source is None and isinstance(config.source, TableSettings):
+            source = make_table_source(config.source, spec, config.binding, decoder, metrics)
+        source = source or make_source(config.source, metrics, signal)
+        running.source = source
+        await source.check()
         pipeline = Pipeline(
             source=source,
             sink=sink,
-            decoder=MessageDecoder(
-                binding.columns,
-                handler.check,
-                getattr(config.source, "max_delivery_attempts", None),
-                DecodeLimits(config.max_message_bytes, config.max_attributes_bytes),
-            ),
+            decoder=decoder,
             model=handler,
             settings=PipelineSettings(
                 target_batch_size=handler.target_batch_size,

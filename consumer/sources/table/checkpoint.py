@@ -1,0 +1,178 @@
+"""A table run's progress: which row ranges of which files are settled (written, or
+dead-lettered), kept in the shard's state folder as segments written as the engine settles
+chunks, so a rerun after a kill skips them without calling the model; and the run's identity
+(input, chunking, model and binding), so a rerun with another model refuses instead of
+mixing results.
+
+Files: ``run.json`` (the identity) and ``done-*`` segments, one line per settled range,
+``<file key> <first row> <rows> <w|d>`` (tab-separated; ``w`` written, ``d`` dead-lettered).
+Opening a run merges the segments into one."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any, Final, Literal
+
+from rowbatch.consumer.sources.table.state import StateFolder
+
+RUN_FILE: Final = "run.json"
+DONE_PREFIX: Final = "done"
+
+Outcome = Literal["w", "d"]
+
+
+class RunMismatch(ValueError):
+    """The state folder belongs to a run with another identity."""
+
+
+@dataclass(frozen=True)
+class RunIdentity:
+    """What must not change while a run is resumed: the keys and the results depend on it."""
+
+    input: str
+    format: str
+    schema: str
+    chunk_rows: int
+    shards: int
+    shard: int
+    model: str
+    model_version: str
+    binding: Mapping[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "binding": dict(self.binding)}
+
+    def differences(self, other: Mapping[str, Any]) -> list[str]:
+        mine = json.loads(json.dumps(self.to_json()))
+        return [
+            f"{key}: {other.get(key)!r} then, {value!r} now"
+            for key, value in mine.items()
+            if other.get(key) != value
+        ]
+
+
+@dataclass(frozen=True)
+class Settled:
+    """Rows ``[first_row, first_row + rows)`` of the file with key ``file`` are settled."""
+
+    file: str
+    first_row: int
+    rows: int
+    outcome: Outcome
+
+    def line(self) -> str:
+        return f"{self.file}\t{self.first_row}\t{self.rows}\t{self.outcome}"
+
+    @classmethod
+    def parse(cls, line: str) -> Settled:
+        file, first, rows, outcome = line.split("\t")
+        if outcome not in ("w", "d"):
+            raise ValueError(f"bad outcome {outcome!r}")
+        return cls(file, int(first), int(rows), outcome)  # type: ignore[arg-type]
+
+
+def _merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Sorted, non-overlapping ``(start, stop)`` ranges covering the same rows."""
+    out: list[tuple[int, int]] = []
+    for start, stop in sorted(ranges):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], stop))
+        else:
+            out.append((start, stop))
+    return out
+
+
+class Checkpoint:
+    """The settled ranges of one shard's run (blocking methods: call them off the loop)."""
+
+    def __init__(self, folder: StateFolder, settled: Iterable[Settled] = ()) -> None:
+        self._folder = folder
+        self._done: dict[str, list[tuple[int, int]]] = defaultdict(list)
+        self.dead_lettered_rows = 0
+        self._lock = threading.Lock()
+        for s in settled:
+            self._add(s)
+
+    def _add(self, s: Settled) -> None:
+        self._done[s.file].append((s.first_row, s.first_row + s.rows))
+        if s.outcome == "d":
+            self.dead_lettered_rows += s.rows
+
+    @classmethod
+    def open(cls, folder: StateFolder, identity: RunIdentity, *, new_run: bool) -> Checkpoint:
+        """The run in ``folder``: resumed when its identity matches, started when there is
+        none (or ``new_run``: the old progress is deleted); :class:`RunMismatch` otherwise."""
+        text = folder.read(RUN_FILE)
+        segments = folder.names(DONE_PREFIX)
+        if text is not None and not new_run:
+            try:
+                then = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise RunMismatch(f"{folder.location}/{RUN_FILE} is not JSON: {exc}") from exc
+            differences = identity.differences(then)
+            if differences:
+                raise RunMismatch(
+                    f"the progress in {folder.location} is of another run ("
+                    + "; ".join(differences)
+                    + "): its rows' results would mix. Resume with the same settings, point "
+                    "[source] state elsewhere, or start over with --new-run"
+                )
+        if text is None or new_run:
+            folder.delete(segments)
+            folder.write(RUN_FILE, json.dumps(identity.to_json(), indent=2, sort_keys=True))
+            return cls(folder)
+        settled: list[Settled] = []
+        for name in segments:
+            lines = folder.read_segment(name)
+            for line in lines or ():
+                settled.append(Settled.parse(line))
+        checkpoint = cls(folder, settled)
+        if len(segments) > 1:  # one merged segment, then the parts go
+            folder.write_segment(DONE_PREFIX, (s.line() for s in settled))
+            folder.delete(segments)
+        return checkpoint
+
+    def record(self, settled: Iterable[Settled]) -> None:
+        """Durably records ``settled`` (one new segment)."""
+        items = list(settled)
+        if not items:
+            return
+        self._folder.write_segment(DONE_PREFIX, (s.line() for s in items))
+        with self._lock:
+            for s in items:
+                self._add(s)
+
+    def missing(self, file: str, first_row: int, rows: int) -> list[tuple[int, int]]:
+        """The ranges ``(first, rows)`` of ``[first_row, first_row + rows)`` not yet
+        settled, in order."""
+        stop = first_row + rows
+        with self._lock:
+            done = self._done.get(file)
+            if not done:
+                return [(first_row, rows)]
+            merged = _merge(done)
+            self._done[file] = merged
+        out: list[tuple[int, int]] = []
+        at = first_row
+        for start, end in merged:
+            if end <= at or start >= stop:
+                continue
+            if start > at:
+                out.append((at, start - at))
+            at = max(at, end)
+        if at < stop:
+            out.append((at, stop - at))
+        return out
+
+    def settled_rows(self) -> int:
+        with self._lock:
+            return sum(
+                end - start for ranges in self._done.values() for start, end in _merge(ranges)
+            )
+
+
+__all__ = ["Checkpoint", "Outcome", "RunIdentity", "RunMismatch", "Settled"]

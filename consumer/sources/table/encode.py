@@ -1,0 +1,63 @@
+"""A piece of a table as the chunk the engine reads (Arrow IPC payload and headers, exactly what a
+producer would publish), and the rows that cannot be one: a piece that does not convert to the
+wire types is cut in halves until every failing row stands alone, so one bad value costs its
+own row, not its chunk's."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from rowbatch.consumer.sources.base import DeadLetterReason
+from rowbatch.consumer.sources.table.reader import Piece
+from rowbatch.wire.chunks.encode import EncodedChunk, encode_chunk
+from rowbatch.wire.columns.column_type import ColumnType
+from rowbatch.wire.dead_letter import ReasonClass
+from rowbatch.wire.errors import WireError
+from rowbatch.wire.readers.convert import wire_columns
+from rowbatch.wire.readers.errors import InputError
+
+
+@dataclass
+class Encoded:
+    """What :func:`encode_piece` made of a piece."""
+
+    chunks: list[tuple[Piece, EncodedChunk]] = field(default_factory=list)
+    """The parts that encode, in row order (the whole piece when nothing failed)."""
+    bad: list[tuple[Piece, DeadLetterReason]] = field(default_factory=list)
+    """Single rows that do not, with why."""
+
+
+def _encode(piece: Piece, table: str, schema: Mapping[str, ColumnType]) -> EncodedChunk:
+    columns, types = wire_columns(
+        piece.table, schema, source=piece.unit.file.relative, first_row=piece.first_row
+    )
+    return encode_chunk(table, columns, "arrow", piece.chunk_id, schema=types)
+
+
+def _reason(exc: Exception) -> DeadLetterReason:
+    code = exc.reason if isinstance(exc, WireError) else "invalid_value"
+    return DeadLetterReason(ReasonClass.UNDECODABLE, f"{code}: {exc}", code)
+
+
+def encode_piece(piece: Piece, table: str, schema: Mapping[str, ColumnType]) -> Encoded:
+    """The piece as chunks: one, unless some rows do not convert (bisected; see the module's
+    docstring). Each part keeps its rows' keys: its id is ``<file>@<its first row>``."""
+    out = Encoded()
+
+    def visit(part: Piece) -> None:
+        try:
+            out.chunks.append((part, _encode(part, table, schema)))
+        except (InputError, WireError) as exc:
+            if part.rows == 1:
+                out.bad.append((part, _reason(exc)))
+                return
+            half = part.rows // 2
+            visit(part.part(0, half))
+            visit(part.part(half, part.rows - half))
+
+    visit(piece)
+    return out
+
+
+__all__ = ["Encoded", "encode_piece"]

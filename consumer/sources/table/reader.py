@@ -1,0 +1,129 @@
+"""Reading the units of a table run as pieces (rows ``[first, first + rows)`` of one file, at
+most ``chunk_rows`` of them), streamed: a Parquet row group batch by batch, a text file block
+by block (never a whole file in memory), only the columns the binding reads; hive partition
+values become string columns."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from rowbatch.consumer.sources.table.plan import TableInputError, Unit
+from rowbatch.wire.columns.column_type import ColumnType
+from rowbatch.wire.readers.csv import csv_batches
+from rowbatch.wire.readers.formats import InputFormat
+from rowbatch.wire.readers.jsonl import jsonl_batches
+from rowbatch.wire.readers.rechunk import rechunk
+
+BLOCK_BYTES: Final = 8 << 20
+"""Text formats are parsed this many bytes at a time (a JSON line must fit in one block)."""
+
+
+@dataclass(frozen=True, eq=False)
+class Piece:
+    """Rows ``[first_row, first_row + len(table))`` of one file: the rows of one chunk."""
+
+    unit: Unit
+    first_row: int
+    """Within the file."""
+    table: pa.Table
+
+    @property
+    def rows(self) -> int:
+        return int(self.table.num_rows)
+
+    @property
+    def chunk_id(self) -> str:
+        """``<file key>@<first row>``: row ``i`` of this chunk is row ``first_row + i`` of the
+        file, whichever way the file was cut into chunks."""
+        return f"{self.unit.file.key}@{self.first_row}"
+
+    def part(self, offset: int, rows: int) -> Piece:
+        """Rows ``[offset, offset + rows)`` of this piece."""
+        return Piece(self.unit, self.first_row + offset, self.table.slice(offset, rows))
+
+
+def _with_partitions(table: pa.Table, unit: Unit, wanted: Sequence[str] | None) -> pa.Table:
+    for name, value in unit.file.partitions:
+        if name in table.column_names or (wanted is not None and name not in wanted):
+            continue
+        table = table.append_column(name, pa.array([value] * table.num_rows, pa.string()))
+    return table
+
+
+class UnitReader:
+    """Reads units one after another, keeping the last Parquet file open (the row groups of a
+    file usually follow each other)."""
+
+    def __init__(
+        self,
+        fs: pafs.FileSystem,
+        chunk_rows: int,
+        columns: Sequence[str] | None = None,
+        schema: Mapping[str, ColumnType] | None = None,
+    ) -> None:
+        self._fs = fs
+        self._chunk_rows = chunk_rows
+        self._columns = list(columns) if columns is not None else None
+        self._schema = dict(schema or {})
+        self._open: tuple[str, Any, pq.ParquetFile] | None = None
+
+    def pieces(self, unit: Unit) -> Iterator[Piece]:
+        """The unit's rows as pieces of at most ``chunk_rows`` rows, in order."""
+        where = unit.file.path
+        if unit.row_group is not None:
+            where += f" (row group {unit.row_group})"
+        try:
+            if unit.row_group is not None:
+                yield from self._parquet(unit)
+            else:
+                yield from self._text(unit)
+        except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:
+            raise TableInputError(f"{where}: cannot read it: {exc}") from exc
+
+    def _parquet_file(self, path: str) -> pq.ParquetFile:
+        if self._open is None or self._open[0] != path:
+            self.close()
+            handle = self._fs.open_input_file(path)
+            self._open = (path, handle, pq.ParquetFile(handle))
+        return self._open[2]
+
+    def _parquet(self, unit: Unit) -> Iterator[Piece]:
+        parquet = self._parquet_file(unit.file.path)
+        names = set(parquet.schema_arrow.names)
+        columns = None if self._columns is None else [c for c in self._columns if c in names]
+        first = unit.first_row
+        assert unit.row_group is not None
+        for batch in parquet.iter_batches(
+            batch_size=self._chunk_rows, row_groups=[unit.row_group], columns=columns
+        ):
+            table = _with_partitions(pa.Table.from_batches([batch]), unit, self._columns)
+            yield Piece(unit, first, table)
+            first += batch.num_rows
+
+    def _text(self, unit: Unit) -> Iterator[Piece]:
+        with self._fs.open_input_stream(unit.file.path, compression="detect") as stream:
+            if unit.file.format is InputFormat.CSV:
+                batches = csv_batches(stream, self._schema, BLOCK_BYTES)
+            else:
+                batches = jsonl_batches(stream, self._schema, BLOCK_BYTES)
+            first = 0
+            for chunk in rechunk(batches, self._chunk_rows):
+                table = chunk
+                if self._columns is not None:
+                    table = chunk.select([c for c in self._columns if c in chunk.column_names])
+                yield Piece(unit, first, _with_partitions(table, unit, self._columns))
+                first += table.num_rows
+
+    def close(self) -> None:
+        if self._open is not None:
+            self._open[1].close()
+            self._open = None
+
+
+__all__ = ["BLOCK_BYTES", "Piece", "UnitReader"]

@@ -1,0 +1,489 @@
+"""``TableSource``: a stored table as a :class:`~rowbatch.consumer.sources.base.Source`, so the
+engine (intake, batcher, inference, sink, poison rules) runs over it unchanged.
+
+Each chunk is a delivery whose payload is what a producer would publish for those rows. An ack
+(the rows are durably written) records the chunk's range in the shard's progress; a dead
+letter of a chunk of several rows cuts it in halves, which go round again, until each bad row
+stands alone and is written to the dead-letter file with its reason (a reason that holds for
+every row, a missing column or a column of the wrong type, is not bisected). A nack puts the
+chunk back. The deliveries end once every row of the shard is settled, so the engine drains and
+the run ends by itself.
+
+Reading (files, decoding, encoding) runs in a worker thread, a few chunks ahead of the engine
+(``read_ahead_chunks``, and within a quarter of the byte budget); a read that fails on the
+filesystem (an object store down) is retried with backoff, from where it stopped."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from rowbatch.consumer.sources.base import (
+    READ_AHEAD_SHARE,
+    VECTOR_MAX,
+    DeadLetterReason,
+    Delivery,
+    DeliveryIterator,
+    SharedBudget,
+    SourceConfigError,
+    VectorIterator,
+    WorkBound,
+)
+from rowbatch.consumer.sources.table.checkpoint import Checkpoint, RunIdentity, RunMismatch, Settled
+from rowbatch.consumer.sources.table.dead_letters import records, write_dead_letters
+from rowbatch.consumer.sources.table.encode import Encoded, encode_piece
+from rowbatch.consumer.sources.table.plan import (
+    TableInputError,
+    Unit,
+    describe_units,
+    open_filesystem,
+    plan_table,
+)
+from rowbatch.consumer.sources.table.reader import Piece, UnitReader
+from rowbatch.consumer.sources.table.settings import TableSettings
+from rowbatch.consumer.sources.table.state import StateFolder
+from rowbatch.wire.chunks.encode import EncodedChunk
+from rowbatch.wire.readers.schema import parse_schema
+
+log = logging.getLogger(__name__)
+
+WHOLE_CHUNK_CODES: Final = frozenset({"missing_column", "column_type_mismatch", "schema_mismatch"})
+"""Dead-letter codes that hold for every row of a chunk alike: not bisected."""
+READ_RETRY_S: Final = (1.0, 60.0)
+"""A failed read waits this long at first, doubling up to the second figure."""
+
+Probe = Callable[[Delivery], DeadLetterReason | None]
+"""Start-up check of the first chunk against the binding: the reason it would be
+dead-lettered, or None."""
+
+
+@dataclass
+class TableCounts:
+    """Rows of this shard so far."""
+
+    planned: int | None = None
+    """Rows in the shard (known for Parquet)."""
+    skipped: int = 0
+    """Settled by an earlier run of the same shard, not read again."""
+    read: int = 0
+    """Handed to the engine in this run."""
+    written: int = 0
+    dead_lettered: int = 0
+    chunks: int = 0
+    """Chunks written in this run."""
+    bytes: int = 0
+    """Their payload bytes (the rows as the engine read them)."""
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def settled(self) -> int:
+        return self.written + self.dead_lettered
+
+
+class _TableMetrics:
+    def __init__(self, registry: CollectorRegistry | None) -> None:
+        self.rows = Counter(
+            "rowbatch_table_rows",
+            "Rows of the table run settled by this process, by outcome (written, dead_lettered)",
+            ["outcome"],
+            registry=registry,
+        )
+        self.planned = Gauge(
+            "rowbatch_table_rows_planned",
+            "Rows in this shard of the table run (0 until known: text formats)",
+            registry=registry,
+        )
+        self.skipped = Gauge(
+            "rowbatch_table_rows_skipped",
+            "Rows of this shard settled by an earlier run (not read again)",
+            registry=registry,
+        )
+
+
+@dataclass
+class _Held:
+    piece: Piece
+    attempt: int
+
+
+class TableSource:
+    """A shard of a stored table, read once (see the module's docstring)."""
+
+    def __init__(
+        self,
+        settings: TableSettings,
+        *,
+        model: str,
+        model_version: str,
+        binding: Mapping[str, Any],
+        columns: Sequence[str] | None = None,
+        probe: Probe | None = None,
+        registry: CollectorRegistry | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._s = settings
+        self._model = (model, model_version, dict(binding))
+        self._columns = columns
+        self._probe = probe
+        self._sleep = sleep
+        self._schema = parse_schema(settings.schema_text) if settings.schema_text else {}
+        self._metrics = _TableMetrics(registry)
+        self.counts = TableCounts()
+        self.complete = False
+        """Every row of the shard is settled (set when the deliveries end)."""
+        self._units: tuple[Unit, ...] = ()
+        self._folder: StateFolder | None = None
+        self._checkpoint: Checkpoint | None = None
+        self._ready: collections.deque[Delivery] = collections.deque()
+        self._ready_bytes = 0
+        self._ready_rows = 0
+        self._retry: collections.deque[Delivery] = collections.deque()
+        self._held: dict[str, _Held] = {}
+        self._changed = asyncio.Event()
+        self._feed: asyncio.Task[None] | None = None
+        self._fed_all = False
+        self._failure: BaseException | None = None
+        self._paused = False
+        self._closed = False
+        self._budget: SharedBudget | None = None
+        self._max_ahead_rows: int | None = None
+
+    # --- start-up ------------------------------------------------------------------------------
+
+    @property
+    def state_location(self) -> str:
+        assert self._folder is not None
+        return self._folder.location
+
+    def identity(self, shard: int) -> RunIdentity:
+        model, version, binding = self._model
+        return RunIdentity(
+            input=self._s.input,
+            format=self._s.format,
+            schema=self._s.schema_text,
+            chunk_rows=self._s.chunk_rows,
+            shards=self._s.shards,
+            shard=shard,
+            model=model,
+            model_version=version,
+            binding=binding,
+        )
+
+    async def check(self) -> None:
+        """Lists the input and reads its Parquet footers, opens (or resumes) the shard's
+        progress, and checks the first chunk against the binding."""
+        try:
+            shard = self._s.shard_index()
+            plan = await asyncio.to_thread(plan_table, self._s.input, self._s.format)
+            self._units = plan.shard(shard, self._s.shards)
+            name = f"shard-{shard}-of-{self._s.shards}"
+            self._folder = await asyncio.to_thread(StateFolder, self._s.state, name)
+            self._checkpoint = await asyncio.to_thread(
+                Checkpoint.open, self._folder, self.identity(shard), new_run=self._s.new_run
+            )
+        except (TableInputError, RunMismatch, ValueError) as exc:
+            raise SourceConfigError(f"[source] table: {exc}") from exc
+        known = [u.rows for u in self._units]
+        self.counts.planned = None if None in known else sum(r or 0 for r in known)
+        self.counts.skipped = self._checkpoint.settled_rows()
+        self._metrics.planned.set(self.counts.planned or 0)
+        self._metrics.skipped.set(self.counts.skipped)
+        log.info(
+            "table %s, shard %d of %d: %s, %s rows; %d already settled (progress in %s)",
+            self._s.input,
+            shard,
+            self._s.shards,
+            describe_units(self._units) if self._units else "no units",
+            "?" if self.counts.planned is None else f"{self.counts.planned:,}",
+            self.counts.skipped,
+            self._folder.location,
+        )
+        if self._probe is not None:
+            await self._check_first_chunk(self._probe)
+
+    async def _check_first_chunk(self, probe: Probe) -> None:
+        first = await asyncio.to_thread(self._first_encoded)
+        if first is None:
+            return
+        piece, chunk = first
+        reason = probe(self._delivery(piece, chunk, 1, hold=False))
+        if reason is not None and reason.code in WHOLE_CHUNK_CODES:
+            raise SourceConfigError(
+                f"[source] table: {piece.unit.file.relative} does not fit the binding: "
+                f"{reason.message}"
+            )
+
+    def _first_encoded(self) -> tuple[Piece, EncodedChunk] | None:
+        reader = self._reader()
+        try:
+            for unit in self._units:
+                for piece in reader.pieces(unit):
+                    encoded = encode_piece(piece, self._s.table, self._schema)
+                    if encoded.chunks:
+                        return encoded.chunks[0]
+            return None
+        finally:
+            reader.close()
+
+    def _reader(self) -> UnitReader:
+        fs, _ = open_filesystem(self._s.input)
+        return UnitReader(fs, self._s.chunk_rows, self._columns, self._schema)
+
+    # --- the engine's side ---------------------------------------------------------------------
+
+    def share_budget(self, budget: SharedBudget) -> None:
+        self._budget = budget
+
+    def bound_read_ahead(self, bound: WorkBound) -> None:
+        self._max_ahead_rows = bound.rows
+
+    def deliveries(self) -> AsyncIterator[Delivery]:
+        vector: collections.deque[Delivery] = collections.deque()
+
+        async def next_delivery() -> Delivery:
+            if not vector:
+                vector.extend(await self._next_vector())
+            return vector.popleft()
+
+        return DeliveryIterator(next_delivery)
+
+    def vectors(self) -> AsyncIterator[Sequence[Delivery]]:
+        return VectorIterator(self._next_vector)
+
+    async def _next_vector(self) -> Sequence[Delivery]:
+        if self._feed is None and not self._closed:
+            self._feed = asyncio.create_task(self._run_feed(), name="rowbatch-table-read")
+        while True:
+            if self._failure is not None:
+                raise self._failure
+            if self._closed:
+                raise StopAsyncIteration
+            if not self._paused and (self._retry or self._ready):
+                return self._take()
+            if self._fed_all and not self._held and not self._retry and not self._ready:
+                self.complete = True
+                raise StopAsyncIteration
+            self._changed.clear()
+            await self._changed.wait()
+
+    def _take(self) -> list[Delivery]:
+        out: list[Delivery] = []
+        while self._retry and len(out) < VECTOR_MAX:
+            out.append(self._retry.popleft())
+        while self._ready and len(out) < VECTOR_MAX:
+            delivery = self._ready.popleft()
+            self._ready_bytes -= delivery.size
+            self._ready_rows -= self._held[delivery.message_id].piece.rows
+            out.append(delivery)
+        self._ahead_changed()
+        return out
+
+    def _ahead_changed(self) -> None:
+        if self._budget is not None:
+            self._budget.set_ahead(self._ready_bytes)
+        self._changed.set()
+
+    def _ahead_full(self) -> bool:
+        if not self._ready:
+            return False
+        if len(self._ready) >= self._s.read_ahead_chunks:
+            return True
+        if self._max_ahead_rows is not None and self._ready_rows >= self._max_ahead_rows:
+            return True
+        return (
+            self._budget is not None and self._ready_bytes >= self._budget.limit * READ_AHEAD_SHARE
+        )
+
+    async def ack(self, delivery: Delivery) -> None:
+        await self.ack_many([delivery])
+
+    async def ack_many(self, deliveries: Sequence[Delivery]) -> None:
+        held = [self._held[d.message_id] for d in deliveries]
+        assert self._checkpoint is not None
+        settled = [
+            Settled(h.piece.unit.file.key, h.piece.first_row, h.piece.rows, "w") for h in held
+        ]
+        await asyncio.to_thread(self._checkpoint.record, settled)
+        rows = 0
+        for d, h in zip(deliveries, held, strict=True):
+            del self._held[d.message_id]
+            rows += h.piece.rows
+            self.counts.bytes += d.size
+        self.counts.written += rows
+        self.counts.chunks += len(deliveries)
+        self._metrics.rows.labels("written").inc(rows)
+        self._changed.set()
+
+    async def nack(self, delivery: Delivery) -> None:
+        held = self._held[delivery.message_id]
+        held.attempt += 1
+        self._retry.append(self._delivery_again(delivery, held.attempt))
+        self._changed.set()
+
+    async def dead_letter(self, delivery: Delivery, reason: DeadLetterReason) -> None:
+        held = self._held.pop(delivery.message_id)
+        piece = held.piece
+        if piece.rows > 1 and reason.code not in WHOLE_CHUNK_CODES:
+            half = piece.rows // 2
+            for part in (piece.part(0, half), piece.part(half, piece.rows - half)):
+                encoded = await asyncio.to_thread(encode_piece, part, self._s.table, self._schema)
+                await self._settle_bad(encoded, held.attempt)
+                for sub, chunk in encoded.chunks:
+                    self._retry.append(self._delivery(sub, chunk, held.attempt))
+            log.info(
+                "chunk %s (%d rows) dead-lettered (%s): cut in halves to find its bad rows",
+                piece.chunk_id,
+                piece.rows,
+                reason.code,
+            )
+        else:
+            await asyncio.to_thread(self._write_dead_letters, [(piece, reason)], held.attempt)
+        self._changed.set()
+
+    def pause(self) -> None:
+        self._paused = True
+
+    def resume(self) -> None:
+        self._paused = False
+        self._changed.set()
+
+    async def close(self) -> None:
+        self._closed = True
+        self._changed.set()
+        if self._feed is not None:
+            self._feed.cancel()
+            await asyncio.gather(self._feed, return_exceptions=True)
+
+    # --- reading -------------------------------------------------------------------------------
+
+    def _delivery(
+        self, piece: Piece, chunk: EncodedChunk, attempt: int, *, hold: bool = True
+    ) -> Delivery:
+        """The delivery of ``chunk``; ``hold``: it goes to the engine (kept until settled)."""
+        delivery = Delivery.of(
+            message_id=chunk.headers.chunk_id,
+            payload=chunk.payload,
+            attributes=chunk.attributes,
+            publish_time=time.time(),
+            delivery_attempt=attempt,
+            source=piece.unit.file.relative,
+            ordering_key="",
+            size=chunk.size,
+        )
+        if hold:
+            self._held[delivery.message_id] = _Held(piece, attempt)
+        return delivery
+
+    def _delivery_again(self, delivery: Delivery, attempt: int) -> Delivery:
+        return Delivery.of(
+            message_id=delivery.message_id,
+            payload=delivery.payload,
+            attributes=delivery.attributes,
+            publish_time=delivery.publish_time,
+            delivery_attempt=attempt,
+            source=delivery.source,
+            ordering_key="",
+            size=delivery.size,
+        )
+
+    def _write_dead_letters(self, bad: list[tuple[Piece, DeadLetterReason]], attempt: int) -> None:
+        """Blocking: the rows' records, then their ranges in the progress."""
+        assert self._folder is not None and self._checkpoint is not None
+        lines = [line for piece, reason in bad for line in records(piece, reason, attempt=attempt)]
+        write_dead_letters(self._folder, lines)
+        self._checkpoint.record(Settled(p.unit.file.key, p.first_row, p.rows, "d") for p, _ in bad)
+        rows = sum(p.rows for p, _ in bad)
+        self.counts.dead_lettered += rows
+        self._metrics.rows.labels("dead_lettered").inc(rows)
+        for piece, reason in bad:
+            log.warning(
+                "dead letter: %s rows %d-%d (%s): %s",
+                piece.unit.file.relative,
+                piece.first_row,
+                piece.first_row + piece.rows - 1,
+                reason.code,
+                reason.message,
+            )
+
+    async def _settle_bad(self, encoded: Encoded, attempt: int) -> None:
+        if encoded.bad:
+            await asyncio.to_thread(self._write_dead_letters, encoded.bad, attempt)
+
+    async def _run_feed(self) -> None:
+        pieces = self._pieces()
+        try:
+            while not self._closed:
+                while self._ahead_full() and not self._closed:
+                    self._changed.clear()
+                    await self._changed.wait()
+                encoded = await asyncio.to_thread(next, pieces, None)
+                if encoded is None:
+                    break
+                await self._settle_bad(encoded, 1)
+                for piece, chunk in encoded.chunks:
+                    delivery = self._delivery(piece, chunk, 1)
+                    self._ready.append(delivery)
+                    self._ready_bytes += delivery.size
+                    self._ready_rows += piece.rows
+                    self.counts.read += piece.rows
+                self.counts.read += sum(p.rows for p, _ in encoded.bad)
+                self._ahead_changed()
+            self._fed_all = True
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("reading the table failed")
+            self._failure = exc
+        finally:
+            self._changed.set()
+
+    def _pieces(self) -> Iterator[Encoded]:
+        """Blocking: the shard's rows not yet settled, encoded, in order."""
+        assert self._checkpoint is not None
+        checkpoint = self._checkpoint
+        reader = self._reader()
+        try:
+            for unit in self._units:
+                key = unit.file.key
+                if unit.rows is not None and not checkpoint.missing(key, unit.first_row, unit.rows):
+                    continue
+                for piece in self._unit_pieces(reader, unit):
+                    for first, rows in checkpoint.missing(key, piece.first_row, piece.rows):
+                        part = piece.part(first - piece.first_row, rows)
+                        yield encode_piece(part, self._s.table, self._schema)
+        finally:
+            reader.close()
+
+    def _unit_pieces(self, reader: UnitReader, unit: Unit) -> Iterator[Piece]:
+        """The unit's pieces; a read failing on the filesystem is retried with backoff (the
+        pieces already yielded are not yielded again)."""
+        next_row = unit.first_row
+        wait = READ_RETRY_S[0]
+        while True:
+            try:
+                for piece in reader.pieces(unit):
+                    if piece.first_row < next_row:
+                        continue
+                    yield piece
+                    next_row = piece.first_row + piece.rows
+                    wait = READ_RETRY_S[0]
+            except TableInputError as exc:
+                cause = exc.__cause__
+                if not isinstance(cause, OSError) or isinstance(cause, FileNotFoundError):
+                    raise
+                log.warning("%s; reading it again in %.0f s", exc, wait)
+                reader.close()
+                self._sleep(wait)
+                wait = min(wait * 2, READ_RETRY_S[1])
+            else:
+                return
+
+
+__all__ = ["WHOLE_CHUNK_CODES", "TableCounts", "TableSource"]
