@@ -1,15 +1,20 @@
-"""deploy/k8s, checked offline: every overlay renders with ``kubectl kustomize``, every rendered
-object validates against the Kubernetes 1.32 OpenAPI schemas (kubernetes-validate) or, for KEDA
-and Prometheus Operator objects, against the CRD schemas in deploy/k8s/schemas; and the facts
-that break deployments hold: the config the pods get loads, probes hit what the consumer
-serves, the grace period outlasts the drain, autoscaling metrics exist and stay within the
-partition count, and the targets follow from the measured throughput."""
+"""deploy/k8s, checked offline: base, every overlay and the backfill Job render with ``kubectl
+kustomize``, every rendered object validates against the Kubernetes 1.32 OpenAPI schemas
+(kubernetes-validate) or, for KEDA and Prometheus Operator objects, against the CRD schemas in
+deploy/k8s/schemas; and the facts that break deployments hold: the config the pods get loads,
+probes hit what the consumer serves, the grace period outlasts the drain, autoscaling metrics
+exist and stay within the partition count, the targets follow from the measured throughput, and
+the backfill's Indexed Job gives each shard its own retries over a table-mode config whose
+shard count is the Job's completions."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 import subprocess
+import tomllib
+import typing
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -18,11 +23,12 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from pydantic import BaseModel, create_model
 
 from rowbatch.consumer.model.endpoints import DnsName, parse_endpoints
 from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.service.admin import EXIT_CONFIG, EXIT_DIFFERS
-from rowbatch.consumer.service.config import ConsumerConfig, load_config
+from rowbatch.consumer.service.config import ConsumerConfig, SourceSettings, load_config
 from rowbatch.consumer.service.shutdown import CLOSE_MARGIN_S
 from rowbatch.consumer.sources.kafka.settings import KafkaSettings
 from rowbatch.consumer.sources.pubsub.settings import PubSubSettings
@@ -32,8 +38,20 @@ ROOT = Path(__file__).resolve().parents[3]
 K8S = ROOT / "deploy" / "k8s"
 OVERLAYS = ("gke-pubsub", "kafka-keda", "triton")
 CONSUMER_OVERLAYS = ("gke-pubsub", "kafka-keda")
+STANDALONE = ("base", "backfill")  # kustomizations of their own, not under overlays/
 K8S_VERSION = "1.32.0"
 CONFIG_PATH = "/etc/rowbatch/consumer.toml"
+
+# The backfill (deploy/k8s/backfill): offline table mode, `rowbatch-consumer table`, as an
+# Indexed Job. Its exit codes: 0 the shard is done, 1 failed, 2 bad configuration or a failed
+# start-up check, 3 stopped by SIGTERM before the end (a rerun resumes from [source] state).
+BACKFILL = "backfill"
+TABLE_CONFIG_PATH = "/etc/rowbatch/table.toml"
+TABLE_EXIT_FAILED = 1
+TABLE_EXIT_CONFIG = 2
+TABLE_EXIT_STOPPED = 3
+JOB_INDEX_VARIABLE = "JOB_COMPLETION_INDEX"  # set by Kubernetes in each pod of an Indexed Job
+OBJECT_STORES = ("gs://", "s3://", "abfs://", "az://")
 
 # The autoscaling targets' inputs (docs/deploy.md "Autoscaling targets"): one replica's
 # measured end-to-end rows/s into PostgreSQL (docs/benchmarks.md, section 2), the share of it a
@@ -60,8 +78,9 @@ def _kubectl() -> None:
 
 @cache
 def _render(where: str) -> tuple[dict[str, Any], ...]:
+    directory = K8S / (where if where in STANDALONE else f"overlays/{where}")
     done = subprocess.run(
-        ["kubectl", "kustomize", str(K8S / (where if where == "base" else f"overlays/{where}"))],
+        ["kubectl", "kustomize", str(directory)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -91,9 +110,9 @@ def _secret_placeholder(key: str) -> str:
     return "postgresql://rowbatch:secret@postgres:5432/rowbatch" if "dsn" in key else "secret"
 
 
-def _pod_config(where: str, kind: str, tmp_path: Path) -> ConsumerConfig:
-    """The configuration ``kind``'s pod loads: the ConfigMap's TOML as mounted, plus its
-    ``ROWBATCH_*`` env (Secret values replaced by placeholders), through the real loader."""
+def _mounted_config(where: str, kind: str) -> tuple[str, str]:
+    """The ``--config`` path ``kind``'s container is given, and that file's text as the
+    ConfigMap mounted over it holds it."""
     workload = _one(where, kind)
     container = _container(workload)
     volumes = {v["name"]: v for v in workload["spec"]["template"]["spec"]["volumes"]}
@@ -102,15 +121,50 @@ def _pod_config(where: str, kind: str, tmp_path: Path) -> ConsumerConfig:
     (mount,) = [m for m in container["volumeMounts"] if path.startswith(m["mountPath"] + "/")]
     config_map = volumes[mount["name"]]["configMap"]["name"]
     data = _one(where, "ConfigMap", config_map)["data"]
+    text: str = data[path[len(mount["mountPath"]) + 1 :]]
+    return path, text
+
+
+def _pod_env(container: dict[str, Any]) -> dict[str, str]:
+    """The container's env as the process sees it, Secret values replaced by placeholders."""
+    return {
+        var["name"]: (
+            var["value"]
+            if "value" in var
+            else _secret_placeholder(var["valueFrom"]["secretKeyRef"]["key"])
+        )
+        for var in container.get("env", [])
+    }
+
+
+def _pod_config(where: str, kind: str, tmp_path: Path) -> ConsumerConfig:
+    """The configuration ``kind``'s pod loads: the ConfigMap's TOML as mounted, plus its
+    ``ROWBATCH_*`` env (Secret values replaced by placeholders), through the real loader."""
+    _, text = _mounted_config(where, kind)
     file = tmp_path / f"{where}-{kind}.toml"
-    file.write_text(data[path[len(mount["mountPath"]) + 1 :]])
+    file.write_text(text)
     with pytest.MonkeyPatch.context() as mp:
-        for var in container.get("env", []):
-            if "value" in var:
-                mp.setenv(var["name"], var["value"])
-            else:
-                mp.setenv(var["name"], _secret_placeholder(var["valueFrom"]["secretKeyRef"]["key"]))
+        for name, value in _pod_env(_container(_one(where, kind))).items():
+            mp.setenv(name, value)
         return load_config(file)
+
+
+def _check_hardened(workload: dict[str, Any]) -> None:
+    """Runs as the image's non-root user, read-only root filesystem, /tmp writable."""
+    dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()
+    uid = int(re.search(r"^USER (\d+)$", dockerfile, re.MULTILINE).group(1))  # type: ignore[union-attr]
+    pod = workload["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == uid
+    security = _container(workload)["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert "/tmp" in [m["mountPath"] for m in _container(workload)["volumeMounts"]]
+
+
+def _mebibytes(quantity: str) -> int:
+    assert quantity.endswith(("Mi", "Gi")), quantity
+    return int(quantity[:-2]) * (1024 if quantity.endswith("Gi") else 1)
 
 
 @cache
@@ -122,7 +176,7 @@ def _crd_schema(api_version: str, kind: str) -> dict[str, Any]:
     return schema
 
 
-@pytest.mark.parametrize("where", ["base", *OVERLAYS])
+@pytest.mark.parametrize("where", ["base", *OVERLAYS, BACKFILL])
 def test_renders_and_validates_offline(where: str) -> None:
     kinds = []
     for doc in _render(where):
@@ -208,17 +262,8 @@ def test_the_grace_period_outlasts_the_drain(where: str, tmp_path: Path) -> None
 @pytest.mark.parametrize("where", CONSUMER_OVERLAYS)
 def test_pods_run_hardened_with_a_memory_limit_above_the_budget(where: str, tmp_path: Path) -> None:
     config = _pod_config(where, "Deployment", tmp_path)
-    dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()
-    uid = int(re.search(r"^USER (\d+)$", dockerfile, re.MULTILINE).group(1))  # type: ignore[union-attr]
     for kind in ("Deployment", "Job"):
-        workload = _one(where, kind)
-        pod = workload["spec"]["template"]["spec"]
-        assert pod["securityContext"]["runAsNonRoot"] is True
-        assert pod["securityContext"]["runAsUser"] == uid
-        security = _container(workload)["securityContext"]
-        assert security["readOnlyRootFilesystem"] is True
-        assert security["allowPrivilegeEscalation"] is False
-        assert "/tmp" in [m["mountPath"] for m in _container(workload)["volumeMounts"]]
+        _check_hardened(_one(where, kind))
     limits = _container(_one(where, "Deployment"))["resources"]["limits"]
     assert limits["memory"].endswith("Mi")
     assert int(limits["memory"][:-2]) * 2**20 >= config.budget_bytes + 256 * 2**20
@@ -302,6 +347,7 @@ def test_the_targets_come_from_the_measured_figures() -> None:
 def test_the_consumers_signal_settings_are_the_recommended_ones(tmp_path: Path) -> None:
     for where, broker in (("gke-pubsub", "pubsub"), ("kafka-keda", "kafka")):
         source = _pod_config(where, "Deployment", tmp_path).source
+        assert isinstance(source, PubSubSettings | KafkaSettings)
         assert source.target_latency_s == TARGET_LATENCY_S[broker]
         assert source.rows_per_s_per_replica == MEASURED_ROWS_PER_S[broker]
     # the consumer's defaults are the same targets
@@ -418,3 +464,152 @@ def test_triton_serves_the_model_url_from_a_gpu_pod_and_a_volume(tmp_path: Path)
     assert _one("triton", "PersistentVolumeClaim", claim)
     probe = container["readinessProbe"]["httpGet"]
     assert (probe["path"], ports[probe["port"]]) == ("/v2/health/ready", 8000)
+
+
+def _table_settings() -> type[BaseModel] | None:
+    """Offline table mode's ``[source]`` settings class, or None while it does not import
+    (the mode is being written beside these manifests)."""
+    try:
+        module = importlib.import_module("rowbatch.consumer.sources.table.settings")
+    except ImportError:
+        return None
+    settings: type[BaseModel] | None = getattr(module, "TableSettings", None)
+    return settings
+
+
+def _loader_source_kinds() -> set[str]:
+    """The ``[source]`` kinds the real config loader accepts."""
+    (union, _) = typing.get_args(SourceSettings)
+    return {cls.model_fields["kind"].default for cls in typing.get_args(union)}
+
+
+def _backfill_toml() -> dict[str, Any]:
+    path, text = _mounted_config(BACKFILL, "Job")
+    assert path == TABLE_CONFIG_PATH
+    return tomllib.loads(text)
+
+
+def test_the_backfill_is_an_indexed_job_retried_per_shard() -> None:
+    spec = _one(BACKFILL, "Job")["spec"]
+    assert spec["completionMode"] == "Indexed"
+    assert 1 <= spec["parallelism"] <= spec["completions"]
+    # What the API server requires beyond the schema: backoffLimitPerIndex only in an Indexed
+    # Job, maxFailedIndexes only with it and at most the completions; a podFailurePolicy only
+    # with restartPolicy Never, and with it podReplacementPolicy Failed (so a shard's next pod
+    # starts once the last one has ended: never two pods on one shard's state).
+    assert spec["backoffLimitPerIndex"] >= 1
+    assert "backoffLimit" not in spec, "the per-index limit alone counts retries"
+    assert 0 <= spec["maxFailedIndexes"] < spec["completions"]
+    assert spec["template"]["spec"]["restartPolicy"] == "Never"
+    assert spec["podReplacementPolicy"] == "Failed"
+    assert spec["ttlSecondsAfterFinished"] > 0
+
+
+def test_the_backfill_fails_a_bad_config_at_once_and_resumes_a_stopped_shard() -> None:
+    job = _one(BACKFILL, "Job")
+    rules = job["spec"]["podFailurePolicy"]["rules"]
+    first_match: dict[int, str] = {}
+    for rule in rules:
+        codes = rule.get("onExitCodes")
+        if codes is None:
+            continue
+        assert codes["containerName"] == _container(job)["name"]
+        assert codes["operator"] == "In"
+        for code in codes["values"]:
+            first_match.setdefault(code, rule["action"])
+    assert 0 not in first_match, "the API server refuses 0 with operator In"
+    # exit 2: retrying cannot fix a bad configuration; the index fails, the others go on
+    assert first_match[TABLE_EXIT_CONFIG] == "FailIndex"
+    # exit 3 (SIGTERM) and evictions/preemptions use no retry: the next pod resumes
+    assert first_match[TABLE_EXIT_STOPPED] == "Ignore"
+    assert TABLE_EXIT_FAILED not in first_match, "a failure counts against backoffLimitPerIndex"
+    disruption = [r for r in rules if "onPodConditions" in r]
+    assert disruption == [
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
+    ]
+
+
+def test_the_backfill_runs_table_mode_with_the_jobs_shard_count() -> None:
+    job = _one(BACKFILL, "Job")
+    container = _container(job)
+    dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()
+    entrypoint = re.search(r"^ENTRYPOINT (\[.*\])$", dockerfile, re.MULTILINE)
+    assert entrypoint is not None
+    assert json.loads(entrypoint.group(1)) == ["rowbatch-consumer"]
+    assert container["args"] == ["table", "--config", TABLE_CONFIG_PATH]
+    config = _backfill_toml()
+    source = config["source"]
+    assert source["kind"] == "table"
+    # N from the env (the Job's completions), K from $JOB_COMPLETION_INDEX: neither in the file
+    env = _pod_env(container)
+    assert int(env["ROWBATCH_SOURCE__SHARDS"]) == job["spec"]["completions"]
+    assert "shards" not in source
+    assert "shard" not in source
+    assert not source.get("new_run", False), "a retried shard must resume, not start over"
+    assert source["state"].startswith(OBJECT_STORES), "progress must outlive the pods"
+    assert "dsn" not in config["sink"], "the DSN comes from the Secret"
+    assert env["ROWBATCH_SINK__DSN"] == _secret_placeholder("sink-dsn")
+    base_env = {v["name"]: v for v in _container(_one("base", "Deployment"))["env"]}
+    (dsn,) = [v for v in container["env"] if v["name"] == "ROWBATCH_SINK__DSN"]
+    assert dsn == base_env["ROWBATCH_SINK__DSN"], "the same Secret and key as the consumers"
+    assert config["server"]["host"] == "0.0.0.0"
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    annotations = job["spec"]["template"]["metadata"]["annotations"]
+    assert ports["metrics"] == config["server"]["port"] == int(annotations["prometheus.io/port"])
+
+
+def test_the_backfill_source_validates_and_each_index_is_a_shard(tmp_path: Path) -> None:
+    table = _table_settings()
+    if table is None:
+        pytest.skip("rowbatch.consumer.sources.table.settings.TableSettings does not import yet")
+    job = _one(BACKFILL, "Job")
+    completions = job["spec"]["completions"]
+    env = _pod_env(_container(job))
+    config = _backfill_toml()
+    settings: Any = table.model_validate(
+        {**config["source"], "shards": env["ROWBATCH_SOURCE__SHARDS"]}
+    )
+    assert settings.kind == "table"
+    assert settings.shards == completions
+    assert settings.new_run is False
+    with pytest.MonkeyPatch.context() as mp:
+        for index in range(completions):
+            mp.setenv(JOB_INDEX_VARIABLE, str(index))
+            assert settings.shard_index() == index
+        mp.setenv(JOB_INDEX_VARIABLE, str(completions))
+        with pytest.raises(ValueError):
+            settings.shard_index()
+    # The whole file plus the pod's env, as the consumer's configuration with this source (the
+    # real loader's [source] may not accept "table" yet): model, binding, sink, server and the
+    # top-level settings validate, the DSN and the shard count from the env.
+    whole = create_model("TableConsumerConfig", __base__=ConsumerConfig, source=(table, ...))
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in env.items():
+            mp.setenv(name, value)
+        loaded: Any = whole(**config)
+    assert loaded.source.shards == completions
+    assert loaded.sink.kind == "postgres"
+    assert loaded.sink.dsn.get_secret_value() == _secret_placeholder("sink-dsn")
+    if "table" in _loader_source_kinds():
+        real = _pod_config(BACKFILL, "Job", tmp_path)
+        assert real.model_dump() == loaded.model_dump()
+
+
+def test_the_backfill_pods_run_hardened_and_drain_within_the_grace_period() -> None:
+    job = _one(BACKFILL, "Job")
+    _check_hardened(job)
+    config = _backfill_toml()
+    pod = job["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] > config["shutdown_grace_s"] + CLOSE_MARGIN_S
+    limits = _container(job)["resources"]["limits"]
+    assert _mebibytes(limits["memory"]) * 2**20 >= config["budget_bytes"] + 256 * 2**20
+    # Its own identity, ConfigMap and labels: applied beside base it changes nothing of the
+    # consumers', and their PodDisruptionBudget and PodMonitor do not select its pods.
+    assert _one(BACKFILL, "ServiceAccount", pod["serviceAccountName"])
+    ours = {d["metadata"]["name"] for d in _render(BACKFILL)}
+    theirs = {d["metadata"]["name"] for d in _render("base")}
+    assert not ours & theirs
+    labels = job["spec"]["template"]["metadata"]["labels"]
+    for kind in ("PodDisruptionBudget", "PodMonitor"):
+        selector = _one("base", kind)["spec"]["selector"]["matchLabels"]
+        assert not selector.items() <= labels.items()
