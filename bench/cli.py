@@ -39,6 +39,7 @@ from bench import (
     overhead,
     saturation,
     scaling,
+    table_mode,
     versions,
 )
 from bench.help_text import description
@@ -47,7 +48,17 @@ from bench.stack import Bench, bench_stack, drop_pubsub_feeds
 from bench.targets import check_targets
 from harness.service import REPO_ROOT
 
-SECTIONS = ("ceiling", "e2e", "naive", "overhead", "latency", "memory", "scaling", "saturation")
+SECTIONS = (
+    "ceiling",
+    "e2e",
+    "naive",
+    "overhead",
+    "latency",
+    "memory",
+    "scaling",
+    "saturation",
+    "table",
+)
 DEFAULT_ROWS = 200_000
 QUICK_ROWS = 10_000
 
@@ -136,6 +147,7 @@ def _sections(args: BenchArgs, done: dict[str, Any]) -> dict[str, Callable[[Benc
         "memory": memory.run,
         "scaling": scaling.run,
         "saturation": saturation.run,
+        "table": table_mode.run,
     }
 
 

@@ -43,6 +43,20 @@ def _naive(section: Mapping[str, Any], out: Figures) -> None:
         _put(out, f"{case}: speed-up", run.get("speedup"))
 
 
+def _table(section: Mapping[str, Any], out: Figures) -> None:
+    _put(out, "table: measured ceiling rows/s", section.get("measured_ceiling"))
+    for w in section.get("ways", ()):
+        for key, what in (
+            ("rows_per_s", "rows/s"),
+            ("of_measured", "of measured ceiling"),
+            ("busy", "server busy"),
+            ("mean_batch", "rows per execution"),
+            ("cpu_us_per_row", "consumer CPU us/row"),
+            ("peak_rss_mib", "peak RSS MiB"),
+        ):
+            _put(out, f"table {w['way']}: {what}", w.get(key))
+
+
 def _saturation(section: Mapping[str, Any], out: Figures) -> None:
     for probe in section.get("probes", ()):
         model = probe.get("model", "fixed_latency")
@@ -120,6 +134,7 @@ def _generic(name: str) -> Callable[[Mapping[str, Any], Figures], None]:
 EXTRACTORS: dict[str, Callable[[Mapping[str, Any], Figures], None]] = {
     "naive": _naive,
     "saturation": _saturation,
+    "table": _table,
     "e2e": _e2e,
     "overhead": _overhead,
     "latency": _latency,

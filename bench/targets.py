@@ -16,6 +16,7 @@ from bench.report import Target, times
 from bench.saturation import STEADY_CHUNK_ROWS, SaturationResult
 from bench.saturation_server import BATCHED_MODEL
 from bench.stack import BROKERS
+from bench.table_mode import TABLE_SHARE_TARGET, TableModeResult
 
 
 def check_targets(sections: Mapping[str, Any]) -> list[Target]:
@@ -90,7 +91,26 @@ def check_targets(sections: Mapping[str, Any]) -> list[Target]:
                 anon.peak_anon_mib <= anon.limit_mib,
             )
         )
-    return found + saturation_targets(sections.get("saturation"))
+    return (
+        found
+        + saturation_targets(sections.get("saturation"))
+        + table_targets(sections.get("table"))
+    )
+
+
+def table_targets(table: object) -> list[Target]:
+    """The table mode's target (none when the section did not run)."""
+    way = table.find("table") if isinstance(table, TableModeResult) else None
+    if way is None:
+        return []
+    return [
+        Target(
+            "table mode: of measured ceiling (one process)",
+            f">= {TABLE_SHARE_TARGET:.0%}",
+            f"{way.of_measured:.0%}",
+            way.of_measured >= TABLE_SHARE_TARGET,
+        )
+    ]
 
 
 SMALL_MESSAGE_SHARE = {"kafka": 0.6, "pubsub": 0.4}

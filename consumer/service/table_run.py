@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import resource
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TextIO
@@ -39,6 +40,19 @@ class TableSummary:
     in_flight: int
     """Inference requests kept at the server at once."""
     state: str
+    window_s: float
+    """From the first write acked to the last: the steady part of the run."""
+    window_rows: int
+    """Rows written in that window (after the first write)."""
+    cpu_s: float
+    """User + system CPU of the process, start-up included."""
+    window_cpu_s: float
+    """User + system CPU of the process from the first write to the last."""
+    peak_rss_mib: float
+
+    @property
+    def window_rows_per_s(self) -> float:
+        return self.window_rows / self.window_s if self.window_s > 0 else 0.0
 
     @property
     def batch_fill(self) -> float:
@@ -52,14 +66,16 @@ class TableSummary:
             f"  rows: {planned} planned, {self.skipped_rows:,} skipped (settled by an earlier "
             f"run), {self.read_rows:,} read, {self.written_rows:,} written, "
             f"{self.dead_lettered_rows:,} dead-lettered",
-            f"  {format_duration(self.wall_s)} wall, {self.rows_per_s:,.0f} rows/s written; "
+            f"  {format_duration(self.wall_s)} wall, {self.rows_per_s:,.0f} rows/s settled "
+            f"({self.window_rows_per_s:,.0f} rows/s from the first write to the last); "
             f"{self.batches:,} batches of {self.mean_batch_rows:,.1f} rows on average "
             f"({self.batch_fill:.0%} of the target {self.target_batch_size})",
             f"  progress and dead letters: {self.state}",
         ]
 
     def to_json(self) -> str:
-        return json.dumps({**asdict(self), "batch_fill": self.batch_fill}, indent=2)
+        extra = {"batch_fill": self.batch_fill, "window_rows_per_s": self.window_rows_per_s}
+        return json.dumps({**asdict(self), **extra}, indent=2)
 
 
 def _histogram_totals(metrics: Metrics) -> tuple[float, float]:
@@ -79,6 +95,8 @@ def summarize(
 ) -> TableSummary:
     counts = source.counts
     batches, rows = _histogram_totals(metrics)
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    first, last = counts.first_write_at, counts.last_write_at
     return TableSummary(
         complete=source.complete,
         planned_rows=counts.planned,
@@ -93,6 +111,11 @@ def summarize(
         target_batch_size=target_batch_size,
         in_flight=in_flight,
         state=source.state_location,
+        window_s=(last - first) if first is not None and last is not None else 0.0,
+        window_rows=counts.written - counts.first_write_rows,
+        cpu_s=usage.ru_utime + usage.ru_stime,
+        window_cpu_s=counts.last_write_cpu - counts.first_write_cpu,
+        peak_rss_mib=usage.ru_maxrss / 1024,
     )
 
 

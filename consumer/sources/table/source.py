@@ -19,7 +19,7 @@ import asyncio
 import collections
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -80,6 +80,13 @@ class TableCounts:
     """Chunks written in this run."""
     bytes: int = 0
     """Their payload bytes (the rows as the engine read them)."""
+    first_write_at: float | None = None
+    """When the first write of this run was acked (monotonic)."""
+    first_write_rows: int = 0
+    last_write_at: float | None = None
+    first_write_cpu: float = 0.0
+    """The process's CPU time (``time.process_time``) then, and at the last write."""
+    last_write_cpu: float = 0.0
     started: float = field(default_factory=time.monotonic)
 
     @property
@@ -127,12 +134,14 @@ class TableSource:
         probe: Probe | None = None,
         registry: CollectorRegistry | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        async_sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self._s = settings
         self._model = (model, model_version, dict(binding))
         self._columns = columns
         self._probe = probe
         self._sleep = sleep
+        self._async_sleep = async_sleep
         self._schema = parse_schema(settings.schema_text) if settings.schema_text else {}
         self._metrics = _TableMetrics(registry)
         self.counts = TableCounts()
@@ -310,7 +319,7 @@ class TableSource:
         settled = [
             Settled(h.piece.unit.file.key, h.piece.first_row, h.piece.rows, "w") for h in held
         ]
-        await asyncio.to_thread(self._checkpoint.record, settled)
+        await self._durably("recording progress", self._checkpoint.record, settled)
         rows = 0
         for d, h in zip(deliveries, held, strict=True):
             del self._held[d.message_id]
@@ -318,6 +327,11 @@ class TableSource:
             self.counts.bytes += d.size
         self.counts.written += rows
         self.counts.chunks += len(deliveries)
+        now, cpu = time.monotonic(), time.process_time()
+        if self.counts.first_write_at is None:
+            self.counts.first_write_at, self.counts.first_write_rows = now, rows
+            self.counts.first_write_cpu = cpu
+        self.counts.last_write_at, self.counts.last_write_cpu = now, cpu
         self._metrics.rows.labels("written").inc(rows)
         self._changed.set()
 
@@ -344,7 +358,9 @@ class TableSource:
                 reason.code,
             )
         else:
-            await asyncio.to_thread(self._write_dead_letters, [(piece, reason)], held.attempt)
+            await self._durably(
+                "writing dead letters", self._write_dead_letters, [(piece, reason)], held.attempt
+            )
         self._changed.set()
 
     def pause(self) -> None:
@@ -414,7 +430,25 @@ class TableSource:
 
     async def _settle_bad(self, encoded: Encoded, attempt: int) -> None:
         if encoded.bad:
-            await asyncio.to_thread(self._write_dead_letters, encoded.bad, attempt)
+            await self._durably(
+                "writing dead letters", self._write_dead_letters, encoded.bad, attempt
+            )
+
+    async def _durably(self, what: str, write: Callable[..., None], *args: Any) -> None:
+        """``write(*args)`` in a thread, again with backoff while the state's filesystem
+        fails (an object store down is a pause, not the end of the run)."""
+        wait = READ_RETRY_S[0]
+        while True:
+            try:
+                await asyncio.to_thread(write, *args)
+            except OSError as exc:
+                log.warning(
+                    "%s in %s failed (%s); trying again in %.0f s", what, self._s.state, exc, wait
+                )
+                await self._async_sleep(wait)
+                wait = min(wait * 2, READ_RETRY_S[1])
+            else:
+                return
 
     async def _run_feed(self) -> None:
         pieces = self._pieces()
