@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import re
 import signal
 import sys
 import time
@@ -204,10 +205,10 @@ def table_config(config: ConsumerConfig, args: argparse.Namespace) -> ConsumerCo
     if args.input:
         fields["input"] = args.input
     if args.shard:
-        k, sep, n = str(args.shard).partition("/")
-        if not (sep and k.isdigit() and n.isdigit()):
+        match = re.fullmatch(r"([0-9]+)/([0-9]+)", str(args.shard))
+        if match is None:
             raise ConfigError(f"--shard {args.shard!r}: give K/N, e.g. --shard 0/4")
-        fields["shard"], fields["shards"] = int(k), int(n)
+        fields["shard"], fields["shards"] = int(match[1]), int(match[2])
     if args.new_run:
         fields["new_run"] = True
     try:

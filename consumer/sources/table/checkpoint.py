@@ -121,8 +121,8 @@ class Checkpoint:
                     + "): its rows' results would mix. Resume with the same settings, point "
                     "[source] state elsewhere, or start over with --new-run"
                 )
-        if text is None or new_run:
-            folder.delete(segments)
+        if text is None or new_run:  # the old run's progress and dead letters go
+            folder.delete(name for name in folder.names("") if name != RUN_FILE)
             folder.write(RUN_FILE, json.dumps(identity.to_json(), indent=2, sort_keys=True))
             return cls(folder)
         settled: list[Settled] = []
@@ -149,6 +149,8 @@ class Checkpoint:
     def missing(self, file: str, first_row: int, rows: int) -> list[tuple[int, int]]:
         """The ranges ``(first, rows)`` of ``[first_row, first_row + rows)`` not yet
         settled, in order."""
+        if rows <= 0:
+            return []
         stop = first_row + rows
         with self._lock:
             done = self._done.get(file)

@@ -22,14 +22,20 @@ DEAD_LETTER_PREFIX: Final = "dead-letters"
 
 
 def _plain(value: object) -> Any:
-    """A value JSON can hold: bytes as base64 text, NaN and infinities as text."""
+    """A value JSON can hold: bytes as base64 text, NaN and infinities as text, structs and
+    maps as objects and lists, anything else JSON has no form for (decimals, durations...)
+    as its text."""
     if isinstance(value, bytes):
         return {"base64": base64.b64encode(value).decode()}
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, list):
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
         return [_plain(v) for v in value]
-    return value
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    return str(value)
 
 
 def records(piece: Piece, reason: DeadLetterReason, *, attempt: int) -> Iterator[bytes]:

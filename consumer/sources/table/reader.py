@@ -5,6 +5,7 @@ values become string columns."""
 
 from __future__ import annotations
 
+import urllib.parse
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -48,10 +49,17 @@ class Piece:
         return Piece(self.unit, self.first_row + offset, self.table.slice(offset, rows))
 
 
+HIVE_NULL: Final = "__HIVE_DEFAULT_PARTITION__"
+"""Hive's (and Spark's) directory name for a null partition value."""
+
+
 def _with_partitions(table: pa.Table, unit: Unit, wanted: Sequence[str] | None) -> pa.Table:
-    for name, value in unit.file.partitions:
+    """The hive partition values of the unit's path as string columns (URL-decoded, as Hive
+    and Spark write them; ``__HIVE_DEFAULT_PARTITION__`` is null)."""
+    for name, raw in unit.file.partitions:
         if name in table.column_names or (wanted is not None and name not in wanted):
             continue
+        value = None if raw == HIVE_NULL else urllib.parse.unquote(raw)
         table = table.append_column(name, pa.array([value] * table.num_rows, pa.string()))
     return table
 

@@ -218,25 +218,32 @@ class TableSource:
             await self._check_first_chunk(self._probe)
 
     async def _check_first_chunk(self, probe: Probe) -> None:
+        """A reason that holds for every row (a column missing, or of a type the wire or the
+        binding cannot take) shows in the shard's first chunk: refused here rather than
+        every row dead-lettered one by one."""
         first = await asyncio.to_thread(self._first_encoded)
         if first is None:
             return
-        piece, chunk = first
-        reason = probe(self._delivery(piece, chunk, 1, hold=False))
-        if reason is not None and reason.code in WHOLE_CHUNK_CODES:
+        piece, encoded = first
+        where = f"[source] table: {piece.unit.file.relative}"
+        if not encoded.chunks:
+            why = encoded.bad[0][1]
             raise SourceConfigError(
-                f"[source] table: {piece.unit.file.relative} does not fit the binding: "
-                f"{reason.message}"
+                f"{where}: no row of its first {piece.rows} converts to the wire's column "
+                f"types ({why.message}); declare the types with [source] schema or leave "
+                "such columns out of the binding"
             )
+        part, chunk = encoded.chunks[0]
+        reason = probe(self._delivery(part, chunk, 1, hold=False))
+        if reason is not None and reason.code in WHOLE_CHUNK_CODES:
+            raise SourceConfigError(f"{where} does not fit the binding: {reason.message}")
 
-    def _first_encoded(self) -> tuple[Piece, EncodedChunk] | None:
+    def _first_encoded(self) -> tuple[Piece, Encoded] | None:
         reader = self._reader()
         try:
             for unit in self._units:
                 for piece in reader.pieces(unit):
-                    encoded = encode_piece(piece, self._s.table, self._schema)
-                    if encoded.chunks:
-                        return encoded.chunks[0]
+                    return piece, encode_piece(piece, self._s.table, self._schema)
             return None
         finally:
             reader.close()

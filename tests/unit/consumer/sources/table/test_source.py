@@ -1,0 +1,609 @@
+"""``TableSource`` over real local files, without the pipeline: every row of the shard is
+delivered once and the deliveries end once all are settled; a rerun on the same state reads
+nothing; a dead letter of several rows is bisected (unless its reason holds for every row), of
+one row written to the dead-letter file; a nack delivers again; shards split the rows; the
+start-up check refuses a first chunk that does not fit and a state of another run."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import decimal
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from prometheus_client import CollectorRegistry
+
+from rowbatch.consumer.sources.base import DeadLetterReason, Delivery, SourceConfigError
+from rowbatch.consumer.sources.table.checkpoint import RunMismatch
+from rowbatch.consumer.sources.table.dead_letters import read_dead_letters
+from rowbatch.consumer.sources.table.plan import TableInputError, Unit
+from rowbatch.consumer.sources.table.reader import Piece, UnitReader
+from rowbatch.consumer.sources.table.settings import JOB_INDEX_VARIABLE, TableSettings
+from rowbatch.consumer.sources.table.source import Probe, TableSource
+from rowbatch.consumer.sources.table.state import StateFolder
+from rowbatch.wire.chunks.decode import decode_chunk
+from rowbatch.wire.dead_letter import ReasonClass
+from rowbatch.wire.headers.fields import H_CHUNK_ID
+from tests.unit.consumer.sources.table.data import ids_of, write_dataset
+
+TIMEOUT_S = 10
+ROW_LEVEL = DeadLetterReason(ReasonClass.SCHEMA_MISMATCH, "column 'x': a null", "null_not_allowed")
+WHOLE = DeadLetterReason(ReasonClass.SCHEMA_MISMATCH, "no column 'y'", "missing_column")
+
+
+@pytest.fixture(autouse=True)
+def _no_job_index(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(JOB_INDEX_VARIABLE, raising=False)
+
+
+def table_settings(tmp_path: Path, **fields: object) -> TableSettings:
+    values: dict[str, object] = {
+        "input": str(tmp_path / "in"),
+        "state": str(tmp_path / "state"),
+        "chunk_rows": 4,
+    }
+    return TableSettings.model_validate(values | fields)
+
+
+def make_source(
+    settings: TableSettings,
+    *,
+    version: str = "1",
+    probe: Probe | None = None,
+    registry: CollectorRegistry | None = None,
+    sleep: Callable[[float], None] | None = None,
+    async_sleep: Callable[[float], Awaitable[None]] | None = None,
+) -> TableSource:
+    def no_sleep(seconds: float) -> None:
+        raise AssertionError(f"slept {seconds} s")
+
+    async def no_async_sleep(seconds: float) -> None:
+        raise AssertionError(f"slept {seconds} s")
+
+    return TableSource(
+        settings,
+        model="scorer",
+        model_version=version,
+        binding={"inputs": {"x": "X"}, "passthrough": {"id": "int64"}},
+        columns=["id", "x"],
+        probe=probe,
+        registry=registry,
+        sleep=sleep or no_sleep,
+        async_sleep=async_sleep or no_async_sleep,
+    )
+
+
+class Rig:
+    """Takes the source's vectors and keeps what it was handed until settled."""
+
+    def __init__(self, source: TableSource) -> None:
+        self.source = source
+        self.vectors = source.vectors()
+        self.held: dict[str, Delivery] = {}
+        self.seen: list[Delivery] = []
+
+    async def pull(self) -> list[Delivery]:
+        async with asyncio.timeout(TIMEOUT_S):
+            vector = list(await anext(self.vectors))
+        assert vector, "a vector holds at least one delivery"
+        for delivery in vector:
+            assert delivery.message_id not in self.held, "one id handed out twice at once"
+            self.held[delivery.message_id] = delivery
+        self.seen.extend(vector)
+        return vector
+
+    async def take(self, message_id: str) -> Delivery:
+        while message_id not in self.held:
+            await self.pull()
+        return self.held.pop(message_id)
+
+    async def drain(self) -> None:
+        """Acks what is held and every vector after it, until the deliveries end."""
+        if self.held:
+            await self.source.ack_many(list(self.held.values()))
+            self.held.clear()
+        while True:
+            try:
+                vector = await self.pull()
+            except StopAsyncIteration:
+                return
+            for delivery in vector:
+                del self.held[delivery.message_id]
+            await self.source.ack_many(vector)
+
+    def ids(self) -> list[int]:
+        return [i for d in self.seen for i in ids_of(d)]
+
+
+async def run_to_end(source: TableSource) -> Rig:
+    await source.check()
+    rig = Rig(source)
+    await rig.drain()
+    return rig
+
+
+def folder_of(tmp_path: Path, name: str = "shard-0-of-1") -> StateFolder:
+    return StateFolder(str(tmp_path / "state"), name)
+
+
+@pytest.fixture
+def rows17(tmp_path: Path) -> int:
+    """Two files (10 and 7 rows) in row groups of 4, under a hive partition."""
+    return write_dataset(
+        tmp_path / "in", [("day=1/a.parquet", 10), ("day=2/b.parquet", 7)], row_group_rows=4
+    )
+
+
+# --- a whole run --------------------------------------------------------------------------------
+
+
+async def test_every_row_is_delivered_once_then_the_deliveries_end(
+    tmp_path: Path, rows17: int
+) -> None:
+    registry = CollectorRegistry()
+    source = make_source(table_settings(tmp_path, chunk_rows=3), registry=registry)
+    await source.check()
+    assert source.counts.planned == rows17
+    assert source.counts.skipped == 0
+    assert source.state_location == str(tmp_path / "state" / "shard-0-of-1")
+    rig = Rig(source)
+    await rig.drain()
+
+    assert sorted(rig.ids()) == list(range(rows17))
+    assert len(rig.ids()) == rows17, "no row twice"
+    ids = [d.message_id for d in rig.seen]
+    assert len(set(ids)) == len(ids)
+    assert ids[:4] == [f"day=1/a.parquet@{n}" for n in (0, 3, 4, 7)]
+    for d in rig.seen:
+        assert d.attributes[H_CHUNK_ID] == d.message_id
+        assert d.delivery_attempt == 1
+        assert d.source == d.message_id.split("@")[0]
+        assert d.size > 0
+        columns = decode_chunk(d.payload, d.attributes).columns
+        assert set(columns) == {"id", "x"}  # only the binding's columns
+    assert source.complete
+    assert source.counts.written == source.counts.read == rows17
+    assert source.counts.settled == rows17
+    assert source.counts.dead_lettered == 0
+    assert registry.get_sample_value("rowbatch_table_rows_total", {"outcome": "written"}) == 17
+    assert registry.get_sample_value("rowbatch_table_rows_planned") == 17
+    with pytest.raises(StopAsyncIteration):
+        await anext(source.vectors())
+    await source.close()
+
+
+async def test_deliveries_one_at_a_time_end_too(tmp_path: Path, rows17: int) -> None:
+    source = make_source(table_settings(tmp_path))
+    await source.check()
+    ids: list[int] = []
+    async with asyncio.timeout(TIMEOUT_S):
+        async for delivery in source.deliveries():
+            ids.extend(ids_of(delivery))
+            await source.ack(delivery)
+    assert sorted(ids) == list(range(rows17))
+    assert source.complete
+
+
+async def test_a_second_run_on_the_same_state_reads_nothing(tmp_path: Path, rows17: int) -> None:
+    await run_to_end(make_source(table_settings(tmp_path)))
+    again = make_source(table_settings(tmp_path))
+    await again.check()
+    assert again.counts.skipped == rows17
+    async with asyncio.timeout(TIMEOUT_S):
+        with pytest.raises(StopAsyncIteration):
+            await anext(again.vectors())
+    assert again.complete
+    assert again.counts.read == again.counts.written == 0
+
+
+async def test_a_rerun_reads_only_what_was_not_settled(tmp_path: Path, rows17: int) -> None:
+    first = make_source(table_settings(tmp_path))
+    await first.check()
+    rig = Rig(first)
+    await first.dead_letter(await rig.take("day=1/a.parquet@0"), ROW_LEVEL)
+    half = await rig.take("day=1/a.parquet@0")  # rows 0-1; rows 2-3 stay unsettled
+    acked = [half, await rig.take("day=1/a.parquet@8")]
+    nacked = await rig.take("day=1/a.parquet@4")
+    await first.nack(nacked)
+    await first.ack_many(acked)
+    await first.close()
+    assert not first.complete
+
+    second = make_source(table_settings(tmp_path))
+    await second.check()
+    assert second.counts.skipped == 4  # rows 0-1 and 8-9 of a.parquet
+    rerun = Rig(second)
+    await rerun.drain()
+    assert rerun.seen[0].message_id == "day=1/a.parquet@2"  # the rest of the first chunk
+    assert ids_of(rerun.seen[0]) == [2, 3]
+    assert sorted(rerun.ids()) == list(range(2, 8)) + list(range(10, rows17))
+    assert len(rerun.ids()) == rows17 - 4
+    assert second.complete
+    assert second.counts.read == second.counts.written == rows17 - 4
+
+
+async def test_a_progress_write_failing_is_retried_with_backoff(
+    tmp_path: Path, rows17: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    original = StateFolder.write_segment
+    failures: list[str] = []
+
+    def flaky(self: StateFolder, prefix: str, lines: Iterable[str]) -> str:
+        if prefix == "done" and len(failures) < 2:
+            failures.append(prefix)
+            raise ConnectionResetError("state store: connection reset")
+        return original(self, prefix, lines)
+
+    monkeypatch.setattr(StateFolder, "write_segment", flaky)
+    slept: list[float] = []
+
+    async def record_sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    source = make_source(table_settings(tmp_path), async_sleep=record_sleep)
+    rig = await run_to_end(source)
+    assert slept == [1.0, 2.0]
+    assert source.complete
+    assert source.counts.written == rows17
+    assert sorted(rig.ids()) == list(range(rows17))
+    again = make_source(table_settings(tmp_path))
+    await again.check()
+    assert again.counts.skipped == rows17, "every range was recorded in the end"
+
+
+async def test_an_empty_shard_ends_at_once(tmp_path: Path) -> None:
+    write_dataset(tmp_path / "in", [("a.parquet", 4)], 2)  # two units
+    source = make_source(table_settings(tmp_path, shard=3, shards=4))
+    await source.check()
+    assert source.counts.planned == 0
+    with pytest.raises(StopAsyncIteration):
+        await anext(source.vectors())
+    assert source.complete
+
+
+# --- settling -----------------------------------------------------------------------------------
+
+
+async def test_a_row_level_dead_letter_bisects_until_the_bad_row_is_alone(
+    tmp_path: Path,
+) -> None:
+    write_dataset(tmp_path / "in", [("a.parquet", 8)], 8)
+    source = make_source(table_settings(tmp_path))
+    await source.check()
+    rig = Rig(source)
+
+    whole = await rig.take("a.parquet@0")
+    await source.dead_letter(whole, ROW_LEVEL)
+    assert source.counts.dead_lettered == 0
+    left, right = await rig.take("a.parquet@0"), await rig.take("a.parquet@2")
+    assert (ids_of(left), ids_of(right)) == ([0, 1], [2, 3])
+    assert left.attributes[H_CHUNK_ID] == "a.parquet@0"
+    assert right.attributes[H_CHUNK_ID] == "a.parquet@2"
+    assert left.delivery_attempt == right.delivery_attempt == 1
+    await source.ack(left)
+
+    await source.dead_letter(right, ROW_LEVEL)
+    two, three = await rig.take("a.parquet@2"), await rig.take("a.parquet@3")
+    assert (ids_of(two), ids_of(three)) == ([2], [3])
+    await source.dead_letter(three, ROW_LEVEL)
+    assert source.counts.dead_lettered == 1
+    [record] = read_dead_letters(folder_of(tmp_path))
+    assert record["chunk_id"] == "a.parquet@3"
+    assert (record["file"], record["file_row"], record["row_index"]) == ("a.parquet", 3, 0)
+    assert record["code"] == "null_not_allowed"
+    assert record["reason"] == "schema-mismatch"
+    assert record["row"]["id"] == 3
+
+    await source.ack(two)
+    await rig.drain()
+    assert source.complete
+    assert source.counts.written == 7
+    acked = [d for d in rig.seen if d not in (whole, right, three)]
+    written = [i for d in acked for i in ids_of(d)]
+    assert sorted(written) == [0, 1, 2, 4, 5, 6, 7], "each row once; the bad row not again"
+
+    rerun = make_source(table_settings(tmp_path))
+    await rerun.check()
+    assert rerun.counts.skipped == 8  # the dead-lettered row is settled too
+
+
+async def test_a_one_row_dead_letter_is_written_and_settled(tmp_path: Path) -> None:
+    write_dataset(tmp_path / "in", [("a.parquet", 3)], 3)
+    source = make_source(table_settings(tmp_path, chunk_rows=1))
+    await source.check()
+    rig = Rig(source)
+    await source.dead_letter(await rig.take("a.parquet@1"), ROW_LEVEL)
+    assert source.counts.dead_lettered == 1
+    assert [r["file_row"] for r in read_dead_letters(folder_of(tmp_path))] == [1]
+    await rig.drain()
+    assert source.complete
+    assert source.counts.written == 2
+    assert sorted(rig.ids()) == [0, 1, 2]  # row 1 was not delivered again
+
+
+async def test_a_dead_letter_that_holds_for_every_row_is_not_bisected(tmp_path: Path) -> None:
+    write_dataset(tmp_path / "in", [("a.parquet", 8)], 8)
+    source = make_source(table_settings(tmp_path))
+    await source.check()
+    rig = Rig(source)
+    await source.dead_letter(await rig.take("a.parquet@0"), WHOLE)
+    assert source.counts.dead_lettered == 4
+    records = read_dead_letters(folder_of(tmp_path))
+    assert [(r["chunk_id"], r["row_index"], r["file_row"]) for r in records] == [
+        ("a.parquet@0", i, i) for i in range(4)
+    ]
+    assert {r["code"] for r in records} == {"missing_column"}
+    await rig.drain()
+    assert source.complete
+    assert source.counts.written == 4
+    assert sorted(rig.ids()) == list(range(8)), "rows 0-3 were not delivered again"
+
+
+async def test_a_nack_delivers_the_chunk_again(tmp_path: Path) -> None:
+    write_dataset(tmp_path / "in", [("a.parquet", 8)], 8)
+    source = make_source(table_settings(tmp_path))
+    await source.check()
+    rig = Rig(source)
+    first = await rig.take("a.parquet@4")
+    await source.nack(first)
+    second = await rig.take("a.parquet@4")
+    assert second is not first
+    assert second.delivery_attempt == 2
+    assert second.payload == first.payload
+    assert second.attributes == first.attributes
+    await source.nack(second)
+    third = await rig.take("a.parquet@4")
+    assert third.delivery_attempt == 3
+    await source.ack(third)
+    await rig.drain()
+    assert source.complete
+    assert source.counts.written == 8
+
+
+async def test_a_bad_value_found_while_reading_is_dead_lettered_at_once(tmp_path: Path) -> None:
+    root = tmp_path / "in"
+    root.mkdir()
+    vectors = ["[1, 2]", "[3, 4]", "[5, 6, 7]", "[8, 9]", "[1, 1]"]
+    (root / "rows.jsonl").write_text(
+        "".join(f'{{"id": {i}, "x": {v}}}\n' for i, v in enumerate(vectors))
+    )
+    settings = table_settings(tmp_path, schema="x:vector[float32,2]")
+    source = make_source(settings)
+    await source.check()
+    assert source.counts.planned is None  # not known for a text file
+    rig = Rig(source)
+    await rig.drain()
+    assert source.complete
+    assert sorted(rig.ids()) == [0, 1, 3, 4]
+    assert (source.counts.read, source.counts.written, source.counts.dead_lettered) == (5, 4, 1)
+    [record] = read_dead_letters(folder_of(tmp_path))
+    assert (record["file"], record["file_row"], record["reason"]) == (
+        "rows.jsonl",
+        2,
+        "undecodable",
+    )
+    assert record["row"]["x"] == [5.0, 6.0, 7.0]
+
+
+# --- shards -------------------------------------------------------------------------------------
+
+
+async def test_two_shards_deliver_disjoint_rows_covering_every_row(tmp_path: Path) -> None:
+    rows = write_dataset(tmp_path / "in", [("a.parquet", 9), ("b.parquet", 5), ("c.parquet", 6)], 3)
+    delivered: list[set[int]] = []
+    for shard in (0, 1):
+        source = make_source(table_settings(tmp_path, shard=shard, shards=2, chunk_rows=2))
+        rig = await run_to_end(source)
+        assert source.complete
+        assert len(rig.ids()) == len(set(rig.ids()))
+        assert source.counts.written == source.counts.planned == len(rig.ids())
+        delivered.append(set(rig.ids()))
+    assert delivered[0].isdisjoint(delivered[1])
+    assert delivered[0] | delivered[1] == set(range(rows))
+    assert delivered[0] and delivered[1]
+    assert sorted(p.name for p in (tmp_path / "state").iterdir()) == [
+        "shard-0-of-2",
+        "shard-1-of-2",
+    ]
+
+
+async def test_the_shard_comes_from_the_job_index(
+    tmp_path: Path, rows17: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(JOB_INDEX_VARIABLE, "1")
+    source = make_source(table_settings(tmp_path, shards=2))
+    await run_to_end(source)
+    assert source.state_location.endswith("shard-1-of-2")
+
+
+async def test_several_shards_without_a_shard_is_a_config_error(
+    tmp_path: Path, rows17: int
+) -> None:
+    source = make_source(table_settings(tmp_path, shards=2))
+    with pytest.raises(SourceConfigError, match="no shard is given"):
+        await source.check()
+
+
+# --- start-up check -----------------------------------------------------------------------------
+
+
+async def test_a_first_chunk_that_does_not_fit_the_binding_is_refused(
+    tmp_path: Path, rows17: int
+) -> None:
+    probed: list[Delivery] = []
+
+    def probe(delivery: Delivery) -> DeadLetterReason | None:
+        probed.append(delivery)
+        return WHOLE
+
+    source = make_source(table_settings(tmp_path), probe=probe)
+    with pytest.raises(SourceConfigError) as caught:
+        await source.check()
+    assert "day=1/a.parquet does not fit the binding: no column 'y'" in str(caught.value)
+    [delivery] = probed
+    assert delivery.message_id == "day=1/a.parquet@0"
+    assert ids_of(delivery) == [0, 1, 2, 3]
+
+
+async def test_a_first_chunk_with_a_row_level_problem_passes(tmp_path: Path, rows17: int) -> None:
+    probed: list[str] = []
+
+    def probe(delivery: Delivery) -> DeadLetterReason | None:
+        probed.append(delivery.message_id)
+        return ROW_LEVEL
+
+    source = make_source(table_settings(tmp_path), probe=probe)
+    rig = await run_to_end(source)  # the probed chunk is not left held: the run ends
+    assert probed == ["day=1/a.parquet@0"]
+    assert source.complete
+    assert sorted(rig.ids()) == list(range(rows17))
+
+
+async def test_a_missing_input_is_a_config_error(tmp_path: Path) -> None:
+    source = make_source(table_settings(tmp_path))
+    with pytest.raises(SourceConfigError, match="no such file or directory"):
+        await source.check()
+
+
+async def test_another_model_version_is_refused_unless_a_new_run(
+    tmp_path: Path, rows17: int
+) -> None:
+    first = make_source(table_settings(tmp_path))
+    await first.check()
+    rig = Rig(first)
+    await first.ack(await rig.take("day=1/a.parquet@0"))
+    await first.close()
+
+    other = make_source(table_settings(tmp_path), version="2")
+    with pytest.raises(SourceConfigError) as caught:
+        await other.check()
+    assert isinstance(caught.value.__cause__, RunMismatch)
+    assert "model_version: '1' then, '2' now" in str(caught.value)
+
+    fresh = make_source(table_settings(tmp_path, new_run=True), version="2")
+    await fresh.check()
+    assert fresh.counts.skipped == 0
+    rerun = Rig(fresh)
+    await rerun.drain()
+    assert sorted(rerun.ids()) == list(range(rows17))
+
+
+# --- read failures ------------------------------------------------------------------------------
+
+
+async def test_a_read_failing_on_the_store_is_retried_from_where_it_stopped(
+    tmp_path: Path, rows17: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    original = UnitReader.pieces
+    failed: list[int] = []
+
+    def flaky(self: UnitReader, unit: Unit) -> Iterator[Piece]:
+        for piece in original(self, unit):
+            yield piece
+            if unit.index == 1 and piece.first_row not in failed and len(failed) < 2:
+                failed.append(piece.first_row)
+                raise TableInputError("store: connection reset") from ConnectionResetError()
+
+    monkeypatch.setattr(UnitReader, "pieces", flaky)
+    slept: list[float] = []
+    source = make_source(table_settings(tmp_path, chunk_rows=2), sleep=slept.append)
+    rig = await run_to_end(source)
+    assert failed == [4, 6]  # row group 1 of a.parquet: after its first, then its second piece
+    assert slept == [1.0, 1.0]  # the wait starts over once a piece was read
+    assert sorted(rig.ids()) == list(range(rows17))
+    assert len(rig.ids()) == rows17
+    assert source.complete
+
+
+async def test_a_file_gone_is_not_retried_and_ends_the_deliveries(
+    tmp_path: Path, rows17: int
+) -> None:
+    source = make_source(table_settings(tmp_path))
+    await source.check()
+    (tmp_path / "in" / "day=1" / "a.parquet").unlink()
+    with pytest.raises(TableInputError, match=r"a\.parquet"):
+        async with asyncio.timeout(TIMEOUT_S):
+            await anext(source.vectors())
+    await source.close()
+
+
+# --- known problems -----------------------------------------------------------------------------
+
+
+async def test_a_column_no_row_can_convert_is_refused_at_start_up(tmp_path: Path) -> None:
+    n = 8
+    table = pa.table(
+        {
+            "id": pa.array(range(n), pa.int64()),
+            "x": pa.array([datetime.datetime(2024, 1, 1)] * n, pa.timestamp("us")),
+        }
+    )
+    (tmp_path / "in").mkdir()
+    pq.write_table(table, tmp_path / "in" / "a.parquet")
+    probed: list[Delivery] = []
+
+    def probe(delivery: Delivery) -> DeadLetterReason | None:
+        probed.append(delivery)
+        return None
+
+    source = make_source(table_settings(tmp_path), probe=probe)
+    try:
+        with pytest.raises(SourceConfigError, match="'x'"):
+            await source.check()
+    finally:
+        await source.close()
+
+
+async def test_an_input_without_any_column_read_is_refused_at_start_up(tmp_path: Path) -> None:
+    (tmp_path / "in").mkdir()
+    pq.write_table(pa.table({"other": list(range(8))}), tmp_path / "in" / "a.parquet")
+    source = make_source(table_settings(tmp_path), probe=lambda delivery: WHOLE)
+    try:
+        with pytest.raises(SourceConfigError):
+            await source.check()
+    finally:
+        await source.close()
+
+
+async def test_a_new_run_forgets_the_old_runs_dead_letters(tmp_path: Path) -> None:
+    write_dataset(tmp_path / "in", [("a.parquet", 3)], 3)
+    first = make_source(table_settings(tmp_path, chunk_rows=1))
+    await first.check()
+    rig = Rig(first)
+    await first.dead_letter(await rig.take("a.parquet@1"), WHOLE)
+    await rig.drain()
+    assert [r["file_row"] for r in read_dead_letters(folder_of(tmp_path))] == [1]
+
+    fresh = make_source(table_settings(tmp_path, chunk_rows=1, new_run=True), version="2")
+    rerun = await run_to_end(fresh)
+    assert sorted(rerun.ids()) == [0, 1, 2]
+    assert fresh.counts.written == 3
+    assert fresh.counts.dead_lettered == 0
+    assert read_dead_letters(folder_of(tmp_path)) == []
+
+
+async def test_a_decimal_column_does_not_crash_the_run(tmp_path: Path) -> None:
+    n = 4
+    table = pa.table(
+        {
+            "id": pa.array(range(n), pa.int64()),
+            "x": pa.array([decimal.Decimal("1.50")] * n, pa.decimal128(5, 2)),
+        }
+    )
+    (tmp_path / "in").mkdir()
+    pq.write_table(table, tmp_path / "in" / "a.parquet")
+    source = make_source(table_settings(tmp_path), probe=lambda delivery: None)
+    try:
+        try:
+            await source.check()
+        except SourceConfigError:
+            return  # refused at start-up: fine too
+        await Rig(source).drain()
+        assert source.complete
+        assert source.counts.dead_lettered == n
+    finally:
+        await source.close()
