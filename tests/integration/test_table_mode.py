@@ -16,7 +16,7 @@ import os
 import signal
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -225,17 +225,16 @@ def scorer_rows_executed(triton: TritonEndpoint) -> int:
     return int(stats["model_stats"][0]["inference_count"])
 
 
-def wait_for_rows(
-    postgres: PostgresEndpoint, table: str, at_least: int, proc: ConsumerProcess
-) -> int:
+def wait_until(written: Callable[[], int], at_least: int, proc: ConsumerProcess) -> int:
+    """Polls ``written()`` until it reaches ``at_least`` (failing early if ``proc`` died)."""
     deadline = time.monotonic() + RUN_TIMEOUT_S
     while time.monotonic() < deadline:
         proc.check_alive(f"{at_least} rows were written")
-        n = count_rows(postgres, table)
+        n = written()
         if n >= at_least:
             return n
         time.sleep(0.05)
-    raise AssertionError(f"fewer than {at_least} rows in {table} after {RUN_TIMEOUT_S} s")
+    raise AssertionError(f"fewer than {at_least} rows written after {RUN_TIMEOUT_S} s")
 
 
 # --- tests -------------------------------------------------------------------------------------
@@ -276,7 +275,7 @@ def test_kill_9_at_half_way_and_the_rerun_redoes_nothing(
     root, total = small_dataset
     table_run.config = config(str(root), str(tmp_path / "state"), triton, postgres, "tm_kill")
     first = table_run.start("first")
-    wait_for_rows(postgres, "tm_kill", total // 2, first)
+    wait_until(lambda: count_rows(postgres, "tm_kill"), total // 2, first)
     os.kill(first.pid, signal.SIGKILL)
     first.wait(30)
     written = count_rows(postgres, "tm_kill")
@@ -307,11 +306,7 @@ def test_four_shards_cover_every_row_once_and_a_killed_shard_reruns(
     root, total = small_dataset
     table_run.config = config(str(root), str(tmp_path / "state"), triton, postgres, "tm_shards")
     procs = [table_run.start(f"shard{k}", "--shard", f"{k}/4") for k in range(4)]
-    deadline = time.monotonic() + RUN_TIMEOUT_S
-    while procs[3].rows_written() < total // 20:  # shard 3 itself has written some
-        procs[3].check_alive("it wrote rows")
-        assert time.monotonic() < deadline, "shard 3 wrote nothing"
-        time.sleep(0.05)
+    wait_until(lambda: int(procs[3].rows_written()), total // 20, procs[3])  # shard 3's own
     os.kill(procs[3].pid, signal.SIGKILL)
     procs[3].wait(30)
     summaries = [table_run.finish(p) for p in procs[:3]]

@@ -5,8 +5,10 @@ chunks, so a rerun after a kill skips them without calling the model; and the ru
 mixing results.
 
 Files: ``run.json`` (the identity) and ``done-*`` segments, one line per settled range,
-``<file key> <first row> <rows> <w|d>`` (tab-separated; ``w`` written, ``d`` dead-lettered).
-Opening a run merges the segments into one."""
+``<file key> <first row> <rows> <w|d>`` (tab-separated; ``w`` settled, ``d`` dead-lettered).
+Opening a run, and every ``COMPACT_EVERY`` segments while it runs, the segments are merged into
+one (adjacent ranges joined), so the folder holds a few files however long the run, and a
+rerun reads them quickly from an object store."""
 
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ from rowbatch.consumer.sources.table.state import StateFolder
 
 RUN_FILE: Final = "run.json"
 DONE_PREFIX: Final = "done"
+COMPACT_EVERY: Final = 256
+"""Segments written since the last merge that trigger the next."""
 
 Outcome = Literal["w", "d"]
 
@@ -89,17 +93,29 @@ def _merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
 class Checkpoint:
     """The settled ranges of one shard's run (blocking methods: call them off the loop)."""
 
-    def __init__(self, folder: StateFolder, settled: Iterable[Settled] = ()) -> None:
+    def __init__(
+        self,
+        folder: StateFolder,
+        settled: Iterable[Settled] = (),
+        segments: Iterable[str] = (),
+        compact_every: int = COMPACT_EVERY,
+    ) -> None:
         self._folder = folder
         self._done: dict[str, list[tuple[int, int]]] = defaultdict(list)
+        self._dead: list[Settled] = []
         self.dead_lettered_rows = 0
         self._lock = threading.Lock()
+        self._compacting = threading.Lock()
+        self._segments = list(segments)
+        """The segments that hold this run's progress."""
+        self._compact_every = compact_every
         for s in settled:
             self._add(s)
 
     def _add(self, s: Settled) -> None:
         self._done[s.file].append((s.first_row, s.first_row + s.rows))
         if s.outcome == "d":
+            self._dead.append(s)
             self.dead_lettered_rows += s.rows
 
     @classmethod
@@ -130,21 +146,51 @@ class Checkpoint:
             lines = folder.read_segment(name)
             for line in lines or ():
                 settled.append(Settled.parse(line))
-        checkpoint = cls(folder, settled)
-        if len(segments) > 1:  # one merged segment, then the parts go
-            folder.write_segment(DONE_PREFIX, (s.line() for s in settled))
-            folder.delete(segments)
+        checkpoint = cls(folder, settled, segments)
+        if len(segments) > 1:
+            checkpoint.compact()
         return checkpoint
 
     def record(self, settled: Iterable[Settled]) -> None:
-        """Durably records ``settled`` (one new segment)."""
+        """Durably records ``settled`` (one new segment; every ``compact_every``, a merge)."""
         items = list(settled)
         if not items:
             return
-        self._folder.write_segment(DONE_PREFIX, (s.line() for s in items))
+        name = self._folder.write_segment(DONE_PREFIX, (s.line() for s in items))
         with self._lock:
             for s in items:
                 self._add(s)
+            self._segments.append(name)
+            due = len(self._segments) > self._compact_every
+        if due:
+            self.compact()
+
+    def compact(self) -> None:
+        """One segment with every settled range (merged), then the segments it replaces go.
+        A kill between the two leaves both: they hold the same ranges."""
+        if not self._compacting.acquire(blocking=False):
+            return  # another writer's thread is at it
+        try:
+            with self._lock:
+                replaced = list(self._segments)
+                lines = [
+                    Settled(file, start, stop - start, "w").line()
+                    for file, ranges in self._done.items()
+                    for start, stop in _merge(ranges)
+                ]
+                lines += [s.line() for s in self._dead]
+            merged = self._folder.write_segment(DONE_PREFIX, lines)
+            self._folder.delete(replaced)
+            with self._lock:
+                self._segments = [merged, *self._segments[len(replaced) :]]
+        finally:
+            self._compacting.release()
+
+    @property
+    def segments(self) -> int:
+        """How many segments hold the progress now."""
+        with self._lock:
+            return len(self._segments)
 
     def missing(self, file: str, first_row: int, rows: int) -> list[tuple[int, int]]:
         """The ranges ``(first, rows)`` of ``[first_row, first_row + rows)`` not yet

@@ -118,7 +118,7 @@ def test_several_segments_are_merged_into_one_on_open(tmp_path: Path) -> None:
     [merged] = folder.names(DONE_PREFIX)
     lines = folder.read_segment(merged)
     assert lines is not None
-    assert sorted(Settled.parse(line).first_row for line in lines) == [0, 10, 20, 30]
+    assert lines == ["f\t0\t40\tw"]  # adjacent ranges joined
 
     again = Checkpoint.open(folder_in(tmp_path), IDENTITY, new_run=False)
     assert again.missing("f", 0, 100) == [(40, 60)]
@@ -251,3 +251,21 @@ def test_an_empty_window_has_nothing_missing(bare_folder: StateFolder) -> None:
     with_progress = Checkpoint(bare_folder, [Settled("f", 100, 1, "w")])
     assert with_progress.missing("f", 5, 0) == []
     assert Checkpoint(bare_folder).missing("f", 5, 0) == []
+
+
+def test_a_long_run_keeps_a_few_segments_and_loses_nothing(tmp_path: Path) -> None:
+    """Every ``compact_every`` segments the progress is merged into one: the folder stays
+    small, and a reopened run sees every settled range and every dead-lettered row."""
+    folder = folder_in(tmp_path)
+    checkpoint = Checkpoint.open(folder, IDENTITY, new_run=False)
+    checkpoint._compact_every = 3
+    for first in range(0, 100, 10):
+        head = Settled("f", first, 5, "d") if first == 50 else Settled("f", first, 5, "w")
+        checkpoint.record([head, Settled("g", first, 10, "w")])
+        assert checkpoint.segments <= 4
+        assert len(folder.names(DONE_PREFIX)) == checkpoint.segments
+    again = Checkpoint.open(folder_in(tmp_path), IDENTITY, new_run=False)
+    assert again.missing("f", 0, 100) == [(s + 5, 5) for s in range(0, 100, 10)]
+    assert again.missing("g", 0, 120) == [(100, 20)]
+    assert again.dead_lettered_rows == 5
+    assert len(folder.names(DONE_PREFIX)) == 1
