@@ -133,10 +133,12 @@ class TableRun:
         proc.start()
         return proc
 
-    def finish(self, proc: ConsumerProcess, timeout_s: float = RUN_TIMEOUT_S) -> dict[str, Any]:
-        """Waits for ``proc`` to exit 0; its summary."""
-        code = proc.wait(timeout_s)
-        assert code == 0, f"table run {proc.name} exited with {code}:\n{proc.log()}"
+    def finish(
+        self, proc: ConsumerProcess, timeout_s: float = RUN_TIMEOUT_S, code: int = 0
+    ) -> dict[str, Any]:
+        """Waits for ``proc`` to exit with ``code``; its summary."""
+        got = proc.wait(timeout_s)
+        assert got == code, f"table run {proc.name} exited with {got}:\n{proc.log()}"
         summary: dict[str, Any] = json.loads(
             (self.tmp_path / f"summary-{proc.name}.json").read_text()
         )
@@ -270,8 +272,12 @@ def test_kill_9_at_half_way_and_the_rerun_redoes_nothing(
     table_run: TableRun,
     tmp_path: Path,
 ) -> None:
-    """Killed at ~50 %, rerun: the table completes, every row once, and Triton executed at
-    most the rows not yet written plus one batch per in-flight slot."""
+    """Killed at ~50 %, rerun: the table completes, every row once, and Triton executed the
+    rows not yet written plus at most a few chunks: progress is kept per chunk, so a chunk the
+    kill found partly written (its first batches written, the rest at the server or waiting for
+    a writer: at most two per batch in flight, and the write under way) is redone whole, as are
+    the chunks of a write committed but not yet recorded. Without the resume the rerun would
+    execute every row again."""
     root, total = small_dataset
     table_run.config = config(str(root), str(tmp_path / "state"), triton, postgres, "tm_kill")
     first = table_run.start("first")
@@ -283,7 +289,7 @@ def test_kill_9_at_half_way_and_the_rerun_redoes_nothing(
     summary = table_run.finish(table_run.start("second"))
     executed = scorer_rows_executed(triton) - executed_before
     remaining = total - written
-    allowance = summary["in_flight"] * summary["target_batch_size"]
+    allowance = (2 * summary["in_flight"] + 2) * CHUNK_ROWS
     print(
         f"\nkilled with {written:,} of {total:,} rows written; the rerun skipped "
         f"{summary['skipped_rows']:,} and Triton executed {executed:,} rows "
@@ -294,6 +300,37 @@ def test_kill_9_at_half_way_and_the_rerun_redoes_nothing(
     assert executed <= remaining + allowance
     assert summary["skipped_rows"] >= written - allowance
     assert_every_row_once(postgres, "tm_kill", total)
+
+
+def test_sigterm_stops_with_exit_3_and_a_changed_rerun_is_refused(
+    small_dataset: tuple[Path, int],
+    triton: TritonEndpoint,
+    postgres: PostgresEndpoint,
+    table_run: TableRun,
+    tmp_path: Path,
+) -> None:
+    """SIGTERM (a preempted pod): the run drains what it holds and exits 3, not done; a rerun
+    with other chunks (other keys) refuses (exit 2, naming what changed) instead of mixing
+    results; the same rerun resumes and completes."""
+    root, total = small_dataset
+    table_run.config = config(str(root), str(tmp_path / "state"), triton, postgres, "tm_term")
+    first = table_run.start("first")
+    wait_until(lambda: count_rows(postgres, "tm_term"), total // 5, first)
+    first.send(signal.SIGTERM)
+    stopped = table_run.finish(first, timeout_s=60, code=3)
+    assert not stopped["complete"]
+    assert 0 < stopped["written_rows"] < total
+    changed = dict(table_run.config)
+    changed["source"] = {**changed["source"], "chunk_rows": CHUNK_ROWS // 2}
+    table_run.config = changed
+    refused = table_run.start("changed")
+    assert refused.wait(120) == 2
+    assert "chunk_rows" in refused.log() and "--new-run" in refused.log()
+    table_run.config = config(str(root), str(tmp_path / "state"), triton, postgres, "tm_term")
+    resumed = table_run.finish(table_run.start("resumed"))
+    assert resumed["complete"]
+    assert resumed["skipped_rows"] == stopped["written_rows"]
+    assert_every_row_once(postgres, "tm_term", total)
 
 
 def test_four_shards_cover_every_row_once_and_a_killed_shard_reruns(
