@@ -343,21 +343,26 @@ class TableSource:
         self._changed.set()
 
     async def nack(self, delivery: Delivery) -> None:
-        held = self._held[delivery.message_id]
+        held = self._held.get(delivery.message_id)
+        if held is None:  # settled already (a dead letter that raised after settling it)
+            return
         held.attempt += 1
         self._retry.append(self._delivery_again(delivery, held.attempt))
         self._changed.set()
 
     async def dead_letter(self, delivery: Delivery, reason: DeadLetterReason) -> None:
-        held = self._held.pop(delivery.message_id)
+        held = self._held[delivery.message_id]
         piece = held.piece
         if piece.rows > 1 and reason.code not in WHOLE_CHUNK_CODES:
             half = piece.rows // 2
+            parts: list[tuple[Piece, EncodedChunk]] = []
             for part in (piece.part(0, half), piece.part(half, piece.rows - half)):
                 encoded = await asyncio.to_thread(encode_piece, part, self._s.table, self._schema)
                 await self._settle_bad(encoded, held.attempt)
-                for sub, chunk in encoded.chunks:
-                    self._retry.append(self._delivery(sub, chunk, held.attempt))
+                parts += encoded.chunks
+            del self._held[delivery.message_id]  # the first half takes its id over
+            for sub, chunk in parts:
+                self._retry.append(self._delivery(sub, chunk, held.attempt))
             log.info(
                 "chunk %s (%d rows) dead-lettered (%s): cut in halves to find its bad rows",
                 piece.chunk_id,
@@ -368,6 +373,7 @@ class TableSource:
             await self._durably(
                 "writing dead letters", self._write_dead_letters, [(piece, reason)], held.attempt
             )
+            del self._held[delivery.message_id]
         self._changed.set()
 
     def pause(self) -> None:

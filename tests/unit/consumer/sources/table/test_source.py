@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import decimal
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 
 import pyarrow as pa
@@ -18,14 +18,17 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from rowbatch.consumer.sources.base import DeadLetterReason, Delivery, SourceConfigError
+from rowbatch.consumer.sources.table import source as source_module
 from rowbatch.consumer.sources.table.checkpoint import RunMismatch
 from rowbatch.consumer.sources.table.dead_letters import read_dead_letters
+from rowbatch.consumer.sources.table.encode import Encoded, encode_piece
 from rowbatch.consumer.sources.table.plan import TableInputError, Unit
 from rowbatch.consumer.sources.table.reader import Piece, UnitReader
 from rowbatch.consumer.sources.table.settings import JOB_INDEX_VARIABLE, TableSettings
 from rowbatch.consumer.sources.table.source import Probe, TableSource
 from rowbatch.consumer.sources.table.state import StateFolder
 from rowbatch.wire.chunks.decode import decode_chunk
+from rowbatch.wire.columns.column_type import ColumnType
 from rowbatch.wire.dead_letter import ReasonClass
 from rowbatch.wire.headers.fields import H_CHUNK_ID
 from tests.unit.consumer.sources.table.data import ids_of, write_dataset
@@ -607,3 +610,33 @@ async def test_a_decimal_column_does_not_crash_the_run(tmp_path: Path) -> None:
         assert source.counts.dead_lettered == n
     finally:
         await source.close()
+
+
+async def test_a_dead_letter_that_fails_leaves_the_chunk_to_a_nack(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine nacks a delivery whose dead letter raised: the chunk is still held, so it
+    comes back whole, and nothing of it was settled."""
+    write_dataset(tmp_path / "in", [("a.parquet", 8)], 8)
+    source = make_source(table_settings(tmp_path))
+    await source.check()
+    rig = Rig(source)
+    first = await rig.take("a.parquet@0")
+
+    def broken(piece: Piece, table: str, schema: Mapping[str, ColumnType]) -> Encoded:
+        if piece.rows < first_rows:  # the dead letter's halves, not the reader's chunks
+            raise RuntimeError("encoder bug")
+        return encode_piece(piece, table, schema)
+
+    first_rows = int(first.attributes["rowbatch-row-count"])
+    monkeypatch.setattr(source_module, "encode_piece", broken)
+    reason = DeadLetterReason(ReasonClass.REJECTED_BY_MODEL, "bad row", "invalid_argument")
+    with pytest.raises(RuntimeError, match="encoder bug"):
+        await source.dead_letter(first, reason)
+    monkeypatch.undo()
+    await source.nack(first)
+    again = await rig.take("a.parquet@0")
+    assert again.delivery_attempt == 2 and again.payload == first.payload
+    await source.ack(again)
+    await rig.drain()
+    assert source.complete and source.counts.written == 8 and source.counts.dead_lettered == 0
