@@ -123,17 +123,21 @@ async def model_stats(client: Any, rows_at_least: int = 0) -> tuple[int, int, in
     deadline = time.monotonic() + 5
     while True:
         [stats] = (await client.get_inference_statistics(MODEL, as_json=True))["model_stats"]
-        rows = as_int(stats["inference_count"])
+        rows = as_int(stats.get("inference_count"))
         if rows >= rows_at_least or time.monotonic() > deadline:
             break
         await asyncio.sleep(0.02)
     infer_ns = sum(as_int(b["compute_infer"].get("ns")) for b in stats.get("batch_stats", []))
-    return as_int(stats["execution_count"]), rows, infer_ns
+    return as_int(stats.get("execution_count")), rows, infer_ns
 
 
 async def test_execution_takes_the_fixed_time(client: Any) -> None:
-    """A direct client at concurrency 1 with batch 256 sees about the analytic batch time
-    (+-30 %), and Triton's own compute time per execution is at least that and close to it."""
+    """Triton's own compute time per execution of a 256-row batch is at least the analytic
+    batch time and close to it (+30 %): that is what the saturation bench's ceiling rests on.
+    A direct client at concurrency 1 sees at least that time; what it sees beyond it (gRPC,
+    the Python backend's IPC, the client's own encode and decode) depends on this machine's CPU
+    and load (3-5 ms here on 2026-12-03, 4.7 ms on a CI runner), overlaps the next execution when
+    requests are pipelined, and is bounded only loosely (twice the analytic time)."""
     base_ms, per_row_us = await timing_parameters(client)
     analytic_s = fixed_latency_batch_s(BATCH, base_ms, per_row_us)
     features, count = random_rows(BATCH)
@@ -149,7 +153,8 @@ async def test_execution_takes_the_fixed_time(client: Any) -> None:
         times.append(time.perf_counter() - started)
     executions1, rows1, infer1 = await model_stats(client, rows0 + 20 * BATCH)
     median = statistics.median(times)
-    assert abs(median - analytic_s) <= TOLERANCE * analytic_s, (median, analytic_s)
+    print(f"\nanalytic {analytic_s * 1e3:.2f} ms, client median {median * 1e3:.2f} ms")
+    assert analytic_s * 0.99 <= median <= analytic_s * 2, (median, analytic_s)
     assert executions1 - executions0 == 20
     assert rows1 - rows0 == 20 * BATCH
     per_execution_s = (infer1 - infer0) / 20 / 1e9
