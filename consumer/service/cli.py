@@ -72,7 +72,9 @@ exit codes:
   run, check    0 clean stop; 1 failed while running; 2 bad configuration or a failed
                 start-up check
   table         0 every row of the shard written or dead-lettered; 1, 2 as run; 3 stopped
-                (SIGTERM) before the shard was done: run it again to resume
+                (SIGTERM) before the shard was done: run it again to resume; 4 the end was
+                reached but a part of the input could not be read (named in the summary):
+                mend the file, then run it again
   admin ensure  0 everything exists as configured (or was created); 1 the broker refused a
                 call; 2 bad configuration; 3 something exists but differs; 4 the broker did
                 not answer
@@ -185,6 +187,9 @@ async def _run(config: ConsumerConfig, on_running: Callable[[Running], None] | N
 
 EXIT_INCOMPLETE = 3
 """``table``: stopped before every row of the shard was settled (a rerun resumes)."""
+EXIT_UNREADABLE = 4
+"""``table``: the run went through the shard, but a part of the input could not be read (a
+corrupt file, named in the summary): rerunning cannot help until the file is mended."""
 
 
 def table_config(config: ConsumerConfig, args: argparse.Namespace) -> ConsumerConfig:
@@ -262,7 +267,9 @@ def _run_table(config: ConsumerConfig, summary_path: Path | None) -> int:
         time.monotonic() - started,
     )
     write_summary(summary, summary_path, sys.stderr)
-    return 0 if summary.complete else EXIT_INCOMPLETE
+    if summary.complete:
+        return 0
+    return EXIT_UNREADABLE if summary.unreadable else EXIT_INCOMPLETE
 
 
 async def _check(config: ConsumerConfig) -> None:

@@ -49,6 +49,9 @@ class TableSummary:
     window_cpu_s: float
     """User + system CPU of the process from the first write to the last."""
     peak_rss_mib: float
+    unreadable: tuple[str, ...] = ()
+    """The parts of the input that could not be read, with where and why (the run is then
+    not complete: a rerun reads them again)."""
 
     @property
     def window_rows_per_s(self) -> float:
@@ -60,7 +63,13 @@ class TableSummary:
 
     def lines(self) -> list[str]:
         planned = "?" if self.planned_rows is None else f"{self.planned_rows:,}"
-        head = "complete" if self.complete else "NOT complete (stopped; a rerun resumes)"
+        if self.complete:
+            head = "complete"
+        elif self.unreadable:
+            head = f"NOT complete ({len(self.unreadable)} part(s) of the input could not be read)"
+        else:
+            head = "NOT complete (stopped; a rerun resumes)"
+        unreadable = [f"  unreadable: {what}" for what in self.unreadable]
         return [
             f"table run {head}",
             f"  rows: {planned} planned, {self.skipped_rows:,} skipped (settled by an earlier "
@@ -71,6 +80,7 @@ class TableSummary:
             f"{self.batches:,} batches of {self.mean_batch_rows:,.1f} rows on average "
             f"({self.batch_fill:.0%} of the target {self.target_batch_size})",
             f"  progress and dead letters: {self.state}",
+            *unreadable,
         ]
 
     def to_json(self) -> str:
@@ -116,6 +126,7 @@ def summarize(
         cpu_s=usage.ru_utime + usage.ru_stime,
         window_cpu_s=counts.last_write_cpu - counts.first_write_cpu,
         peak_rss_mib=usage.ru_maxrss / 1024,
+        unreadable=tuple(counts.unreadable),
     )
 
 

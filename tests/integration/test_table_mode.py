@@ -442,6 +442,46 @@ def test_bad_rows_go_to_the_dead_letter_file_and_nothing_else(
         assert int(chunk.rpartition("@")[2]) + int(index) == i
 
 
+def test_a_corrupt_row_group_is_named_and_skipped_and_the_mended_file_resumes_it(
+    triton: TritonEndpoint,
+    postgres: PostgresEndpoint,
+    table_run: TableRun,
+    tmp_path: Path,
+) -> None:
+    """A row group whose pages are corrupt (pyarrow: an OSError, as from a store that is down;
+    the store still finds the file): the run writes every other row, records the part in the
+    dead-letter file and its summary, and exits 4 (not complete); once the file is mended the
+    rerun reads only that row group and completes."""
+    root = tmp_path / "in"
+    total = write_dataset(pafs.LocalFileSystem(), str(root), 2, 20_000, 5_000)
+    [path] = root.glob("day=2024-01-02/*.parquet")
+    good = path.read_bytes()
+    page = pq.ParquetFile(path).metadata.row_group(2).column(0).data_page_offset
+    data = bytearray(good)
+    data[page : page + 64] = bytes(b ^ 0x5A for b in data[page : page + 64])
+    path.write_bytes(bytes(data))
+    state = tmp_path / "state"
+    table_run.config = config(str(root), str(state), triton, postgres, "tm_corrupt")
+    summary = table_run.finish(table_run.start("corrupt"), code=4)
+    lost = range(20_000 + 10_000, 20_000 + 15_000)  # the second file's row group 2
+    assert not summary["complete"]
+    [what] = summary["unreadable"]
+    assert what.startswith("day=2024-01-02/part-1.parquet rows 10000-14999: ")
+    assert summary["written_rows"] == total - len(lost)
+    [record] = read_dead_letters(StateFolder(str(state), "shard-0-of-1"))
+    assert (record["file_row"], record["rows"], record["code"]) == (
+        10_000,
+        5_000,
+        "unreadable_input",
+    )
+    ids, _, _, _ = result_rows(postgres, "tm_corrupt")
+    np.testing.assert_array_equal(ids, [i for i in range(total) if i not in lost])
+    path.write_bytes(good)
+    mended = table_run.finish(table_run.start("mended"))
+    assert mended["complete"] and mended["read_rows"] == len(lost)
+    assert_every_row_once(postgres, "tm_corrupt", total)
+
+
 @pytest.mark.parametrize("name", ["rows.csv", "rows.jsonl.gz"])
 def test_text_formats(
     name: str,

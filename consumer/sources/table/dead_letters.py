@@ -1,8 +1,9 @@
 """A table run's dead letters: one JSON line per row that could not be written, with its key,
 where it came from, why, and its values, in ``dead-letters-*`` segments of the shard's state
-folder (``rowbatch-consumer`` never stops a run for a bad row). A rerun after a kill may write a
-row's record again (the same key): read them with :func:`read_dead_letters`, which keeps one per
-key."""
+folder (``rowbatch-consumer`` never stops a run for a bad row), and one line per part of a file
+that could not be read at all (``code`` ``unreadable_input``, ``rows`` how many if known). A
+rerun after a kill may write a row's record again (the same key): read them with
+:func:`read_dead_letters`, which keeps one per key."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import orjson
 from rowbatch.consumer.sources.base import DeadLetterReason
 from rowbatch.consumer.sources.table.reader import Piece
 from rowbatch.consumer.sources.table.state import StateFolder
+from rowbatch.wire.dead_letter import ReasonClass
 
 DEAD_LETTER_PREFIX: Final = "dead-letters"
 
@@ -59,6 +61,29 @@ def records(piece: Piece, reason: DeadLetterReason, *, attempt: int) -> Iterator
         )
 
 
+UNREADABLE_CODE: Final = "unreadable_input"
+
+
+def unreadable_record(file: str, first_row: int, rows: int | None, message: str) -> bytes:
+    """One JSON line for a part of a file that could not be read (from ``first_row``;
+    ``rows`` None: to the file's end, count unknown): no row values, no chunk."""
+    return orjson.dumps(
+        {
+            "chunk_id": None,
+            "row_index": None,
+            "file": file,
+            "file_row": first_row,
+            "rows": rows,
+            "reason": ReasonClass.UNDECODABLE.value,
+            "code": UNREADABLE_CODE,
+            "message": message,
+            "attempt": 1,
+            "at": datetime.now(UTC).isoformat(timespec="milliseconds"),
+            "row": None,
+        }
+    )
+
+
 def write_dead_letters(folder: StateFolder, lines: list[bytes]) -> None:
     """One segment of ``lines`` (blocking)."""
     if lines:
@@ -75,4 +100,11 @@ def read_dead_letters(folder: StateFolder) -> list[dict[str, Any]]:
     return [found[k] for k in sorted(found)]
 
 
-__all__ = ["DEAD_LETTER_PREFIX", "read_dead_letters", "records", "write_dead_letters"]
+__all__ = [
+    "DEAD_LETTER_PREFIX",
+    "UNREADABLE_CODE",
+    "read_dead_letters",
+    "records",
+    "unreadable_record",
+    "write_dead_letters",
+]

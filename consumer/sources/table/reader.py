@@ -94,6 +94,16 @@ class UnitReader:
         except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:
             raise TableInputError(f"{where}: cannot read it: {exc}") from exc
 
+    def store_answers(self, unit: Unit) -> bool:
+        """Whether the filesystem still finds the unit's file: after a read failed with an
+        OSError, True says the file's content is at fault (corrupt, truncated), False that
+        the store itself is (down, unreachable)."""
+        try:
+            info = self._fs.get_file_info(unit.file.path)
+        except OSError:
+            return False
+        return bool(info.type == pafs.FileType.File)
+
     def _parquet_file(self, path: str) -> pq.ParquetFile:
         if self._open is None or self._open[0] != path:
             self.close()

@@ -37,7 +37,11 @@ from rowbatch.consumer.sources.base import (
     WorkBound,
 )
 from rowbatch.consumer.sources.table.checkpoint import Checkpoint, RunIdentity, RunMismatch, Settled
-from rowbatch.consumer.sources.table.dead_letters import records, write_dead_letters
+from rowbatch.consumer.sources.table.dead_letters import (
+    records,
+    unreadable_record,
+    write_dead_letters,
+)
 from rowbatch.consumer.sources.table.encode import Encoded, encode_piece
 from rowbatch.consumer.sources.table.plan import (
     TableInputError,
@@ -58,10 +62,43 @@ WHOLE_CHUNK_CODES: Final = frozenset({"missing_column", "column_type_mismatch", 
 """Dead-letter codes that hold for every row of a chunk alike: not bisected."""
 READ_RETRY_S: Final = (1.0, 60.0)
 """A failed read waits this long at first, doubling up to the second figure."""
+CONTENT_ATTEMPTS: Final = 3
+"""Reads of one place in a file that may fail while the store still finds the file before
+the rest of the unit is taken as unreadable (pyarrow reports a corrupt Parquet page as an
+OSError, like a store that is down: a store that answers tells them apart)."""
 
 Probe = Callable[[Delivery], DeadLetterReason | None]
 """Start-up check of the first chunk against the binding: the reason it would be
 dead-lettered, or None."""
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """The rest of a unit, from ``first_row``, that failed to read for a reason other than
+    the filesystem (the file is corrupt, truncated, or not in its format)."""
+
+    unit: Unit
+    first_row: int
+    error: TableInputError
+
+    @property
+    def rows(self) -> int | None:
+        """How many rows are lost (known for Parquet; None for a text file)."""
+        if self.unit.rows is None:
+            return None
+        return self.unit.first_row + self.unit.rows - self.first_row
+
+    def describe(self) -> str:
+        last = "" if self.rows is None else f"-{self.first_row + self.rows - 1}"
+        return (
+            f"{self.unit.file.relative} rows {self.first_row}{last or ' to its end'}: {self.error}"
+        )
+
+
+class _UnitFailed(Exception):
+    def __init__(self, unreadable: Unreadable) -> None:
+        super().__init__(unreadable.describe())
+        self.unreadable = unreadable
 
 
 @dataclass
@@ -78,6 +115,10 @@ class TableCounts:
     dead_lettered: int = 0
     chunks: int = 0
     """Chunks written in this run."""
+    unreadable: list[str] = field(default_factory=list)
+    """The parts of the input that could not be read (a corrupt or truncated file), each
+    named with where and why: their rows are in no chunk and in the dead-letter file as one
+    record per part; a rerun reads them again."""
     bytes: int = 0
     """Their payload bytes (the rows as the engine read them)."""
     first_write_at: float | None = None
@@ -146,7 +187,8 @@ class TableSource:
         self._metrics = _TableMetrics(registry)
         self.counts = TableCounts()
         self.complete = False
-        """Every row of the shard is settled (set when the deliveries end)."""
+        """Every row of the shard is settled (set when the deliveries end): not when a part
+        of the input could not be read (``counts.unreadable``)."""
         self._units: tuple[Unit, ...] = ()
         self._folder: StateFolder | None = None
         self._checkpoint: Checkpoint | None = None
@@ -284,7 +326,7 @@ class TableSource:
             if not self._paused and (self._retry or self._ready):
                 return self._take()
             if self._fed_all and not self._held and not self._retry and not self._ready:
-                self.complete = True
+                self.complete = not self.counts.unreadable
                 raise StopAsyncIteration
             self._changed.clear()
             await self._changed.wait()
@@ -441,6 +483,26 @@ class TableSource:
                 reason.message,
             )
 
+    def _write_unreadable(self, unreadable: Unreadable) -> None:
+        """Blocking: one dead-letter record for the part that cannot be read. Its rows are
+        not recorded as settled, so a rerun (after the file is mended) reads them again."""
+        assert self._folder is not None
+        record = unreadable_record(
+            unreadable.unit.file.relative,
+            unreadable.first_row,
+            unreadable.rows,
+            str(unreadable.error),
+        )
+        write_dead_letters(self._folder, [record])
+        self.counts.unreadable.append(unreadable.describe())
+        if unreadable.rows is not None:
+            self._metrics.rows.labels("unreadable").inc(unreadable.rows)
+        log.error(
+            "cannot read %s; its rows are skipped in this run (a dead-letter record says so, "
+            "a rerun reads them again)",
+            unreadable.describe(),
+        )
+
     async def _settle_bad(self, encoded: Encoded, attempt: int) -> None:
         if encoded.bad:
             await self._durably(
@@ -473,6 +535,9 @@ class TableSource:
                 encoded = await asyncio.to_thread(next, pieces, None)
                 if encoded is None:
                     break
+                if isinstance(encoded, Unreadable):
+                    await self._durably("writing dead letters", self._write_unreadable, encoded)
+                    continue
                 await self._settle_bad(encoded, 1)
                 for piece, chunk in encoded.chunks:
                     delivery = self._delivery(piece, chunk, 1)
@@ -491,8 +556,9 @@ class TableSource:
         finally:
             self._changed.set()
 
-    def _pieces(self) -> Iterator[Encoded]:
-        """Blocking: the shard's rows not yet settled, encoded, in order."""
+    def _pieces(self) -> Iterator[Encoded | Unreadable]:
+        """Blocking: the shard's rows not yet settled, encoded, in order; the rest of a unit
+        that cannot be read, once."""
         assert self._checkpoint is not None
         checkpoint = self._checkpoint
         reader = self._reader()
@@ -501,18 +567,25 @@ class TableSource:
                 key = unit.file.key
                 if unit.rows is not None and not checkpoint.missing(key, unit.first_row, unit.rows):
                     continue
-                for piece in self._unit_pieces(reader, unit):
-                    for first, rows in checkpoint.missing(key, piece.first_row, piece.rows):
-                        part = piece.part(first - piece.first_row, rows)
-                        yield encode_piece(part, self._s.table, self._schema)
+                try:
+                    for piece in self._unit_pieces(reader, unit):
+                        for first, rows in checkpoint.missing(key, piece.first_row, piece.rows):
+                            part = piece.part(first - piece.first_row, rows)
+                            yield encode_piece(part, self._s.table, self._schema)
+                except _UnitFailed as failed:
+                    reader.close()
+                    yield failed.unreadable
         finally:
             reader.close()
 
     def _unit_pieces(self, reader: UnitReader, unit: Unit) -> Iterator[Piece]:
-        """The unit's pieces; a read failing on the filesystem is retried with backoff (the
-        pieces already yielded are not yielded again)."""
+        """The unit's pieces. A read failing on the filesystem is retried with backoff (the
+        pieces already yielded are not yielded again) while the store does not answer, or up
+        to ``CONTENT_ATTEMPTS`` times while it does; a read failing otherwise (the file's
+        content: not in its format, corrupt) raises ``_UnitFailed`` for the rest."""
         next_row = unit.first_row
         wait = READ_RETRY_S[0]
+        content_failures = 0
         while True:
             try:
                 for piece in reader.pieces(unit):
@@ -521,16 +594,23 @@ class TableSource:
                     yield piece
                     next_row = piece.first_row + piece.rows
                     wait = READ_RETRY_S[0]
+                    content_failures = 0
             except TableInputError as exc:
                 cause = exc.__cause__
-                if not isinstance(cause, OSError) or isinstance(cause, FileNotFoundError):
-                    raise
-                log.warning("%s; reading it again in %.0f s", exc, wait)
+                if isinstance(cause, FileNotFoundError):
+                    raise  # the input changed under the run: its plan no longer holds
+                if not isinstance(cause, OSError):
+                    raise _UnitFailed(Unreadable(unit, next_row, exc)) from exc
                 reader.close()
+                if reader.store_answers(unit):
+                    content_failures += 1
+                    if content_failures >= CONTENT_ATTEMPTS:
+                        raise _UnitFailed(Unreadable(unit, next_row, exc)) from exc
+                log.warning("%s; reading it again in %.0f s", exc, wait)
                 self._sleep(wait)
                 wait = min(wait * 2, READ_RETRY_S[1])
             else:
                 return
 
 
-__all__ = ["WHOLE_CHUNK_CODES", "TableCounts", "TableSource"]
+__all__ = ["WHOLE_CHUNK_CODES", "TableCounts", "TableSource", "Unreadable"]

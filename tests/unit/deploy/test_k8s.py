@@ -44,12 +44,14 @@ CONFIG_PATH = "/etc/rowbatch/consumer.toml"
 
 # The backfill (deploy/k8s/backfill): offline table mode, `rowbatch-consumer table`, as an
 # Indexed Job. Its exit codes: 0 the shard is done, 1 failed, 2 bad configuration or a failed
-# start-up check, 3 stopped by SIGTERM before the end (a rerun resumes from [source] state).
+# start-up check, 3 stopped by SIGTERM before the end (a rerun resumes from [source] state), 4
+# a part of the input could not be read (a corrupt file: a rerun cannot help until it is mended).
 BACKFILL = "backfill"
 TABLE_CONFIG_PATH = "/etc/rowbatch/table.toml"
 TABLE_EXIT_FAILED = 1
 TABLE_EXIT_CONFIG = 2
 TABLE_EXIT_STOPPED = 3
+TABLE_EXIT_UNREADABLE = 4
 JOB_INDEX_VARIABLE = "JOB_COMPLETION_INDEX"  # set by Kubernetes in each pod of an Indexed Job
 OBJECT_STORES = ("gs://", "s3://", "abfs://", "az://")
 
@@ -522,6 +524,8 @@ def test_the_backfill_fails_a_bad_config_at_once_and_resumes_a_stopped_shard() -
     assert first_match[TABLE_EXIT_CONFIG] == "FailIndex"
     # exit 3 (SIGTERM) and evictions/preemptions use no retry: the next pod resumes
     assert first_match[TABLE_EXIT_STOPPED] == "Ignore"
+    # exit 4 (a corrupt file): a retry reads the same bytes; the index fails (no endless pods)
+    assert first_match[TABLE_EXIT_UNREADABLE] == "FailIndex"
     assert TABLE_EXIT_FAILED not in first_match, "a failure counts against backoffLimitPerIndex"
     disruption = [r for r in rules if "onPodConditions" in r]
     assert disruption == [

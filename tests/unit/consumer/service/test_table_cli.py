@@ -225,6 +225,16 @@ async def test_an_incomplete_run_with_unknown_rows_says_so(tmp_path: Path) -> No
     assert "? planned" in lines[1]
 
 
+async def test_an_unreadable_part_makes_the_run_incomplete_and_is_named(tmp_path: Path) -> None:
+    source = await finished_source(tmp_path)
+    source.counts.unreadable.append("a.parquet rows 0-2: cannot read it: corrupt")
+    summary = summarize(source, Metrics(), target_batch_size=400, in_flight=3, wall_s=1.0)
+    lines = summary.lines()
+    assert lines[0] == "table run NOT complete (1 part(s) of the input could not be read)"
+    assert lines[-1] == "  unreadable: a.parquet rows 0-2: cannot read it: corrupt"
+    assert json.loads(summary.to_json())["unreadable"] == [source.counts.unreadable[0]]
+
+
 async def test_the_summary_json_holds_the_figures(tmp_path: Path) -> None:
     summary = await summary_of(tmp_path, complete=True, planned=1_235_000)
     data = json.loads(summary.to_json())
@@ -256,7 +266,13 @@ async def test_write_summary_prints_the_lines_and_writes_the_json(
 
 def test_a_run_with_nothing_written_has_no_rate_or_fill() -> None:
     values: dict[str, object] = dict.fromkeys(TableSummary.__dataclass_fields__, 0)
-    values |= {"complete": True, "planned_rows": None, "state": "s", "wall_s": 0.0}
+    values |= {
+        "complete": True,
+        "planned_rows": None,
+        "state": "s",
+        "wall_s": 0.0,
+        "unreadable": (),
+    }
     summary = TableSummary(**values)  # type: ignore[arg-type]
     assert summary.batch_fill == 0.0
     assert "0 written" in summary.lines()[1]

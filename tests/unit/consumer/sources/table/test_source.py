@@ -31,7 +31,7 @@ from rowbatch.wire.chunks.decode import decode_chunk
 from rowbatch.wire.columns.column_type import ColumnType
 from rowbatch.wire.dead_letter import ReasonClass
 from rowbatch.wire.headers.fields import H_CHUNK_ID
-from tests.unit.consumer.sources.table.data import ids_of, write_dataset
+from tests.unit.consumer.sources.table.data import ids_of, write_dataset, write_parquet
 
 TIMEOUT_S = 10
 ROW_LEVEL = DeadLetterReason(ReasonClass.SCHEMA_MISMATCH, "column 'x': a null", "null_not_allowed")
@@ -520,6 +520,80 @@ async def test_a_read_failing_on_the_store_is_retried_from_where_it_stopped(
     assert sorted(rig.ids()) == list(range(rows17))
     assert len(rig.ids()) == rows17
     assert source.complete
+
+
+async def test_a_corrupt_row_group_is_skipped_with_a_dead_letter_record_and_the_run_goes_on(
+    tmp_path: Path,
+) -> None:
+    """pyarrow reports a corrupt Parquet page as an OSError, like a store that is down: the
+    store still finds the file, so after CONTENT_ATTEMPTS reads the rest of the row group is
+    unreadable (one dead-letter record with its rows, the run not complete) and every other
+    row group is read; it used to be retried every minute for ever."""
+    path = tmp_path / "in" / "big.parquet"
+    write_parquet(path, 0, 8_000, row_group_rows=2_000)
+    data = bytearray(path.read_bytes())
+    page = pq.ParquetFile(path).metadata.row_group(1).column(0).data_page_offset  # its ids
+    data[page : page + 64] = bytes(b ^ 0x5A for b in data[page : page + 64])
+    path.write_bytes(bytes(data))
+    slept: list[float] = []
+    source = make_source(table_settings(tmp_path, chunk_rows=500), sleep=slept.append)
+    rig = await run_to_end(source)
+    assert not source.complete
+    [what] = source.counts.unreadable
+    assert "big.parquet" in what
+    [record] = read_dead_letters(folder_of(tmp_path))
+    assert record["code"] == "unreadable_input" and record["reason"] == "undecodable"
+    assert (record["file_row"], record["rows"]) == (2_000, 2_000)  # row group 1, no piece read
+    lost = range(2_000, 4_000)
+    assert sorted(rig.ids()) == [i for i in range(8_000) if i not in lost]
+    assert slept == [1.0, 2.0]  # CONTENT_ATTEMPTS reads, backing off between them
+
+
+async def test_a_text_file_that_stops_parsing_keeps_its_rows_before_and_a_rerun_reads_the_rest(
+    tmp_path: Path, rows17: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    original = UnitReader.pieces
+
+    def bad_format(self: UnitReader, unit: Unit) -> Iterator[Piece]:
+        for piece in original(self, unit):
+            yield piece
+            if unit.index == 1:
+                raise TableInputError("a.parquet: cannot read it: parse error") from ValueError()
+
+    monkeypatch.setattr(UnitReader, "pieces", bad_format)
+    source = make_source(table_settings(tmp_path, chunk_rows=2))
+    rig = await run_to_end(source)
+    assert not source.complete
+    assert source.counts.unreadable == [
+        "day=1/a.parquet rows 6-7: a.parquet: cannot read it: parse error"
+    ]
+    assert sorted(rig.ids()) == [i for i in range(rows17) if i not in (6, 7)]
+    monkeypatch.setattr(UnitReader, "pieces", original)
+    again = make_source(table_settings(tmp_path, chunk_rows=2))
+    rerun = await run_to_end(again)
+    assert again.complete
+    assert sorted(rerun.ids()) == [6, 7]
+
+
+async def test_a_store_that_does_not_answer_is_waited_for_past_the_content_attempts(
+    tmp_path: Path, rows17: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    original = UnitReader.pieces
+    failures = iter(range(source_module.CONTENT_ATTEMPTS + 3))
+
+    def store_down(self: UnitReader, unit: Unit) -> Iterator[Piece]:
+        if unit.index == 1 and next(failures, None) is not None:
+            raise TableInputError("store: unreachable") from ConnectionRefusedError()
+        yield from original(self, unit)
+
+    monkeypatch.setattr(UnitReader, "pieces", store_down)
+    monkeypatch.setattr(UnitReader, "store_answers", lambda self, unit: False)
+    slept: list[float] = []
+    source = make_source(table_settings(tmp_path), sleep=slept.append)
+    rig = await run_to_end(source)
+    assert source.complete and not source.counts.unreadable
+    assert sorted(rig.ids()) == list(range(rows17))
+    assert slept == [1.0, 2.0, 4.0, 8.0, 16.0, 32.0]
 
 
 async def test_a_file_gone_is_not_retried_and_ends_the_deliveries(
