@@ -194,7 +194,23 @@ def test_alerts_fire_and_every_rule_and_panel_has_data(
         recorded = [r["name"] for r in prom.rules() if r["type"] == "recording"]
         no_data = [name for name in recorded if not has_finite_value(prom.query(name))]
         assert no_data == [], f"recording rules without data: {no_data}"
-        queries = dashboard_queries()
+        # Panels over metrics from outside the consumer that this Prometheus has no source for
+        # are not checked here, each for the reason stated (the unit tests check that promtool
+        # parses them and that they are scoped to the dashboard's consumers).
+        not_here = {
+            "kube_pod_container_status_restarts_total": "kube-state-metrics: no cluster here",
+            "pubsub_googleapis_com:subscription_num_undelivered_messages": (
+                "Cloud Monitoring via GKE managed Prometheus: none here (the broker is Kafka)"
+            ),
+        }
+        queries, skipped = [], []
+        for what, expr in dashboard_queries():
+            reasons = [reason for name, reason in not_here.items() if name in expr]
+            if reasons:
+                skipped.append(f"{what} ({'; '.join(reasons)})")
+            else:
+                queries.append((what, expr))
+        print("\ndashboard queries not checked: " + ", ".join(skipped))
         empty = [(what, expr) for what, expr in queries if not has_finite_value(prom.query(expr))]
         assert empty == [], f"dashboard queries without data: {empty}"
     assert proc.terminate(60) == 0, proc.log()  # a clean stop (the fixture only kills)

@@ -1,7 +1,9 @@
-"""deploy/prometheus/rules and deploy/grafana, checked offline: ``promtool`` accepts the rules and
-their unit tests pass; every metric the rules and the dashboard name is one the consumer exports;
-every alert is documented in docs/observability.md; every dashboard query is scoped to the
-dashboard's job; and the harness's Prometheus configuration scrapes what it should."""
+"""deploy/prometheus/rules and deploy/grafana, checked offline: ``promtool`` accepts the rules,
+their unit tests pass and it parses every dashboard query; every metric the rules and the
+dashboard name is one the consumer exports or one of the few named external ones; every alert's
+runbook_url is a section of docs/observability.md; every dashboard query is scoped to the
+dashboard's job (or subscription); and the harness's Prometheus configuration scrapes what it
+should."""
 
 from __future__ import annotations
 
@@ -28,10 +30,44 @@ RULES = RULES_DIR / "rowbatch.rules.yml"
 RULES_TEST = RULES_DIR / "rowbatch.test.yml"
 DASHBOARD = REPO_ROOT / "deploy" / "grafana" / "rowbatch-consumers.json"
 DOC = REPO_ROOT / "docs" / "observability.md"
+CONSUMER_DEPLOYMENT = REPO_ROOT / "deploy" / "k8s" / "base" / "deployment.yaml"
+
+#: The base every alert's ``runbook_url`` starts with, as the rules file's header states it
+#: (``# runbook_url base: <URL>``): a fork changes it there and in the annotations.
+_RUNBOOK_BASE = re.compile(r"^# runbook_url base: (\S+)$", re.MULTILINE)
+
+#: The metrics the rules and the dashboard may name that the consumer does not export, each
+#: with where it comes from and the text every query naming it must contain, which scopes it to
+#: the dashboard's consumers (as ``job=~"$job"`` does the consumer's own metrics).
+EXTERNAL_METRICS: dict[str, tuple[str, str]] = {
+    # Prometheus' own series per scrape target: 1 while the consumer answers its scrape.
+    "up": ("Prometheus (every scrape target)", 'up{job=~"$job"}'),
+    # kube-state-metrics (installed by kube-prometheus-stack), joined on the pod to the
+    # consumer targets: its series carry kube-state-metrics' job, not the consumers'.
+    "kube_pod_container_status_restarts_total": (
+        "kube-state-metrics",
+        'and on (namespace, pod) up{job=~"$job"}',
+    ),
+    # Cloud Monitoring's Pub/Sub metric as GKE's managed Prometheus serves it; no job label,
+    # scoped by the dashboard's subscription variable instead.
+    "pubsub_googleapis_com:subscription_num_undelivered_messages": (
+        "Cloud Monitoring (GKE managed Prometheus)",
+        'subscription_id=~"$subscription"',
+    ),
+}
 
 _METRIC = re.compile(r"(?<![:\w])rowbatch_[a-z0-9_]+")
 _RECORDED = re.compile(r"\b[a-z_]+:rowbatch_[a-z0-9_]+:[a-z0-9_]+\b")
 _SELECTOR = re.compile(r"(?<![:\w])(rowbatch_[a-z0-9_]+)(\{[^}]*\})?")
+# What is not a metric name in PromQL: strings, label matchers, ranges, grouping label lists,
+# function and aggregation calls, keywords.
+_NOT_NAMES = re.compile(
+    r'"[^"]*"|\{[^}]*\}|\[[^\]]*\]'
+    r"|\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)"
+)
+_IDENTIFIER = re.compile(r"(?<![\w:.$])([a-zA-Z_:][\w:]*)(?![\w:])(?!\s*\()")
+_KEYWORDS = {"and", "or", "unless", "bool", "offset", "by", "without", "on", "ignoring"}
+_KEYWORDS |= {"group_left", "group_right", "inf", "nan"}
 
 
 @pytest.fixture
@@ -51,6 +87,12 @@ def _dashboard() -> dict[str, Any]:
 
 def _dashboard_exprs() -> list[str]:
     return [t["expr"] for p in _dashboard()["panels"] for t in p["targets"]]
+
+
+def metric_names(expr: str) -> set[str]:
+    """The metric names a PromQL expression selects (including recorded series' names)."""
+    bare = _NOT_NAMES.sub(" ", expr)
+    return {n for n in _IDENTIFIER.findall(bare) if n.lower() not in _KEYWORDS}
 
 
 def exported_series_names() -> set[str]:
@@ -89,6 +131,16 @@ def test_rules_and_dashboard_name_only_exported_metrics() -> None:
     exprs = [rule["expr"] for rule in _rules()] + _dashboard_exprs()
     named = {name for expr in exprs for name in _METRIC.findall(expr)}
     assert named - exported == set()
+    # Every name, not only rowbatch_*: the consumer's, the rules' recorded series, or one of
+    # the named external metrics; and each of those is used (the allow-list stays tight).
+    recorded = {rule["record"] for rule in _rules() if "record" in rule}
+    every = {name for expr in exprs for name in metric_names(expr)}
+    assert every - exported - recorded - set(EXTERNAL_METRICS) == set()
+    assert set(EXTERNAL_METRICS) <= every
+    assert metric_names(
+        'sum by (pod) (increase(a_total{x="b"}[5m]) and on (namespace, pod) up{job=~"$job"})'
+        " / ignoring (le) rate(job:c:rate1m[$__rate_interval]) > bool 0"
+    ) == {"a_total", "up", "job:c:rate1m"}
     # The alerts' and panels' subjects are all covered.
     for must in (
         "rowbatch_messages_dead_lettered_total",
@@ -114,6 +166,10 @@ def test_alerts_use_only_recorded_series_that_are_defined() -> None:
 
 
 def test_every_alert_has_a_severity_and_a_documented_runbook() -> None:
+    """kube-prometheus' convention: an absolute ``runbook_url``, here the rules file's one base
+    and the alert's section of docs/observability.md."""
+    (base,) = _RUNBOOK_BASE.findall(RULES.read_text())
+    assert base.startswith("https://") and base.endswith("/docs/observability.md"), base
     doc = DOC.read_text()
     anchors = {
         re.sub(r"[^a-z0-9 -]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
@@ -132,16 +188,31 @@ def test_every_alert_has_a_severity_and_a_documented_runbook() -> None:
     for alert in alerts:
         name = alert["alert"]
         assert alert["labels"]["severity"] in ("critical", "warning", "info"), name
-        assert {"summary", "description", "runbook"} <= set(alert["annotations"]), name
-        page, anchor = alert["annotations"]["runbook"].split("#")
-        assert page == "docs/observability.md", name
+        assert {"summary", "description", "runbook_url"} <= set(alert["annotations"]), name
+        assert "runbook" not in alert["annotations"], f"{name}: runbook_url is the name"
+        page, anchor = alert["annotations"]["runbook_url"].split("#")
+        assert page == base, f"{name}: {page} is not the base {base}"
         assert anchor == name.lower() and anchor in anchors, f"{name}: no section {anchor}"
+
+
+def test_the_rule_tests_expect_the_rules_runbook_urls() -> None:
+    """rowbatch.test.yml's expected annotations name the same runbook_url as the rules (promtool
+    compares them; this names the difference when the base changes in one file only)."""
+    urls = {a["annotations"]["runbook_url"] for a in _rules() if "alert" in a}
+    tests = yaml.safe_load(RULES_TEST.read_text())["tests"]
+    expected = {
+        alert["exp_annotations"]["runbook_url"]
+        for test in tests
+        for case in test.get("alert_rule_test", [])
+        for alert in case.get("exp_alerts", [])
+    }
+    assert expected and expected <= urls, expected - urls
 
 
 def test_dashboard_panels_are_well_formed_and_scoped_to_the_job() -> None:
     dash = _dashboard()
     names = {v["name"] for v in dash["templating"]["list"]}
-    assert names == {"datasource", "job"}
+    assert names == {"datasource", "job", "subscription"}
     ids = [p["id"] for p in dash["panels"]]
     assert len(ids) == len(set(ids))
     cells: set[tuple[int, int]] = set()
@@ -162,6 +233,9 @@ def test_dashboard_panels_are_well_formed_and_scoped_to_the_job() -> None:
             assert target["datasource"]["uid"] == "${datasource}"
             for name, labels in _SELECTOR.findall(target["expr"]):
                 assert 'job=~"$job"' in labels, f"{panel['title']}: {name} not scoped to $job"
+            for name in metric_names(target["expr"]) & set(EXTERNAL_METRICS):
+                scope = EXTERNAL_METRICS[name][1]
+                assert scope in target["expr"], f"{panel['title']}: {name} not scoped by {scope}"
     titles = " ".join(p["title"].lower() for p in dash["panels"])
     for subject in (
         "throughput",
@@ -174,8 +248,54 @@ def test_dashboard_panels_are_well_formed_and_scoped_to_the_job() -> None:
         "dead letters by reason",
         "backoff",
         "in-flight bytes vs budget",
+        "consumers up",
+        "pod restarts",
+        "model server",
+        "nacks and redeliveries",
+        "pub/sub backlog",
     ):
         assert subject in titles, subject
+
+
+def test_the_restarts_panel_counts_the_consumer_container() -> None:
+    deployment = yaml.safe_load(CONSUMER_DEPLOYMENT.read_text())
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    restarts = [e for e in _dashboard_exprs() if "kube_pod_container_status_restarts_total" in e]
+    assert restarts
+    selector = f'kube_pod_container_status_restarts_total{{container="{container["name"]}"}}'
+    for expr in restarts:
+        assert selector in expr
+
+
+def test_promtool_parses_every_dashboard_query(promtool: None, tmp_path: Path) -> None:
+    """Each query, its Grafana variables filled in, as a recording rule ``promtool check
+    rules`` parses (the integration test runs only those over the consumer's own metrics)."""
+    filled = {
+        "$__rate_interval": "1m",
+        '"$job"': '".+"',
+        '"$subscription"': '".+"',
+    }
+    exprs = []
+    for query in _dashboard_exprs():
+        expr = query
+        for variable, value in filled.items():
+            expr = expr.replace(variable, value)
+        assert "$" not in expr, query
+        exprs.append(expr)
+    rules = {
+        "groups": [
+            {
+                "name": "dashboard",
+                "rules": [{"record": f"dashboard:q{i}", "expr": e} for i, e in enumerate(exprs)],
+            }
+        ]
+    }
+    file = tmp_path / "dashboard.rules.yml"
+    file.write_text(yaml.safe_dump(rules))
+    done = subprocess.run(
+        ["promtool", "check", "rules", str(file)], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_config_scrapes_the_jobs_and_loads_the_rules(tmp_path: Path) -> None:
