@@ -440,7 +440,9 @@ def test_keda_scales_on_the_groups_lag_capped_at_the_partitions(tmp_path: Path) 
     assert keys["password"] == env["ROWBATCH_SOURCE__SASL_PLAIN_PASSWORD"]
 
 
-def test_triton_serves_the_model_url_from_a_gpu_pod_and_a_volume(tmp_path: Path) -> None:
+def test_triton_serves_the_model_url_on_cpu_from_an_object_store_repository(
+    tmp_path: Path,
+) -> None:
     service = _one("triton", "Service")
     assert service["spec"]["clusterIP"] == "None", "headless: clients see every pod"
     deployment = _one("triton", "Deployment")
@@ -448,22 +450,42 @@ def test_triton_serves_the_model_url_from_a_gpu_pod_and_a_volume(tmp_path: Path)
         deployment["spec"]["template"]["metadata"]["labels"].items()
     )
     container = _container(deployment)
+    pod = deployment["spec"]["template"]["spec"]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    loaded = [a.split("=", 1)[1] for a in container["args"] if a.startswith("--load-model=")]
     for where in CONSUMER_OVERLAYS:
-        (target,) = parse_endpoints(_pod_config(where, "Deployment", tmp_path).model.url).targets
+        model = _pod_config(where, "Deployment", tmp_path).model
+        (target,) = parse_endpoints(model.url).targets
         # dns:///: every pod behind the headless Service, not one long connection to one pod
         assert isinstance(target, DnsName)
         assert target.name == service["metadata"]["name"]
         (grpc,) = [p for p in service["spec"]["ports"] if p["port"] == target.port]
         assert ports[grpc["targetPort"]] == target.port
+        assert model.name in loaded, f"{where}'s model is not one Triton loads"
+    # CPU only by default (the gpu component adds the GPU): CPU and memory requested and
+    # limited, no GPU asked for or tolerated, and the models it loads run on CPU.
     resources = container["resources"]
-    assert resources["limits"]["nvidia.com/gpu"] == resources["requests"]["nvidia.com/gpu"] >= 1
+    for kind in ("requests", "limits"):
+        assert set(resources[kind]) == {"cpu", "memory"}, kind
+    cpu = {k: str(resources[k]["cpu"]) for k in ("requests", "limits")}
+    cores = {k: float(q[:-1]) / 1000 if q.endswith("m") else float(q) for k, q in cpu.items()}
+    assert 0 < cores["requests"] <= cores["limits"]
+    memory = {k: _mebibytes(resources[k]["memory"]) for k in ("requests", "limits")}
+    assert 0 < memory["requests"] <= memory["limits"]
+    assert not [t for t in pod.get("tolerations", []) if "nvidia.com" in t.get("key", "")]
+    for name in loaded:
+        model_config = (ROOT / "deploy" / "models" / name / "config.pbtxt").read_text()
+        assert "KIND_GPU" not in model_config, f"{name} asks for a GPU"
+    # The repository is read from object storage by Triton itself: nothing mounted, no volume
+    # to fill; the pod's identity is the one given the bucket (Workload Identity on GKE).
     (repository,) = [a for a in container["args"] if a.startswith("--model-repository=")]
-    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
-    volume = mounts[repository.split("=", 1)[1]]
-    (spec,) = [v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == volume]
-    claim = spec["persistentVolumeClaim"]["claimName"]
-    assert _one("triton", "PersistentVolumeClaim", claim)
+    assert repository.split("=", 1)[1].startswith(("gs://", "s3://"))
+    assert not [v for v in pod.get("volumes", []) if "persistentVolumeClaim" in v]
+    assert "PersistentVolumeClaim" not in {d["kind"] for d in _render("triton")}
+    account = _one("triton", "ServiceAccount", pod["serviceAccountName"])
+    if repository.split("=", 1)[1].startswith("gs://"):
+        gsa = account["metadata"]["annotations"]["iam.gke.io/gcp-service-account"]
+        assert gsa.endswith(".iam.gserviceaccount.com")
     probe = container["readinessProbe"]["httpGet"]
     assert (probe["path"], ports[probe["port"]]) == ("/v2/health/ready", 8000)
 
@@ -617,3 +639,50 @@ def test_the_backfill_pods_run_hardened_and_drain_within_the_grace_period() -> N
     for kind in ("PodDisruptionBudget", "PodMonitor"):
         selector = _one("base", kind)["spec"]["selector"]["matchLabels"]
         assert not selector.items() <= labels.items()
+
+
+def test_the_triton_gpu_component_adds_a_gpu_limit_and_toleration(tmp_path: Path) -> None:
+    """deploy/k8s/overlays/triton/gpu, used as its comments say (the overlay under resources,
+    the component under components), renders and validates, and changes only the Deployment:
+    one nvidia.com/gpu limit and the GPU taint tolerated, CPU and memory as they were."""
+    overlay = K8S / "overlays" / "triton"
+    component = overlay / "gpu"
+    assert yaml.safe_load((component / "kustomization.yaml").read_text())["kind"] == "Component"
+    # kustomize takes only relative paths to other kustomizations: up from tmp_path to /
+    root = "/".join([".."] * (len(tmp_path.parts) - 1))
+    (tmp_path / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "resources": [f"{root}{overlay}"],
+                "components": [f"{root}{component}"],
+            }
+        )
+    )
+    done = subprocess.run(
+        ["kubectl", "kustomize", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    docs = [d for d in yaml.safe_load_all(done.stdout) if d]
+    for doc in docs:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    (gpu,) = [d for d in docs if d["kind"] == "Deployment"]
+    cpu = _one("triton", "Deployment")
+    resources = _container(gpu)["resources"]
+    gpus = resources["limits"]["nvidia.com/gpu"]
+    assert gpus >= 1
+    # an extended resource's request defaults to its limit, and may not differ from it
+    assert resources["requests"].get("nvidia.com/gpu", gpus) == gpus
+    tolerations = gpu["spec"]["template"]["spec"]["tolerations"]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in tolerations
+    for kind in ("requests", "limits"):
+        without_gpu = {k: v for k, v in resources[kind].items() if k != "nvidia.com/gpu"}
+        assert without_gpu == _container(cpu)["resources"][kind]
+    assert [d for d in docs if d["kind"] != "Deployment"] == [
+        d for d in _render("triton") if d["kind"] != "Deployment"
+    ]
