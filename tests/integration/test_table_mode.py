@@ -333,7 +333,7 @@ def test_sigterm_stops_with_exit_3_and_a_changed_rerun_is_refused(
     assert_every_row_once(postgres, "tm_term", total)
 
 
-def test_four_shards_cover_every_row_once_and_a_killed_shard_reruns(
+def test_four_shards_cover_every_row_once_and_a_killed_shard_reruns_on_the_same_input(
     small_dataset: tuple[Path, int],
     triton: TritonEndpoint,
     postgres: PostgresEndpoint,
@@ -347,6 +347,18 @@ def test_four_shards_cover_every_row_once_and_a_killed_shard_reruns(
     os.kill(procs[3].pid, signal.SIGKILL)
     procs[3].wait(30)
     summaries = [table_run.finish(p) for p in procs[:3]]
+    # A file landing now would move row groups between shards (some of the finished shards'
+    # rows would be shard 3's, and shard 3's theirs): the rerun refuses, naming it.
+    late = root / "day=2024-01-00" / "late.parquet"
+    late.parent.mkdir()
+    try:
+        pq.write_table(_table(np.arange(total, total + 10, dtype=np.int64)), late)
+        refused = table_run.start("shard3-changed", "--shard", "3/4")
+        assert refused.wait(120) == 2
+        assert "1 file(s) added: day=2024-01-00/late.parquet" in refused.log()
+    finally:
+        late.unlink(missing_ok=True)
+        late.parent.rmdir()
     summaries.append(table_run.finish(table_run.start("shard3-again", "--shard", "3/4")))
     assert sum(s["planned_rows"] for s in summaries) == total
     assert all(s["complete"] for s in summaries)

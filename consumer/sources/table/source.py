@@ -43,6 +43,7 @@ from rowbatch.consumer.sources.table.dead_letters import (
     write_dead_letters,
 )
 from rowbatch.consumer.sources.table.encode import Encoded, encode_piece
+from rowbatch.consumer.sources.table.layout import Layout, check_layout
 from rowbatch.consumer.sources.table.plan import (
     TableInputError,
     Unit,
@@ -234,6 +235,13 @@ class TableSource:
             shard = self._s.shard_index()
             plan = await asyncio.to_thread(plan_table, self._s.input, self._s.format)
             self._units = plan.shard(shard, self._s.shards)
+            await asyncio.to_thread(
+                check_layout,
+                self._s.state,
+                Layout.of(plan.units),
+                self._s.shards,
+                new_run=self._s.new_run,
+            )
             name = f"shard-{shard}-of-{self._s.shards}"
             self._folder = await asyncio.to_thread(StateFolder, self._s.state, name)
             self._checkpoint = await asyncio.to_thread(

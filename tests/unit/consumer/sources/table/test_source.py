@@ -409,9 +409,40 @@ async def test_two_shards_deliver_disjoint_rows_covering_every_row(tmp_path: Pat
     assert delivered[0] | delivered[1] == set(range(rows))
     assert delivered[0] and delivered[1]
     assert sorted(p.name for p in (tmp_path / "state").iterdir()) == [
+        "run",  # the layout the shards share
         "shard-0-of-2",
         "shard-1-of-2",
     ]
+
+
+async def test_a_file_added_between_two_shards_starts_is_refused_unless_a_new_run(
+    tmp_path: Path,
+) -> None:
+    """Shard 0 finishes; a file lands; shard 1 would now own other row groups (some of them
+    shard 0's, never to be read): refused, naming the file. Every shard over with --new-run
+    reads the new layout."""
+    write_dataset(tmp_path / "in", [("a.parquet", 9), ("b.parquet", 5)], 3)
+    await run_to_end(make_source(table_settings(tmp_path, shard=0, shards=2)))
+    write_parquet(tmp_path / "in" / "0.parquet", 100, 6, row_group_rows=3)  # sorts first
+    late = make_source(table_settings(tmp_path, shard=1, shards=2))
+    with pytest.raises(SourceConfigError, match=r"1 file\(s\) added: 0\.parquet.*--new-run"):
+        await late.check()
+    delivered: set[int] = set()
+    for shard in (0, 1):
+        source = make_source(table_settings(tmp_path, shard=shard, shards=2, new_run=True))
+        delivered |= set((await run_to_end(source)).ids())
+        assert source.complete
+    assert delivered == set(range(14)) | set(range(100, 106))
+
+
+async def test_one_shard_reads_a_file_added_since_its_last_run(tmp_path: Path, rows17: int) -> None:
+    """With one shard nothing moves between shards: a rerun reads only the new file."""
+    await run_to_end(make_source(table_settings(tmp_path)))
+    write_parquet(tmp_path / "in" / "day=3" / "c.parquet", 100, 5, row_group_rows=3)
+    again = make_source(table_settings(tmp_path))
+    rerun = await run_to_end(again)
+    assert again.complete
+    assert sorted(rerun.ids()) == list(range(100, 105))
 
 
 async def test_the_shard_comes_from_the_job_index(
