@@ -33,6 +33,7 @@ from rowbatch.consumer.service.shutdown import CLOSE_MARGIN_S
 from rowbatch.consumer.sources.kafka.settings import KafkaSettings
 from rowbatch.consumer.sources.pubsub.settings import PubSubSettings
 from tests.required_tools import require_tool
+from tests.unit.deploy.kustomize import kustomize
 
 ROOT = Path(__file__).resolve().parents[3]
 K8S = ROOT / "deploy" / "k8s"
@@ -81,15 +82,7 @@ def _kubectl() -> None:
 @cache
 def _render(where: str) -> tuple[dict[str, Any], ...]:
     directory = K8S / (where if where in STANDALONE else f"overlays/{where}")
-    done = subprocess.run(
-        ["kubectl", "kustomize", str(directory)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    return tuple(d for d in yaml.safe_load_all(done.stdout) if d)
+    return kustomize(directory)
 
 
 def _one(where: str, kind: str, name: str | None = None) -> dict[str, Any]:

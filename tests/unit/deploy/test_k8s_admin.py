@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from rowbatch.consumer.service.admin import EXIT_CONFIG, EXIT_DIFFERS
 from tests.required_tools import require_tool
+from tests.unit.deploy.kustomize import kustomize
 
 ROOT = Path(__file__).resolve().parents[3]
 K8S = ROOT / "deploy" / "k8s"
@@ -51,15 +50,7 @@ def _directory(k8s: Path, where: str) -> Path:
 
 
 def _build(k8s: Path, where: str) -> tuple[dict[str, Any], ...]:
-    done = subprocess.run(
-        ["kubectl", "kustomize", str(_directory(k8s, where))],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    return tuple(d for d in yaml.safe_load_all(done.stdout) if d)
+    return kustomize(_directory(k8s, where))
 
 
 @cache

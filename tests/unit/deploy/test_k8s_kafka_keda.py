@@ -6,18 +6,17 @@ given to KEDA's kafka scaler and to the pods from the same Secret, as a file the
 from __future__ import annotations
 
 import json
-import subprocess
 from functools import cache
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 import jsonschema
 import pytest
-import yaml
 
 from rowbatch.consumer.service.config import load_config
 from rowbatch.consumer.sources.kafka.settings import KafkaSettings
 from tests.required_tools import require_tool
+from tests.unit.deploy.kustomize import kustomize
 
 ROOT = Path(__file__).resolve().parents[3]
 K8S = ROOT / "deploy" / "k8s"
@@ -36,15 +35,7 @@ def _kubectl() -> None:
 
 @cache
 def _render() -> tuple[dict[str, Any], ...]:
-    done = subprocess.run(
-        ["kubectl", "kustomize", str(OVERLAY)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    return tuple(d for d in yaml.safe_load_all(done.stdout) if d)
+    return kustomize(OVERLAY)
 
 
 def _one(kind: str, name: str | None = None) -> dict[str, Any]:

@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from tests.required_tools import require_tool
+from tests.unit.deploy.kustomize import kustomize
 from tests.unit.deploy.test_k8s import K8S, K8S_VERSION, ROOT, _crd_schema, _one
 
 KUBE_PROMETHEUS = K8S / "kube-prometheus"
@@ -60,15 +61,7 @@ def _generator() -> ModuleType:
 
 @cache
 def _rendered() -> tuple[dict[str, Any], ...]:
-    done = subprocess.run(
-        ["kubectl", "kustomize", str(KUBE_PROMETHEUS)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    return tuple(d for d in yaml.safe_load_all(done.stdout) if d)
+    return kustomize(KUBE_PROMETHEUS)
 
 
 def _committed(name: str) -> dict[str, Any]:
