@@ -8,7 +8,7 @@
 # each other version listed in ROWBATCH_PYTHONS (default "3.11 3.12 3.13") that is installed
 # (as python3.X on PATH, or under pyenv's versions/) runs the unit tests (tests/unit) from a venv
 # of its own, .venv-py3.X in the checkout, made on first use and reinstalled when pyproject.toml
-# changes. A version that is not installed is skipped with a note; one whose install or tests
+# changes; those versions run side by side (logs in .stack/test-logs/), before the main run. A version that is not installed is skipped with a note; one whose install or tests
 # fail fails the run (the extra arguments do not apply to these runs). ROWBATCH_PYTHONS=3.11
 # runs .venv's tests only. A summary line per version ends the output.
 set -euo pipefail
@@ -72,21 +72,26 @@ ensure_venv() {
   echo "$want" > "$stamp"
 }
 
-for version in ${ROWBATCH_PYTHONS-3.11 3.12 3.13}; do
-  [ "$version" = "$main_version" ] && continue
+# Each other version's venv and unit tests, in parallel with each other (pytest runs on one
+# core, and making a venv mostly waits on downloads): its output goes to a log, printed whole
+# when it ends, and its summary line to a file.
+logs=.stack/test-logs
+mkdir -p "$logs"
+other_versions() {
+  local version python full started installed_s tested_s code
+  version=$1
   python=$(find_python "$version")
   if [ -z "$python" ]; then
     say "Python $version: not installed (no python$version on PATH or under pyenv): skipped"
-    summary+=("Python $version: skipped (not installed)")
-    continue
+    echo "Python $version: skipped (not installed)" > "$logs/py$version.summary"
+    return 0
   fi
   full=$("$python" -c 'import platform; print(platform.python_version())')
   started=$SECONDS
   if ! ensure_venv "$version" "$python"; then
     say "Python $full: pip install -e '.[dev]' into .venv-py$version failed (see above)" >&2
-    summary+=("Python $full: FAILED to install into .venv-py$version")
-    failed=1
-    continue
+    echo "Python $full: FAILED to install into .venv-py$version" > "$logs/py$version.summary"
+    return 1
   fi
   installed_s=$((SECONDS - started))
   say "pytest tests/unit on Python $full (.venv-py$version)"
@@ -97,9 +102,35 @@ for version in ${ROWBATCH_PYTHONS-3.11 3.12 3.13}; do
   set -e
   tested_s=$((SECONDS - started))
   if [ "$code" -eq 0 ]; then
-    summary+=("Python $full: unit tests passed (${tested_s} s; venv ready in ${installed_s} s)")
+    echo "Python $full: unit tests passed (${tested_s} s; venv ready in ${installed_s} s)" \
+      > "$logs/py$version.summary"
+    return 0
+  fi
+  echo "Python $full: unit tests FAILED (pytest exit $code)" > "$logs/py$version.summary"
+  return 1
+}
+
+pids=()
+versions=()
+for version in ${ROWBATCH_PYTHONS-3.11 3.12 3.13}; do
+  [ "$version" = "$main_version" ] && continue
+  rm -f "$logs/py$version.summary"
+  ( other_versions "$version" ) > "$logs/py$version.log" 2>&1 &
+  pids+=("$!")
+  versions+=("$version")
+  say "Python $version: venv and unit tests started in the background (log: $logs/py$version.log)"
+done
+for i in "${!pids[@]}"; do
+  version=${versions[$i]}
+  if ! wait "${pids[$i]}"; then
+    failed=1
+  fi
+  say "--- Python $version (from $logs/py$version.log) ---"
+  cat "$logs/py$version.log"
+  if [ -f "$logs/py$version.summary" ]; then
+    summary+=("$(cat "$logs/py$version.summary")")
   else
-    summary+=("Python $full: unit tests FAILED (pytest exit $code)")
+    summary+=("Python $version: FAILED (no summary: see $logs/py$version.log)")
     failed=1
   fi
 done
