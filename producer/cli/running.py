@@ -78,7 +78,11 @@ async def publish_all(
     max_in_flight: int,
     ordering_key: str | None,
 ) -> None:
-    """Starts the publisher, runs ``feed(submit)`` and waits for every acknowledgement."""
+    """Starts the publisher, runs ``feed(submit)`` and waits for every acknowledgement. When
+    the input turns out bad part way (``InputError``), what was submitted before it is still
+    confirmed before the error is raised, so the partial summary counts exactly what the
+    broker has (cancelling it would leave chunks published or not, unknown); a failure to
+    publish cancels what is in flight."""
     before = clock()
     await publisher.start()
     tally.connect_s = clock() - before
@@ -88,7 +92,12 @@ async def publish_all(
         await window.submit(message, key=ordering_key, rows=rows)
 
     try:
-        await feed(submit)
+        try:
+            await feed(submit)
+        except InputError:
+            await window.drain()
+            await publisher.flush()
+            raise
         await window.drain()
         await publisher.flush()
     except BaseException:

@@ -251,6 +251,26 @@ def test_a_row_over_the_limit_is_named(tmp_path: Path) -> None:
     assert "published before the error: 4 rows, 1 chunks" in out
 
 
+def test_chunks_in_flight_when_the_input_turns_bad_are_confirmed_and_counted(
+    tmp_path: Path,
+) -> None:
+    """The bad row is found while the first chunk's publish is still in flight (a slow
+    broker): that chunk is confirmed before the error, so the summary counts what the broker
+    has (it used to be cancelled, its fate unknown, and the summary said nothing)."""
+    path = tmp_path / "huge.csv"
+    texts = ["short"] * 10
+    texts[6] = "x" * 50_000
+    pcsv.write_csv(pa.table({"id": list(range(10)), "text": texts}), path)
+    publisher = FakePublisher(max_chunk_bytes=10_000, delay_s=0.3)
+    code, out, err, _ = run_cli(
+        ["publish", *BROKER, "--file", str(path), "--chunk-rows", "4"], publisher
+    )
+    assert code == 1
+    assert "data row 7 alone encodes to " in err
+    assert "published before the error: 4 rows, 1 chunks" in out
+    assert len(publisher.sent) == 1
+
+
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
