@@ -314,6 +314,9 @@ def test_sigterm_stops_with_exit_3_and_a_changed_rerun_is_refused(
     results; the same rerun resumes and completes."""
     root, total = small_dataset
     table_run.config = config(str(root), str(tmp_path / "state"), triton, postgres, "tm_term")
+    # A budget that holds a small part of the table: with the default (128 MiB) the run could
+    # hold every row left at the SIGTERM and drain them all (CI saw 200,000 of 200,000).
+    table_run.config["budget_bytes"] = 4 * 1024 * 1024
     first = table_run.start("first")
     wait_until(lambda: count_rows(postgres, "tm_term"), total // 5, first)
     first.send(signal.SIGTERM)
