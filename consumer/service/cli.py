@@ -62,6 +62,8 @@ commands:
                               the model's inputs, outputs and batch size
   admin ensure --config FILE  create the topics and subscriptions the configuration needs
                               and check the existing ones (--dry-run: change nothing)
+  dlq stats|show|replay --config FILE [filters]
+                              count, inspect or replay the dead letters (dlq --help)
 
 Every configuration field can also come from the environment, ROWBATCH_<SECTION>__<FIELD>
 (e.g. ROWBATCH_SOURCE__SUBSCRIPTION), which overrides the file. Pub/Sub needs Google
@@ -91,9 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "command",
-        choices=["run", "table", "check", "admin"],
+        choices=["run", "table", "check", "admin", "dlq"],
         help="run: consume; table: run over a stored table; check: validate and print the "
-        "model spec; admin: see ACTION",
+        "model spec; admin: see ACTION; dlq: the dead-letter tools (dlq --help)",
     )
     parser.add_argument(
         "action",
@@ -291,6 +293,15 @@ async def _check(config: ConsumerConfig) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["dlq"]:  # its own options and help: dlq_cli.py
+        from rowbatch.consumer.service.dlq_cli import main as dlq_main  # noqa: PLC0415
+
+        return dlq_main(argv[1:])
+    return _command(argv)
+
+
+def _command(argv: list[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if (args.command == "admin") != (args.action is not None) or (

@@ -35,6 +35,7 @@ from harness.reference_models import score
 from harness.s3 import S3Endpoint
 from harness.triton import TritonEndpoint
 from rowbatch.consumer.service.config import load_config
+from rowbatch.consumer.service.dlq_cli import main as dlq_main
 from rowbatch.consumer.sources.table.dead_letters import read_dead_letters
 from rowbatch.consumer.sources.table.state import StateFolder
 
@@ -407,10 +408,11 @@ def test_bad_rows_go_to_the_dead_letter_file_and_nothing_else(
     postgres: PostgresEndpoint,
     table_run: TableRun,
     tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """A null the model cannot take, a vector of the wrong length and text PostgreSQL cannot
     store: exactly those rows are dead-lettered, with their reasons; every other row is
-    written once; the run completes."""
+    written once; the run completes. ``dlq stats`` and ``dlq show`` read them back."""
     ids = np.arange(BAD_ROWS, dtype=np.int64)
     features = [list(map(float, f)) for f in _features(ids)]
     for i in SHORT_VECTOR_IDS:
@@ -449,6 +451,25 @@ def test_bad_rows_go_to_the_dead_letter_file_and_nothing_else(
     # vector[float32,15] that the model's FEATURES (16) does not take.
     assert by_id[SHORT_VECTOR_IDS[0]]["code"] == "column_type_mismatch"
     assert by_id[NUL_TEXT_IDS[0]]["reason"] in ("rejected-by-sink", "schema-mismatch")
+    run_config = str(tmp_path / "table-bad.toml")
+    capsys.readouterr()
+    assert dlq_main(["stats", "--json", "--config", run_config]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["selected"] == len(bad)
+    reasons: dict[str, int] = {}
+    for record in letters:
+        reasons[record["reason"]] = reasons.get(record["reason"], 0) + 1
+    assert stats["by_reason"] == reasons
+    show = ["show", "--code", "null_not_allowed", "--limit", "100", "--json"]
+    assert dlq_main([*show, "--config", run_config]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert sorted(s["ref"] for s in shown) == [
+        f"shard-0-of-1/bad.parquet#{i}" for i in sorted(NULL_COUNT_IDS, key=str)
+    ]
+    for s in shown:
+        row = int(s["ref"].rpartition("#")[2])
+        assert f"count=None, id={row}," in s["preview"][1], s["preview"]
+    assert dlq_main(["replay", "--config", run_config]) == 2  # a table is rerun instead
     got, _, _, keys = result_rows(postgres, "tm_bad")
     np.testing.assert_array_equal(got, np.array(sorted(set(range(BAD_ROWS)) - bad)))
     assert len(set(keys.tolist())) == len(got)

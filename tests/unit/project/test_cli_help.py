@@ -49,8 +49,18 @@ def _producer_parsers() -> dict[str, argparse.ArgumentParser]:
     return found
 
 
+def _dlq_parser() -> argparse.ArgumentParser:
+    from rowbatch.consumer.service.dlq_cli import build_parser
+
+    return build_parser()
+
+
 def _user_parsers() -> dict[str, argparse.ArgumentParser]:
-    return {"rowbatch-consumer": _consumer_parser(), **_producer_parsers()}
+    return {
+        "rowbatch-consumer": _consumer_parser(),
+        "rowbatch-consumer dlq": _dlq_parser(),
+        **_producer_parsers(),
+    }
 
 
 @pytest.mark.parametrize("name", sorted(_user_parsers()))

@@ -29,7 +29,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("rowbatch.consumer.section",),
     ("rowbatch.consumer.observe",),
     ("rowbatch.consumer.sources", "rowbatch.consumer.model", "rowbatch.consumer.sinks"),
-    ("rowbatch.consumer.engine",),
+    ("rowbatch.consumer.engine", "rowbatch.consumer.dlq"),
     ("rowbatch.consumer.service",),
     ("rowbatch.producer",),
 )
