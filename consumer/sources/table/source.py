@@ -129,7 +129,6 @@ class TableCounts:
     first_write_cpu: float = 0.0
     """The process's CPU time (``time.process_time``) then, and at the last write."""
     last_write_cpu: float = 0.0
-    started: float = field(default_factory=time.monotonic)
 
     @property
     def settled(self) -> int:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib
 import json
 import re
-import subprocess
 import tomllib
 import typing
 from functools import cache
@@ -32,7 +31,6 @@ from rowbatch.consumer.service.config import ConsumerConfig, SourceSettings, loa
 from rowbatch.consumer.service.shutdown import CLOSE_MARGIN_S
 from rowbatch.consumer.sources.kafka.settings import KafkaSettings
 from rowbatch.consumer.sources.pubsub.settings import PubSubSettings
-from tests.required_tools import require_tool
 from tests.unit.deploy.kustomize import kustomize
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -68,15 +66,6 @@ LATENCY_OBJECTIVE_S = 30
 TARGET_DRAIN_S = {"pubsub": 2 * LATENCY_OBJECTIVE_S, "kafka": LATENCY_OBJECTIVE_S / 4}
 ROWS_PER_MESSAGE = 500
 TARGET_LATENCY_S = {"pubsub": 10, "kafka": 20}
-
-
-@pytest.fixture(autouse=True)
-def _kubectl() -> None:
-    require_tool(
-        "kubectl",
-        "the Kubernetes manifests (kubectl kustomize deploy/k8s)",
-        "install kubectl (kustomize is built in)",
-    )
 
 
 @cache
@@ -653,15 +642,7 @@ def test_the_triton_gpu_component_adds_a_gpu_limit_and_toleration(tmp_path: Path
             }
         )
     )
-    done = subprocess.run(
-        ["kubectl", "kustomize", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    docs = [d for d in yaml.safe_load_all(done.stdout) if d]
+    docs = list(kustomize(tmp_path))
     for doc in docs:
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
     (gpu,) = [d for d in docs if d["kind"] == "Deployment"]

@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 
 from rowbatch.consumer.service.admin import EXIT_CONFIG, EXIT_DIFFERS
-from tests.required_tools import require_tool
 from tests.unit.deploy.kustomize import kustomize
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -34,15 +33,6 @@ CONFIG_SOURCE = {
     "gke-pubsub": ("base/consumer.toml", "ack_deadline_s = 60", "ack_deadline_s = 120"),
     "kafka-keda": ("overlays/kafka-keda/consumer.toml", "partitions = 12", "partitions = 24"),
 }
-
-
-@pytest.fixture(autouse=True)
-def _kubectl() -> None:
-    require_tool(
-        "kubectl",
-        "the Kubernetes manifests (kubectl kustomize deploy/k8s)",
-        "install kubectl (kustomize is built in)",
-    )
 
 
 def _directory(k8s: Path, where: str) -> Path:

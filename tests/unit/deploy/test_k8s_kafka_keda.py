@@ -15,22 +15,12 @@ import pytest
 
 from rowbatch.consumer.service.config import load_config
 from rowbatch.consumer.sources.kafka.settings import KafkaSettings
-from tests.required_tools import require_tool
 from tests.unit.deploy.kustomize import kustomize
 
 ROOT = Path(__file__).resolve().parents[3]
 K8S = ROOT / "deploy" / "k8s"
 OVERLAY = K8S / "overlays" / "kafka-keda"
 WORKLOADS = ("Deployment", "Job")  # the consumers and admin ensure: both talk to the brokers
-
-
-@pytest.fixture(autouse=True)
-def _kubectl() -> None:
-    require_tool(
-        "kubectl",
-        "the Kubernetes manifests (kubectl kustomize deploy/k8s)",
-        "install kubectl (kustomize is built in)",
-    )
 
 
 @cache
