@@ -8,9 +8,12 @@
 # each other version listed in ROWBATCH_PYTHONS (default "3.11 3.12 3.13") that is installed
 # (as python3.X on PATH, or under pyenv's versions/) runs the unit tests (tests/unit) from a venv
 # of its own, .venv-py3.X in the checkout, made on first use and reinstalled when pyproject.toml
-# changes; those versions run side by side (logs in .stack/test-logs/), before the main run. A version that is not installed is skipped with a note; one whose install or tests
-# fail fails the run (the extra arguments do not apply to these runs). ROWBATCH_PYTHONS=3.11
-# runs .venv's tests only. A summary line per version ends the output.
+# changes; those versions run in the background during the main run (logs in .stack/test-logs/,
+# printed after it), at the lowest CPU priority (nice 19): they use the time the main run's
+# integration tests spend waiting on services and barely compete with them for the CPU. A
+# version that is not installed is skipped with a note; one whose install or tests fail fails
+# the run (the extra arguments do not apply to these runs). ROWBATCH_PYTHONS=3.11 runs .venv's
+# tests only. A summary line per version ends the output.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -112,14 +115,38 @@ other_versions() {
 
 pids=()
 versions=()
+set -m  # each background run in a process group of its own, so a stop can end its pytest too
 for version in ${ROWBATCH_PYTHONS-3.11 3.12 3.13}; do
   [ "$version" = "$main_version" ] && continue
   rm -f "$logs/py$version.summary"
-  ( other_versions "$version" ) > "$logs/py$version.log" 2>&1 &
+  ( renice -n 19 -p "$BASHPID" >/dev/null && other_versions "$version" ) \
+    > "$logs/py$version.log" 2>&1 &
   pids+=("$!")
   versions+=("$version")
-  say "Python $version: venv and unit tests started in the background (log: $logs/py$version.log)"
+  say "Python $version: venv and unit tests started in the background at nice 19 (log: $logs/py$version.log)"
 done
+set +m
+# Stop the background runs (their process groups) if this script ends early.
+trap 'for pid in "${pids[@]}"; do kill -- "-$pid" 2>/dev/null || true; done' EXIT
+
+echo "[test] pytest on Python $main_full (.venv: unit and integration)"
+started=$SECONDS
+set +e
+.venv/bin/python -m pytest -q -ra --durations=15 "$@"
+code=$?
+set -e
+tested_s=$((SECONDS - started))
+if [ "$code" -eq 5 ]; then
+  say "pytest collected no tests (exit 5): treating as success, but check the selection" >&2
+  code=0
+fi
+if [ "$code" -eq 0 ]; then
+  summary=("Python $main_full (.venv): tests passed (${tested_s} s)")
+else
+  summary=("Python $main_full (.venv): tests FAILED (pytest exit $code)")
+  failed=1
+fi
+
 for i in "${!pids[@]}"; do
   version=${versions[$i]}
   if ! wait "${pids[$i]}"; then
@@ -134,24 +161,7 @@ for i in "${!pids[@]}"; do
     failed=1
   fi
 done
-
-echo "[test] pytest on Python $main_full (.venv: unit and integration)"
-started=$SECONDS
-set +e
-.venv/bin/python -m pytest -q -ra --durations=15 "$@"
-code=$?
-set -e
-tested_s=$((SECONDS - started))
-if [ "$code" -eq 5 ]; then
-  say "pytest collected no tests (exit 5): treating as success, but check the selection" >&2
-  code=0
-fi
-if [ "$code" -eq 0 ]; then
-  summary=("Python $main_full (.venv): tests passed (${tested_s} s)" "${summary[@]}")
-else
-  summary=("Python $main_full (.venv): tests FAILED (pytest exit $code)" "${summary[@]}")
-  failed=1
-fi
+trap - EXIT
 
 for line in "${summary[@]}"; do
   say "summary: $line"
