@@ -18,6 +18,7 @@ from rowbatch.consumer.dlq.selection import SelectionError
 from rowbatch.consumer.service import cli as consumer_cli
 from rowbatch.consumer.service.config import ConfigError, load_config
 from rowbatch.consumer.service.dlq_cli import build_parser, main, open_queue, selection_of
+from tests.unit.consumer.service.test_table_cli import REST
 
 TABLE_SOURCE = """\
 [source]
@@ -42,21 +43,6 @@ topic = "rows"
 group_id = "g"
 """
 
-REST = """
-[model]
-url = "127.0.0.1:8001"
-name = "scorer"
-
-[binding]
-inputs = { x = "X" }
-outputs = { SCORE = "score" }
-passthrough = { id = "int64" }
-
-[sink]
-kind = "sqlite"
-path = "results.sqlite"
-table = "scores"
-"""
 
 NOW = datetime(2026, 12, 3, 8, 0, tzinfo=UTC)
 
