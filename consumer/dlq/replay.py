@@ -1,20 +1,26 @@
 """``dlq replay``: publish the selected dead letters back and remove each from the queue once
-its publish is confirmed, in that order, one at a time. A crash between the two leaves the
-letter in the queue, so a rerun publishes it again: the chunk keeps its id, and the sinks write
-a chunk id's rows once, so the rows still land once. A letter replayed ``max_replays`` times
-already (it failed again after each) is held back, not replayed into the same failure."""
+its publish is confirmed, in that order for every letter, with up to ``in_flight`` letters
+between the two steps at once. A crash between them leaves a letter in the queue, so a rerun
+publishes it again: the chunk keeps its id, and the sinks write a chunk id's rows once, so the
+rows still land once. A letter replayed ``max_replays`` times already (it failed again after
+each) is held back, not replayed into the same failure. The first publish or removal that is not
+confirmed stops the replay: no new letter is started, those in flight finish."""
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 from rowbatch.consumer.dlq.letters import REPLAYED_FROM, DeadLetter
 from rowbatch.consumer.dlq.queue import DeadLetterQueue, DeadLetterQueueError
 from rowbatch.consumer.dlq.selection import Selection
 
 DEFAULT_MAX_REPLAYS = 3
+DEFAULT_IN_FLIGHT = 16
+"""Letters published and not yet removed at once (each waits for its own confirmation)."""
 
 
 @dataclass
@@ -63,50 +69,99 @@ async def replay(
     limit: int | None = None,
     dry_run: bool = False,
     max_replays: int = DEFAULT_MAX_REPLAYS,
+    in_flight: int = DEFAULT_IN_FLIGHT,
     progress: Callable[[ReplaySummary], None] | None = None,
     progress_every_s: float = 2.0,
     clock: Callable[[], float] = time.monotonic,
 ) -> ReplaySummary:
     """Replay what ``selection`` picks (at most ``limit``) to ``target``; ``progress`` is
     called every ``progress_every_s`` and at the end. Broker errors end the replay early with
-    ``failed`` set; they are not raised."""
+    ``failed`` set; they are not raised (an error reading the queue is, once the letters in
+    flight have finished)."""
     summary = ReplaySummary(target=target, dry_run=dry_run)
-    done: set[str] = set()
+    flight = _Flight(summary, in_flight)
+    started: set[str] = set()
     shown = clock()
     try:
         async for letter in queue.letters():
-            if letter.attributes.get(REPLAYED_FROM) in done:
+            if letter.attributes.get(REPLAYED_FROM) in started:
                 summary.came_back += 1  # a queue read to its live end (Pub/Sub) sees it again
                 continue
             summary.read += 1
             if not selection.matches(letter):
                 continue
-            if limit is not None and summary.replayed >= limit:
+            if limit is not None and len(started) >= limit:
                 break
             summary.matched += 1
             if letter.replays >= max_replays:
                 summary.held_back += 1
                 continue
-            if not dry_run:
-                await _replay_one(queue, letter, target)
-            summary.replayed += 1
-            summary.rows += letter.row_count or 0
-            done.add(letter.ref)
+            started.add(letter.ref)
+            if dry_run:
+                flight.count(letter)
+            elif not await flight.start(_replay_one(queue, letter, target)):
+                break  # one failed: start no more
             if progress is not None and clock() - shown >= progress_every_s:
                 shown = clock()
                 progress(summary)
-    except ReplayStopped as exc:
-        summary.failed = str(exc)
+    finally:
+        await flight.finish()
     if progress is not None:
         progress(summary)
     return summary
+
+
+class _Flight:
+    """The letters between publish and removal; counts each one that completes, keeps the
+    first failure."""
+
+    def __init__(self, summary: ReplaySummary, limit: int) -> None:
+        self._summary = summary
+        self._limit = max(1, limit)
+        self._tasks: set[asyncio.Task[DeadLetter]] = set()
+
+    def count(self, letter: DeadLetter) -> None:
+        self._summary.replayed += 1
+        self._summary.rows += letter.row_count or 0
+
+    async def start(self, step: Coroutine[Any, Any, DeadLetter]) -> bool:
+        """Start ``step`` (unless a letter has failed already: then ``step`` is dropped), then
+        wait until fewer than the limit are in flight; False once a letter has failed."""
+        finished = {task for task in self._tasks if task.done()}
+        self._tasks -= finished
+        self._collect(finished)
+        if self._summary.failed is not None:
+            step.close()
+            return False
+        self._tasks.add(asyncio.create_task(step))
+        while len(self._tasks) >= self._limit:
+            done, self._tasks = await asyncio.wait(self._tasks, return_when=asyncio.FIRST_COMPLETED)
+            self._collect(done)
+        return self._summary.failed is None
+
+    async def finish(self) -> None:
+        if self._tasks:
+            done, _ = await asyncio.wait(self._tasks)
+            self._tasks = set()
+            self._collect(done)
+
+    def _collect(self, done: set[asyncio.Task[DeadLetter]]) -> None:
+        for task in done:
+            error = task.exception()
+            if error is None:
+                self.count(task.result())
+            elif isinstance(error, ReplayStopped):
+                if self._summary.failed is None:
+                    self._summary.failed = str(error)
+            else:
+                raise error
 
 
 class ReplayStopped(Exception):
     """A publish or a removal was not confirmed (the message says which, and why)."""
 
 
-async def _replay_one(queue: DeadLetterQueue, letter: DeadLetter, target: str) -> None:
+async def _replay_one(queue: DeadLetterQueue, letter: DeadLetter, target: str) -> DeadLetter:
     try:
         landed = await queue.publish(letter, target)
     except DeadLetterQueueError as exc:
@@ -119,6 +174,13 @@ async def _replay_one(queue: DeadLetterQueue, letter: DeadLetter, target: str) -
             f"dead-letter queue ({exc}); a rerun replays it again, and its rows still land "
             "once (the chunk id is kept)"
         ) from exc
+    return letter
 
 
-__all__ = ["DEFAULT_MAX_REPLAYS", "ReplayStopped", "ReplaySummary", "replay"]
+__all__ = [
+    "DEFAULT_IN_FLIGHT",
+    "DEFAULT_MAX_REPLAYS",
+    "ReplayStopped",
+    "ReplaySummary",
+    "replay",
+]

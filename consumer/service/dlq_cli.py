@@ -14,7 +14,12 @@ from typing import Any
 
 from rowbatch.consumer.dlq.letters import DeadLetter
 from rowbatch.consumer.dlq.queue import DeadLetterQueue, DeadLetterQueueError
-from rowbatch.consumer.dlq.replay import DEFAULT_MAX_REPLAYS, ReplaySummary, replay
+from rowbatch.consumer.dlq.replay import (
+    DEFAULT_IN_FLIGHT,
+    DEFAULT_MAX_REPLAYS,
+    ReplaySummary,
+    replay,
+)
 from rowbatch.consumer.dlq.selection import Selection, SelectionError, parse_moment
 from rowbatch.consumer.dlq.show import describe, to_json
 from rowbatch.consumer.dlq.stats import Stats
@@ -92,6 +97,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_MAX_REPLAYS,
         metavar="N",
         help="replay: hold back letters replayed N times already (default %(default)s)",
+    )
+    parser.add_argument(
+        "--in-flight",
+        type=int,
+        default=DEFAULT_IN_FLIGHT,
+        metavar="N",
+        help="replay: letters published and not yet removed at once; each is removed only "
+        "after its own publish is confirmed (default %(default)s)",
     )
     parser.add_argument(
         "--lease",
@@ -190,6 +203,7 @@ async def _replay(queue: DeadLetterQueue, selection: Selection, args: argparse.N
         limit=args.limit,
         dry_run=args.dry_run,
         max_replays=args.max_replays,
+        in_flight=args.in_flight,
         progress=progress,
     )
     print("\n".join(summary.lines()))
@@ -224,6 +238,8 @@ def main(argv: list[str]) -> int:
         parser.error("--limit must be >= 0")
     if args.rows < 0:
         parser.error("--rows must be >= 0")
+    if args.in_flight < 1:
+        parser.error("--in-flight must be >= 1")
     if not 10 <= args.lease <= 600:
         parser.error("--lease must be within 10-600 seconds (Pub/Sub's ack deadline range)")
     try:

@@ -5,7 +5,9 @@ back (a queue read to its live end) is counted, not replayed again; progress on 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 from rowbatch.consumer.dlq.letters import REPLAY_COUNT, REPLAYED_FROM, DeadLetter
 from rowbatch.consumer.dlq.queue import DeadLetterQueue, DeadLetterQueueError
@@ -161,7 +163,7 @@ async def test_the_replay_publishes_the_replay_attributes() -> None:
 
 async def test_a_publish_failure_stops_the_replay_and_leaves_the_letter() -> None:
     fake = FakeQueue([letter("a"), letter("b"), letter("c")], fail_publish=frozenset({"b"}))
-    summary = await replay(as_queue(fake), Selection(), target=TARGET)
+    summary = await replay(as_queue(fake), Selection(), target=TARGET, in_flight=1)
     assert fake.calls == [("publish", "a"), ("remove", "a"), ("publish", "b")]
     assert [ref for ref, _ in fake.removed] == ["a"]  # b was not removed
     assert summary.replayed == 1
@@ -175,7 +177,7 @@ async def test_a_publish_failure_stops_the_replay_and_leaves_the_letter() -> Non
 
 async def test_a_remove_failure_stops_and_says_a_rerun_replays_it_again() -> None:
     fake = FakeQueue([letter("a"), letter("b"), letter("c")], fail_remove=frozenset({"b"}))
-    summary = await replay(as_queue(fake), Selection(), target=TARGET)
+    summary = await replay(as_queue(fake), Selection(), target=TARGET, in_flight=1)
     assert fake.calls == [("publish", "a"), ("remove", "a"), ("publish", "b"), ("remove", "b")]
     assert summary.failed is not None
     assert summary.failed.startswith("b was replayed as rows/0/1 but could not be removed")
@@ -259,7 +261,7 @@ async def test_the_default_max_replays_holds_back_at_three() -> None:
 
 async def test_a_letter_that_comes_back_during_the_run_is_not_replayed_again() -> None:
     fake = FakeQueue([letter("a"), letter("b")], fails_again=frozenset({"a"}))
-    summary = await replay(as_queue(fake), Selection(), target=TARGET, max_replays=10)
+    summary = await replay(as_queue(fake), Selection(), target=TARGET, in_flight=1, max_replays=10)
     assert [ref for ref, *_ in fake.published] == ["a", "b"]
     assert fake.queue[-1].attributes[REPLAYED_FROM] == "a"  # it did come back
     assert summary.came_back == 1
@@ -286,6 +288,7 @@ async def test_progress_is_reported_on_the_clock_and_at_the_end() -> None:
         as_queue(fake),
         Selection(),
         target=TARGET,
+        in_flight=1,
         progress=progress,
         progress_every_s=2.0,
         clock=clock,
@@ -325,3 +328,50 @@ async def test_progress_is_called_at_the_end_of_a_failed_run() -> None:
 async def test_an_empty_queue() -> None:
     summary = await replay(as_queue(FakeQueue([])), Selection(), target=TARGET)
     assert summary.lines() == ["read 0 dead letters, 0 selected; replayed 0 (0 rows) to rows"]
+
+
+class SlowQueue(FakeQueue):
+    """Publishes that yield to the loop a few times (as a broker round trip does), so several
+    letters are between publish and removal at once; tracks how many at most."""
+
+    def __init__(self, letters: list[DeadLetter], **kwargs: Any) -> None:
+        super().__init__(letters, **kwargs)
+        self.between: set[str] = set()
+        self.most_between = 0
+
+    async def publish(self, letter: DeadLetter, topic: str) -> str:
+        self.between.add(letter.ref)
+        self.most_between = max(self.most_between, len(self.between))
+        for _ in range(3):
+            await asyncio.sleep(0)  # a yield to the loop, not a wait for time
+        return await super().publish(letter, topic)
+
+    async def remove(self, letter: DeadLetter, replayed_as: str) -> None:
+        await asyncio.sleep(0)
+        await super().remove(letter, replayed_as)
+        self.between.discard(letter.ref)
+
+
+async def test_a_window_keeps_at_most_in_flight_letters_each_published_before_removed() -> None:
+    refs = [f"l{i}" for i in range(20)]
+    fake = SlowQueue([letter(ref) for ref in refs])
+    summary = await replay(as_queue(fake), Selection(), target=TARGET, in_flight=4)
+    assert summary.replayed == 20 and summary.failed is None
+    assert fake.most_between == 4
+    for ref in refs:
+        assert fake.calls.index(("publish", ref)) < fake.calls.index(("remove", ref))
+    assert sorted(ref for ref, _ in fake.removed) == sorted(refs)
+
+
+async def test_a_failure_in_a_window_starts_no_more_and_the_rest_in_flight_finish() -> None:
+    refs = [f"l{i:02d}" for i in range(20)]
+    fake = SlowQueue([letter(ref) for ref in refs], fail_publish=frozenset({"l05"}))
+    summary = await replay(as_queue(fake), Selection(), target=TARGET, in_flight=4)
+    assert summary.failed is not None and "l05" in summary.failed
+    removed = {ref for ref, _ in fake.removed}
+    assert "l05" not in removed
+    published = {ref for ref, *_ in fake.published}
+    assert removed == published  # every confirmed publish was removed: none left between
+    assert summary.replayed == len(removed)
+    started = {ref for call, ref in fake.calls if call == "publish"}
+    assert max(started) < "l10"  # at most a window past the failure was started
