@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, Final
 
 from google.api_core import exceptions as gexc
+from google.api_core.retry import Retry
 from google.cloud import pubsub_v1
 from google.pubsub_v1 import types as pubsub_types
 from google.pubsub_v1.services.publisher import PublisherClient as GapicPublisherClient
@@ -95,7 +96,28 @@ class PubSubDeadLetterQueue:
         except gexc.GoogleAPICallError as exc:
             raise DeadLetterQueueError(f"cannot {doing} {what}: {exc}") from exc
 
+    def _check(self) -> None:
+        """The dead-letter subscription exists and the service answers (a pull that cannot
+        connect would look like an empty queue)."""
+        try:
+            self._subscriber.get_subscription(
+                subscription=self._subscription,
+                timeout=self._timeout_s,
+                retry=Retry(timeout=self._timeout_s, initial=0.2, maximum=2.0),
+            )
+        except gexc.NotFound as exc:
+            raise DeadLetterQueueError(
+                f"the dead-letter subscription {self._subscription} does not exist at "
+                f"{client_address(self._subscriber)} (rowbatch-consumer admin ensure creates it)"
+            ) from exc
+        except (gexc.GoogleAPIError, TimeoutError) as exc:
+            raise DeadLetterQueueError(
+                f"Pub/Sub at {client_address(self._subscriber)} did not answer for "
+                f"{self._subscription} within {self._timeout_s:g} s: {type(exc).__name__}: {exc}"
+            ) from exc
+
     async def letters(self) -> AsyncIterator[DeadLetter]:
+        await asyncio.to_thread(self._check)
         if self._renewing is None:
             self._renewing = asyncio.create_task(self._renew(), name="dlq-lease-renewal")
         empty = 0
@@ -111,7 +133,12 @@ class PubSubDeadLetterQueue:
             empty = 0
             for m in fresh:
                 self._held[m.message.message_id] = m.ack_id
-            await asyncio.to_thread(self._extend, [m.ack_id for m in received], self._lease_s)
+            try:
+                await asyncio.to_thread(self._extend, [m.ack_id for m in received], self._lease_s)
+            except gexc.GoogleAPIError as exc:
+                raise DeadLetterQueueError(
+                    f"cannot hold the letters of {self.where}: {exc}"
+                ) from exc
             for m in fresh:
                 yield _letter(self._subscription, m.message)
 
@@ -122,8 +149,12 @@ class PubSubDeadLetterQueue:
                 max_messages=PULL_BATCH,
                 timeout=self._pull_wait_s,
             )
-        except (gexc.DeadlineExceeded, gexc.RetryError):
+        except gexc.DeadlineExceeded:
             return []  # nothing within the wait
+        except gexc.RetryError as exc:
+            if isinstance(exc.cause, gexc.DeadlineExceeded):
+                return []
+            raise DeadLetterQueueError(f"cannot pull from {self.where}: {exc}") from exc
         except gexc.NotFound as exc:
             raise DeadLetterQueueError(
                 f"the dead-letter subscription {self._subscription} does not exist at "

@@ -375,3 +375,11 @@ async def test_a_failure_in_a_window_starts_no_more_and_the_rest_in_flight_finis
     assert summary.replayed == len(removed)
     started = {ref for call, ref in fake.calls if call == "publish"}
     assert max(started) < "l10"  # at most a window past the failure was started
+
+
+async def test_a_letter_the_queue_gives_twice_is_replayed_once() -> None:
+    """A Pub/Sub lease that lapsed mid-read gives the same letter again (same ref)."""
+    fake = FakeQueue([letter("a"), letter("b"), letter("a")])
+    summary = await replay(as_queue(fake), Selection(), target=TARGET)
+    assert [ref for ref, _ in fake.removed] == ["a", "b"]
+    assert summary.replayed == 2

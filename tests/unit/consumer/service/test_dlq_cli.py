@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.proc import free_port
 from rowbatch.consumer.dlq.kafka_queue import KafkaDeadLetterQueue
 from rowbatch.consumer.dlq.selection import SelectionError
 from rowbatch.consumer.service import cli as consumer_cli
@@ -240,3 +241,34 @@ def test_a_missing_config_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFix
     code = main(["stats", "--config", str(tmp_path / "absent.toml")])
     assert code == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+# --- a broker that does not answer ------------------------------------------------------------
+
+
+def test_pubsub_that_does_not_answer_exits_4_and_is_not_an_empty_queue(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pulls to an address nobody listens on fail like "no message yet" once retried to their
+    deadline; the command must say the service did not answer, not print empty counts."""
+    monkeypatch.setenv("PUBSUB_EMULATOR_HOST", f"127.0.0.1:{free_port()}")
+    source = """\
+[source]
+kind = "pubsub"
+subscription = "projects/p1/subscriptions/sub-a"
+dead_letter_topic = "projects/p1/topics/dlq-a"
+"""
+    code = main(["stats", "--timeout", "1", "--config", str(config_file(tmp_path, source))])
+    captured = capsys.readouterr()
+    assert code == 4, captured
+    assert captured.out == ""
+    assert "did not answer for projects/p1/subscriptions/sub-a-dlq within 1 s" in captured.err
+
+
+def test_kafka_that_does_not_answer_exits_4(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = KAFKA_SOURCE.replace("127.0.0.1:9092", f"127.0.0.1:{free_port()}")
+    code = main(["stats", "--timeout", "2", "--config", str(config_file(tmp_path, source))])
+    assert code == 4
+    assert "cannot read Kafka topic rows.dlq" in capsys.readouterr().err
