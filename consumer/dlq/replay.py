@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,18 +70,21 @@ async def replay(
     dry_run: bool = False,
     max_replays: int = DEFAULT_MAX_REPLAYS,
     in_flight: int = DEFAULT_IN_FLIGHT,
+    rate: float | None = None,
     progress: Callable[[ReplaySummary], None] | None = None,
     progress_every_s: float = 2.0,
     clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> ReplaySummary:
     """Replay what ``selection`` picks (at most ``limit``) to ``target``; ``progress`` is
     called every ``progress_every_s`` and at the end. Broker errors end the replay early with
     ``failed`` set; they are not raised (an error reading the queue is, once the letters in
-    flight have finished)."""
+    flight have finished). ``rate``: start at most that many letters per second (so a big
+    replay does not flood the consumers)."""
     summary = ReplaySummary(target=target, dry_run=dry_run)
     flight = _Flight(summary, in_flight)
     started: set[str] = set()
-    shown = clock()
+    shown = begun = clock()
     try:
         async for letter in queue.letters():
             if letter.ref in started:
@@ -98,6 +101,8 @@ async def replay(
             if letter.replays >= max_replays:
                 summary.held_back += 1
                 continue
+            if rate is not None and not dry_run:
+                await _paced(begun + len(started) / rate, clock, sleep)
             started.add(letter.ref)
             if dry_run:
                 flight.count(letter)
@@ -111,6 +116,14 @@ async def replay(
     if progress is not None:
         progress(summary)
     return summary
+
+
+async def _paced(
+    due: float, clock: Callable[[], float], sleep: Callable[[float], Awaitable[None]]
+) -> None:
+    """Wait until ``clock()`` reaches ``due``."""
+    if due > clock():
+        await sleep(due - clock())
 
 
 class _Flight:

@@ -107,6 +107,12 @@ def build_parser() -> argparse.ArgumentParser:
         "after its own publish is confirmed (default %(default)s)",
     )
     parser.add_argument(
+        "--rate",
+        type=float,
+        metavar="PER_SECOND",
+        help="replay: start at most this many letters per second (default: no limit)",
+    )
+    parser.add_argument(
         "--lease",
         type=int,
         default=60,
@@ -204,6 +210,7 @@ async def _replay(queue: DeadLetterQueue, selection: Selection, args: argparse.N
         dry_run=args.dry_run,
         max_replays=args.max_replays,
         in_flight=args.in_flight,
+        rate=args.rate,
         progress=progress,
     )
     print("\n".join(summary.lines()))
@@ -240,6 +247,8 @@ def main(argv: list[str]) -> int:
         parser.error("--rows must be >= 0")
     if args.in_flight < 1:
         parser.error("--in-flight must be >= 1")
+    if args.rate is not None and not args.rate > 0:
+        parser.error("--rate must be > 0")
     if not 10 <= args.lease <= 600:
         parser.error("--lease must be within 10-600 seconds (Pub/Sub's ack deadline range)")
     try:

@@ -255,11 +255,11 @@ async def test_stats_show_and_replay_after_a_fix_exactly_once(
     good_keys = {(c.headers.chunk_id, r) for c in good for r in range(ROWS)}
     async with consumer_running(config) as run:
         await wait_until(lambda: bool(run.running), 60, "consumer start", run.task)
-        # kill -9 the replay as soon as its first rows are written (one letter at a time, so
-        # it is midway then; the rerun replays the rest with the default window).
+        # kill -9 the replay as soon as its first rows are written: one letter at a time, 20 a
+        # second (60 take 3 s), so it is midway then; the rerun replays the rest at full speed.
         replay = await asyncio.create_subprocess_exec(
             *[sys.executable, "-m", "rowbatch.consumer", "dlq", "replay"],
-            *["--reason", "rejected-by-model", "--lease", "10", "--in-flight", "1"],
+            *["--reason", "rejected-by-model", "--lease", "10", "--in-flight", "1", "--rate", "20"],
             *["--config", str(config_file)],
             cwd=REPO_ROOT,
             env={**os.environ, **rig.env},

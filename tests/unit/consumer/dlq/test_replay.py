@@ -383,3 +383,24 @@ async def test_a_letter_the_queue_gives_twice_is_replayed_once() -> None:
     summary = await replay(as_queue(fake), Selection(), target=TARGET)
     assert [ref for ref, _ in fake.removed] == ["a", "b"]
     assert summary.replayed == 2
+
+
+async def test_a_rate_spaces_the_letters_on_the_clock() -> None:
+    """``rate=2``: letter n starts no earlier than n / 2 s after the replay began."""
+    clock = Clock()
+    starts: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        clock.now += seconds
+
+    class Timed(FakeQueue):
+        async def publish(self, letter: DeadLetter, topic: str) -> str:
+            starts.append(clock.now)
+            return await super().publish(letter, topic)
+
+    fake = Timed([letter(ref) for ref in "abcd"])
+    summary = await replay(
+        as_queue(fake), Selection(), target=TARGET, in_flight=1, rate=2.0, clock=clock, sleep=sleep
+    )
+    assert summary.replayed == 4
+    assert starts == [100.0, 100.5, 101.0, 101.5]
