@@ -89,12 +89,15 @@ class PubSubDeadLetterQueue:
         try:
             return call()
         except gexc.NotFound as exc:
-            raise DeadLetterQueueError(
-                f"{what} does not exist at {client_address(self._subscriber)} (rowbatch-consumer "
-                "admin ensure creates it)"
-            ) from exc
+            raise self._missing(what) from exc
         except gexc.GoogleAPICallError as exc:
             raise DeadLetterQueueError(f"cannot {doing} {what}: {exc}") from exc
+
+    def _missing(self, what: str) -> DeadLetterQueueError:
+        return DeadLetterQueueError(
+            f"{what} does not exist at {client_address(self._subscriber)} (rowbatch-consumer "
+            "admin ensure creates it)"
+        )
 
     def _check(self) -> None:
         """The dead-letter subscription exists and the service answers (a pull that cannot
@@ -106,10 +109,7 @@ class PubSubDeadLetterQueue:
                 retry=Retry(timeout=self._timeout_s, initial=0.2, maximum=2.0),
             )
         except gexc.NotFound as exc:
-            raise DeadLetterQueueError(
-                f"the dead-letter subscription {self._subscription} does not exist at "
-                f"{client_address(self._subscriber)} (rowbatch-consumer admin ensure creates it)"
-            ) from exc
+            raise self._missing(f"the dead-letter subscription {self._subscription}") from exc
         except (gexc.GoogleAPIError, TimeoutError) as exc:
             raise DeadLetterQueueError(
                 f"Pub/Sub at {client_address(self._subscriber)} did not answer for "
@@ -156,10 +156,7 @@ class PubSubDeadLetterQueue:
                 return []
             raise DeadLetterQueueError(f"cannot pull from {self.where}: {exc}") from exc
         except gexc.NotFound as exc:
-            raise DeadLetterQueueError(
-                f"the dead-letter subscription {self._subscription} does not exist at "
-                f"{client_address(self._subscriber)} (rowbatch-consumer admin ensure creates it)"
-            ) from exc
+            raise self._missing(f"the dead-letter subscription {self._subscription}") from exc
         except gexc.GoogleAPICallError as exc:
             raise DeadLetterQueueError(f"cannot pull from {self.where}: {exc}") from exc
         return list(response.received_messages)
