@@ -20,6 +20,7 @@ from pathlib import Path
 
 from harness.demo import DemoSettings, run_demo
 from harness.errors import PrerequisiteMissing, ServiceFailed
+from harness.jaeger import build_jaeger
 from harness.server_venv import SERVER_VENVS, ensure_all, prune_stale
 from harness.service import REPO_ROOT, RunDir
 from harness.stack import StackEndpoints, local_stack
@@ -88,9 +89,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "command",
-        choices=["up", "demo", "server-venvs"],
+        choices=["up", "demo", "server-venvs", "jaeger-build"],
         help="up: start the stack and wait; demo: run the demo job end to end; "
-        "server-venvs: make the model servers' venvs",
+        "server-venvs: make the model servers' venvs; jaeger-build: build the trace backend "
+        "the tracing tests use (minutes, once per machine)",
     )
     parser.add_argument(
         "names",
@@ -126,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     if args.command == "server-venvs":
         return _server_venvs(args.names, args.prune)
+    if args.command == "jaeger-build":
+        print(build_jaeger())
+        return 0
     if args.names:
         parser.error(f"{args.command} takes no names (only server-venvs does)")
 

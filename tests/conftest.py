@@ -22,6 +22,7 @@ os.environ.setdefault("GCE_METADATA_HOST", "127.0.0.1:9")
 os.environ.setdefault("GCE_METADATA_IP", "127.0.0.1:9")
 
 if TYPE_CHECKING:
+    from harness.jaeger import JaegerEndpoint
     from harness.kafka import KafkaEndpoint
     from harness.postgres import PostgresEndpoint
     from harness.pubsub import PubSubEndpoint
@@ -93,6 +94,14 @@ def s3(run_dir: RunDir) -> Iterator[S3Endpoint]:
     from harness.s3 import S3Service
 
     with S3Service(run_dir) as endpoint:
+        yield endpoint
+
+
+@pytest.fixture(scope="session")
+def jaeger(run_dir: RunDir) -> Iterator[JaegerEndpoint]:
+    from harness.jaeger import JaegerService
+
+    with JaegerService(run_dir) as endpoint:
         yield endpoint
 
 

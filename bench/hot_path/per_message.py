@@ -18,6 +18,7 @@ from rowbatch.consumer.engine import batcher, decode, ledger, results
 from rowbatch.consumer.model import tensors as binding_module
 from rowbatch.consumer.model.answer import Answer
 from rowbatch.consumer.model.handler import BatchRows, OipHandler
+from rowbatch.consumer.observe.tracing import PipelineTracing
 from rowbatch.consumer.sources.base import Delivery
 from rowbatch.wire.columns.column_type import ColumnType
 
@@ -57,9 +58,10 @@ def run_messages(
     tensor: bool,
     profile: bool,
     vector: int = 0,
+    tracing: PipelineTracing | None = None,
 ) -> tuple[float, Stages, pstats.Stats | None]:
     """(total CPU s, stages, profile) for the pipeline over ``deliveries`` with a null sink and
-    a model that answers at once."""
+    a model that answers at once (``tracing``: its spans, bench/tracing_cost.py)."""
     from rowbatch.wire.headers.chunk_headers import ChunkHeaders  # noqa: PLC0415 - patched below
 
     spec, binding = MODELS[kind], BINDINGS[kind]
@@ -114,6 +116,7 @@ def run_messages(
             budget_bytes=1 << 40,
             profile=profile,
             vector=vector,
+            tracing=tracing,
         )
     return total, stages, stats
 

@@ -16,6 +16,7 @@ from rowbatch.consumer.engine.decode import MessageDecoder, SchemaCheck
 from rowbatch.consumer.engine.pipeline import Pipeline, PipelineSettings
 from rowbatch.consumer.model.handler import ModelHandler
 from rowbatch.consumer.observe.metrics import Metrics
+from rowbatch.consumer.observe.tracing import PipelineTracing
 from rowbatch.consumer.sinks.base import Sink
 from rowbatch.consumer.sources.base import Delivery
 
@@ -30,6 +31,7 @@ def run_pipeline(
     budget_bytes: int,
     profile: bool,
     vector: int = 0,
+    tracing: PipelineTracing | None = None,
 ) -> tuple[float, pstats.Stats | None]:
     """(CPU s of ``Pipeline.run``, profile) for the pipeline over ``deliveries`` with the
     ``kind`` model's binding. The sink is opened before and closed after, outside the timed
@@ -57,6 +59,7 @@ def run_pipeline(
             ),
             budget=ByteBudget(budget_bytes),
             metrics=Metrics(),
+            tracing=tracing,
         )
         started = time.process_time()
         await pipe.run(asyncio.Event())

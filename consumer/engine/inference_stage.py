@@ -47,6 +47,7 @@ class InferenceStage:
         self._rows_queued = context.rows_queued
         self._intake_done = intake_done
         self._clock = context.clock
+        self._tracing = context.tracing
         self.in_flight = 0
         """Requests at the model server now."""
         self._isolating = asyncio.Lock()
@@ -86,6 +87,17 @@ class InferenceStage:
     async def _infer(self, batch: Batch) -> list[Answered]:
         """The batch's answers, as parts for the writer (several when a failure was isolated);
         poison segments are failed here, and those failing for good are nacked."""
+        tracing = self._tracing
+        if tracing is None:
+            return await self._answer(batch)
+        with tracing.inference(batch.segments, len(batch)) as span:
+            parts = await self._answer(batch, span)
+            whole = len(parts) == 1 and parts[0].batch is batch
+            outcome = "answered" if whole else "isolated" if parts else "unanswered"
+            tracing.answered(span, parts[0].model_version if parts else "", outcome)
+            return parts
+
+    async def _answer(self, batch: Batch, span: object = None) -> list[Answered]:
         size = len(batch)
         self._metrics.batch_size.observe(size)
         self._metrics.batch_fill.observe(size / self._batcher.target)
@@ -96,10 +108,13 @@ class InferenceStage:
                 log.exception("inference failed for good; nacking the batch's messages")
                 await self._abandon(batch.segments)
                 return []
-            return await self._isolated(batch)
-        return [Answered(batch, answer.outputs, answer.model_version)]
+            if self._tracing is None:
+                return await self._isolated(batch, span)
+            with self._tracing.span("isolate", **{"rowbatch.messages": len(batch.segments)}):
+                return await self._isolated(batch, span)
+        return [Answered(batch, answer.outputs, answer.model_version, span)]
 
-    async def _isolated(self, batch: Batch) -> list[Answered]:
+    async def _isolated(self, batch: Batch, span: object) -> list[Answered]:
         """Bisects a failed batch: answers what succeeds, fails the poison segments, nacks
         those failing for good (a model raising on their rows may be the server's fault, so
         they are redelivered, and dead-lettered as ``too-many-attempts`` if they never pass)."""
@@ -137,7 +152,7 @@ class InferenceStage:
                 next(error for _, error in bad if not self._model.is_poison(error)),
             )
             await self._abandon(nacked)
-        return [Answered(sub, answer.outputs, answer.model_version) for sub, answer in good]
+        return [Answered(sub, answer.outputs, answer.model_version, span) for sub, answer in good]
 
     async def _timed_run(self, batch: Batch) -> Answer:
         started = self._clock()

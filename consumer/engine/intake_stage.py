@@ -69,6 +69,7 @@ class IntakeStage:
         self._clock = context.clock
         self._wall = wall
         self._signal = signal
+        self._tracing = context.tracing
         self.waiting_for_room = False
         """Intake has a message in hand and waits for the work bound or the budget: more is
         on offer than the pipeline takes (the replica is saturated)."""
@@ -231,6 +232,8 @@ class IntakeStage:
 
     def _accept(self, delivery: Delivery, rows: MessageRows, reserve: int) -> None:
         entry = self._ledger.open(delivery, rows.chunk_id, rows.rows, reserve, self._clock())
+        if self._tracing is not None:
+            self._tracing.opened(entry.key, delivery)
         if rows.rows == 0:
             done = self._ledger.written(entry.key, 0)
             assert done is not None

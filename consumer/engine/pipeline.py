@@ -65,6 +65,7 @@ from rowbatch.consumer.engine.write_stage import WriteStage
 from rowbatch.consumer.model.handler import ModelHandler
 from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.observe.scaling import ScalingSignal
+from rowbatch.consumer.observe.tracing import PipelineTracing
 from rowbatch.consumer.sinks.base import Sink
 from rowbatch.consumer.sources.base import Source, WorkBound
 from rowbatch.timing import Backoff, Clock, Sleep
@@ -182,10 +183,12 @@ class Pipeline:
         signal: ScalingSignal | None = None,
         watch_interval_s: float = WATCH_INTERVAL_S,
         trim: Callable[[], None] | None = None,
+        tracing: PipelineTracing | None = None,
     ) -> None:
         """``signal``: told of rows received and written and, every ``watch_interval_s``, of
         the pipeline's state (the autoscaling figure). ``trim``: hands freed memory back to
-        the system, every ``watch_interval_s`` (the service passes malloc's)."""
+        the system, every ``watch_interval_s`` (the service passes malloc's). ``tracing``:
+        the spans, when tracing is on."""
         self._source = source
         self._s = settings
         self._metrics = metrics
@@ -229,6 +232,7 @@ class Pipeline:
             metrics=metrics,
             wall=wall,
             signal=signal,
+            tracing=tracing,
         )
         context = StageContext(
             ledger=self._ledger,
@@ -238,6 +242,7 @@ class Pipeline:
             clock=clock,
             rows_queued=rows_queued,
             rows_taken=rows_taken,
+            tracing=tracing,
         )
         self._intake = IntakeStage(
             context,

@@ -31,6 +31,8 @@ class Answered:
     outputs: Mapping[str, NDArray[Any]]
     model_version: str = ""
     """The version of the model that answered, as its response named it (``""``: not said)."""
+    span: Any = None
+    """The inference request's span, when tracing is on (the write's span links to it)."""
 
 
 def split_by_message(part: Answered) -> list[Answered]:
@@ -41,7 +43,7 @@ def split_by_message(part: Answered) -> list[Answered]:
     for segment in part.batch.segments:
         index = part.batch.rows_of([segment])
         outputs = {k: v[index] for k, v in part.outputs.items()}
-        out.append(Answered(part.batch.select([segment]), outputs, part.model_version))
+        out.append(Answered(part.batch.select([segment]), outputs, part.model_version, part.span))
     return out
 
 

@@ -14,6 +14,7 @@ from rowbatch.consumer.engine.results import Answered
 from rowbatch.consumer.engine.sink_writer import SinkWriter
 from rowbatch.consumer.observe.metrics import Metrics, observe_many
 from rowbatch.consumer.observe.scaling import ScalingSignal
+from rowbatch.consumer.observe.tracing import PipelineTracing
 from rowbatch.consumer.sinks.base import Sink
 from rowbatch.consumer.sources.base import AcksVectors, DeadLetterReason, Delivery, Source
 
@@ -36,8 +37,10 @@ class Settler:
         metrics: Metrics,
         wall: Callable[[], float],
         signal: ScalingSignal | None = None,
+        tracing: PipelineTracing | None = None,
     ) -> None:
         self._source = source
+        self._tracing = tracing
         self._signal = signal
         self._sink = sink
         self._writer = writer
@@ -56,13 +59,15 @@ class Settler:
             self._metrics.end_to_end_seconds.observe(
                 max(0.0, self._wall() - entry.delivery.publish_time)
             )
+            if self._tracing is not None:
+                self._tracing.closed(entry.key, "acked")
         else:
             if entry.written_rows:
                 await self._writer.retrying(
                     lambda: self._sink.delete_chunks([entry.chunk_id]),
                     f"delete of chunk {entry.chunk_id!r}",
                 )
-            await self.dead_letter(entry.delivery, entry.failure, entry.chunk_id)
+            await self.dead_letter(entry.delivery, entry.failure, entry.chunk_id, entry.key)
         if self._signal is not None:
             self._signal.written(entry.rows)
         await self._release(entry)
@@ -83,6 +88,9 @@ class Settler:
         else:
             for delivery in deliveries:
                 await self._source.ack(delivery)
+        if self._tracing is not None:
+            for entry in acked:
+                self._tracing.closed(entry.key, "acked")
         now = self._wall()
         self._metrics.messages_acked.inc(len(acked))
         observe_many(
@@ -122,6 +130,9 @@ class Settler:
         dropped = [self._ledger.abandon(key) for key in self._batcher.withdraw(keys)]
         if not dropped:
             return []
+        if self._tracing is not None:
+            for entry in dropped:
+                self._tracing.closed(entry.key, "withdrawn")
         self._budget.release_now(sum(e.reserved_bytes for e in dropped))
         self._metrics.inflight_bytes.set(self._budget.used)
         self._metrics.inflight_messages.set(len(self._ledger))
@@ -140,6 +151,8 @@ class Settler:
 
     async def _settle_nack(self, entry: Entry) -> None:
         await self.nack(entry.delivery)
+        if self._tracing is not None:
+            self._tracing.closed(entry.key, "nacked")
         await self._release(entry)
 
     async def _release(self, entry: Entry) -> None:
@@ -152,11 +165,19 @@ class Settler:
         self._metrics.messages_nacked.inc()
 
     async def dead_letter(
-        self, delivery: Delivery, reason: DeadLetterReason, chunk_id: str | None
+        self,
+        delivery: Delivery,
+        reason: DeadLetterReason,
+        chunk_id: str | None,
+        key: int | None = None,
     ) -> None:
-        """Publish ``delivery`` to the dead-letter topic; nack it if that fails."""
+        """Publish ``delivery`` (ledger entry ``key``, ``None`` when it never entered the
+        ledger) to the dead-letter topic; nack it if that fails."""
         try:
-            await self._source.dead_letter(delivery, reason)
+            if self._tracing is None:
+                await self._source.dead_letter(delivery, reason)
+            else:
+                await self._traced_dead_letter(delivery, reason, key)
         except Exception:
             log.exception(
                 "dead-letter publish failed for message %s (chunk %s); nacking it",
@@ -164,11 +185,24 @@ class Settler:
                 chunk_id,
             )
             await self.nack(delivery)
+            if self._tracing is not None and key is not None:
+                self._tracing.closed(key, "nacked")
             return
         self._metrics.dead_lettered.labels(reason.reason_class.value).inc()
+        if self._tracing is not None and key is not None:
+            self._tracing.closed(key, "dead_lettered")
         log.warning(
             "dead-lettered message %s: %s: %s",
             delivery.message_id,
             reason.reason_class.value,
             reason.message,
         )
+
+    async def _traced_dead_letter(
+        self, delivery: Delivery, reason: DeadLetterReason, key: int | None
+    ) -> None:
+        assert self._tracing is not None
+        with self._tracing.dead_letter(
+            key, delivery, reason.reason_class.value, reason.code, reason.message
+        ):
+            await self._source.dead_letter(delivery, reason)

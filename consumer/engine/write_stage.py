@@ -51,6 +51,7 @@ class WriteStage:
         self._clock = context.clock
         self._allowance = allowance
         self._cost = cost
+        self._tracing = context.tracing
 
     async def write(self) -> None:
         # Taken but not in this write (of another model version, or past the allowance):
@@ -98,7 +99,15 @@ class WriteStage:
     async def _write(self, parts: Sequence[Answered]) -> None:
         live = [p for p in map(self._live, parts) if p is not None]
         started = self._clock()
-        rejected = await self._writer.write(live)
+        if self._tracing is None:
+            rejected = await self._writer.write(live)
+        else:
+            spans = list({id(p.span): p.span for p in live if p.span is not None}.values())
+            rows = sum(len(p.batch) for p in live)
+            messages = sum(len(p.batch.segments) for p in live)
+            with self._tracing.write(spans, rows, messages) as span:
+                rejected = await self._writer.write(live)
+                span.set_attribute("rowbatch.rejected_parts", len(rejected))
         self._metrics.sink_seconds.observe(self._clock() - started)
         failed = {segment for part, _ in rejected for segment in part.batch.segments}
         for part, error in rejected:
@@ -126,4 +135,4 @@ class WriteStage:
             return None
         index = batch.rows_of(live)
         outputs = {k: v[index] for k, v in part.outputs.items()}
-        return Answered(batch.select(live), outputs, part.model_version)
+        return Answered(batch.select(live), outputs, part.model_version, part.span)

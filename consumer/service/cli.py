@@ -22,6 +22,7 @@ from rowbatch.consumer.model.binding import Binding, BindingError, check_binding
 from rowbatch.consumer.model.discovery import ModelDiscoveryError
 from rowbatch.consumer.model.spec import ModelConfigError
 from rowbatch.consumer.observe.memory import dump_traced, return_freed_memory
+from rowbatch.consumer.observe.tracing_settings import start_consumer_tracing
 from rowbatch.consumer.service import admin, logs
 from rowbatch.consumer.service.build_io import check_source_credentials
 from rowbatch.consumer.service.build_model import (
@@ -44,6 +45,7 @@ from rowbatch.consumer.sinks.base import SinkError
 from rowbatch.consumer.sources.base import SourceConfigError, SourceUnreachable
 from rowbatch.consumer.sources.table.settings import TableSettings
 from rowbatch.consumer.sources.table.source import TableSource
+from rowbatch.tracing import TracingError
 
 log = logging.getLogger("rowbatch.consumer")
 
@@ -324,17 +326,34 @@ def _command(argv: list[str]) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     logs.configure(config.log_format, config.log_level)
+    tracing = None
+    if args.command in ("run", "table"):
+        try:
+            tracing = start_consumer_tracing(config.tracing)
+        except TracingError as exc:
+            print(f"error: tracing: {exc}", file=sys.stderr)
+            return 2
+    try:
+        code = _execute(config, args)
+    finally:
+        if tracing is not None:
+            tracing.shutdown()  # export what is buffered
+    return exit_past_stuck_threads(code)
+
+
+def _execute(config: ConsumerConfig, args: argparse.Namespace) -> int:
+    """Run ``args.command``; the exit code."""
     try:
         check_source_credentials(config.source)  # at once, before waiting for anything
         if args.command in ("run", "table"):
             return_freed_memory()  # before the threads start: RSS follows the budget
         if args.command == "table":
-            return exit_past_stuck_threads(_run_table(config, args.summary))
+            return _run_table(config, args.summary)
         run_bounded(_run(config) if args.command == "run" else _check(config))
     except _STARTUP_ERRORS as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return exit_past_stuck_threads(2)
+        return 2
     except PipelineFailed as exc:
         print(f"error: {exc} (unsettled messages were nacked)", file=sys.stderr)
-        return exit_past_stuck_threads(1)
-    return exit_past_stuck_threads(0)
+        return 1
+    return 0

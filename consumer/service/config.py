@@ -24,6 +24,7 @@ from pydantic_settings import (
 )
 
 from rowbatch.consumer.model.settings import BindingSettings, ModelSettings
+from rowbatch.consumer.observe.tracing_settings import TracingConfig
 from rowbatch.consumer.section import MiB, Section
 from rowbatch.consumer.sinks.settings import (
     ParquetSinkSettings,
@@ -84,6 +85,8 @@ class ConsumerConfig(BaseSettings):
     """A message whose attributes/headers (names plus values) take more is dead-lettered
     (``undecodable``, code ``headers_too_large``)."""
     server: ServerSettings = ServerSettings()
+    tracing: TracingConfig = TracingConfig()
+    """OpenTelemetry spans (docs/tracing.md); off by default."""
     log_format: Literal["json", "text"] = "json"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 

@@ -16,6 +16,10 @@ import sys
 from datetime import UTC, datetime
 from typing import Any, Final
 
+from opentelemetry import trace
+
+from rowbatch.tracing import active as tracing_active
+
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "taskName"}
 
 #: What a secret is replaced with.
@@ -90,6 +94,9 @@ class RedactingFilter(logging.Filter):
 
 
 class JsonFormatter(logging.Formatter):
+    """One JSON object a record; ``trace_id`` and ``span_id`` (hex, as trace backends show
+    them) when tracing is on and a span is current."""
+
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, Any] = {
             "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
@@ -98,6 +105,11 @@ class JsonFormatter(logging.Formatter):
             "message": record.getMessage(),
         }
         out.update({k: v for k, v in vars(record).items() if k not in _STANDARD})
+        if tracing_active():
+            context = trace.get_current_span().get_span_context()
+            if context.is_valid:
+                out["trace_id"] = f"{context.trace_id:032x}"
+                out["span_id"] = f"{context.span_id:016x}"
         if record.exc_text:
             out["exception"] = record.exc_text
         elif record.exc_info:

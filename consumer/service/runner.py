@@ -25,6 +25,7 @@ from rowbatch.consumer.model.spec import ModelSpec
 from rowbatch.consumer.model.spec_match import same_spec
 from rowbatch.consumer.observe.memory import trim
 from rowbatch.consumer.observe.metrics import Metrics
+from rowbatch.consumer.observe.tracing import SYSTEMS, PipelineTracing
 from rowbatch.consumer.service.build_io import (
     make_sink,
     make_source,
@@ -52,11 +53,24 @@ from rowbatch.consumer.service.shutdown import (
 from rowbatch.consumer.sinks.base import Sink
 from rowbatch.consumer.sources.base import Source
 from rowbatch.consumer.sources.table.settings import TableSettings
+from rowbatch.tracing import active as tracing_active
 from rowbatch.wire.columns.column_type import ColumnType
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Running", "run_consumer"]
+__all__ = ["Running", "pipeline_tracing", "run_consumer"]
+
+
+def pipeline_tracing(config: ConsumerConfig, model: str) -> PipelineTracing | None:
+    """The pipeline's spans when this process started tracing (the CLI, from ``[tracing]``)."""
+    if not tracing_active():
+        return None
+    return PipelineTracing(
+        system=SYSTEMS[config.source.kind],
+        model=model,
+        sink=config.sink.kind,
+        link_limit=config.tracing.link_limit,
+    )
 
 
 @dataclass
@@ -172,6 +186,7 @@ async def run_consumer(
             metrics=metrics,
             signal=signal,
             trim=trim,
+            tracing=pipeline_tracing(config, spec.name),
         )
         log.info(
             "consuming: model %s v%s on %s (spec from %s), batch size %d, %d in flight (%s), "

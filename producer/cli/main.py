@@ -20,6 +20,7 @@ from rowbatch.producer.cli.report import report, write_manifest
 from rowbatch.producer.cli.running import Outcome, RunFailed, UsageError
 from rowbatch.producer.publishers.errors import PublisherConfigError, PublishError
 from rowbatch.timing import Clock, Sleep
+from rowbatch.tracing import TracingError, TracingSettings, start_tracing
 from rowbatch.wire.readers.errors import InputError
 
 
@@ -74,11 +75,22 @@ def main(
     opts = parser.parse_args(argv)
     _setup_logging(opts.verbose)
     factory = publisher_factory or make_publisher
+    if opts.trace_sample_ratio is not None and not opts.trace:
+        parser.error("--trace-sample-ratio goes with --trace")
+    tracing = None
     try:
-        outcome = asyncio.run(
-            _run(opts, factory, stdin=stdin, stderr=stderr, clock=clock, sleep=sleep)
-        )
-    except UsageError as exc:
+        if opts.trace:
+            tracing = start_tracing(
+                TracingSettings("rowbatch-producer", sample_ratio=opts.trace_sample_ratio)
+            )
+        try:
+            outcome = asyncio.run(
+                _run(opts, factory, stdin=stdin, stderr=stderr, clock=clock, sleep=sleep)
+            )
+        finally:
+            if tracing is not None:
+                tracing.shutdown()  # export what is buffered
+    except (UsageError, TracingError) as exc:
         print(f"{PROG} {opts.command}: error: {exc}", file=stderr)
         return 2
     except (InputError, PublishError) as exc:

@@ -187,6 +187,20 @@ def _broker_options(parser: argparse.ArgumentParser) -> None:
         help="write the summary (loadgen: and what was sent) as JSON to FILE",
     )
     out.add_argument("-v", "--verbose", action="store_true", help="log retries and client logs")
+    out.add_argument(
+        "--trace",
+        action="store_true",
+        help="OpenTelemetry: a span per message, its context written into the message "
+        "(docs/tracing.md); spans go by OTLP/gRPC to OTEL_EXPORTER_OTLP_ENDPOINT "
+        "(default http://localhost:4317)",
+    )
+    out.add_argument(
+        "--trace-sample-ratio",
+        type=float,
+        metavar="R",
+        help="with --trace: keep this share of the messages' traces (default "
+        "OTEL_TRACES_SAMPLER_ARG, else 1.0); the consumer follows the choice",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

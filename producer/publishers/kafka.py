@@ -4,7 +4,7 @@ that a record-batch compression's library is installed."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Final, Literal
 
 from aiokafka import AIOKafkaProducer, codec
@@ -29,7 +29,10 @@ from rowbatch.producer.publishers.errors import (
 )
 from rowbatch.producer.publishers.messages import Message, chunk_id_of, message_size
 from rowbatch.producer.publishers.retry import PublishRetry, make_retrying
+from rowbatch.producer.publishers.tracing import send_span
 from rowbatch.timing import Sleep
+from rowbatch.tracing import TRACE_CONTEXT_BYTES
+from rowbatch.tracing import active as tracing_active
 from rowbatch.wire.chunks.split import KAFKA_DEFAULT_MAX_MESSAGE_BYTES
 from rowbatch.wire.headers.fields import H_CHUNK_ID, H_ORDERING_KEY
 
@@ -134,7 +137,12 @@ class KafkaPublisher(StartClose):
 
     @property
     def max_chunk_bytes(self) -> int:
-        return self._max_message_bytes - _KAFKA_FRAMING_BYTES - _KAFKA_MAX_KEY_BYTES
+        return (
+            self._max_message_bytes
+            - _KAFKA_FRAMING_BYTES
+            - _KAFKA_MAX_KEY_BYTES
+            - TRACE_CONTEXT_BYTES
+        )
 
     def _make_producer(self) -> Any:
         factory = self._factory if self._factory is not None else AIOKafkaProducer
@@ -213,9 +221,20 @@ class KafkaPublisher(StartClose):
                 address=self._bootstrap,
                 chunk_id=chunk_id,
             )
-        headers = [(k, v.encode("utf-8")) for k, v in attrs.items()]
         key_bytes = record_key.encode("utf-8") if record_key else None
         payload = bytes(message.payload)
+        if not tracing_active():
+            return await self._send(payload, key_bytes, attrs, chunk_id)
+        traced = dict(attrs)
+        with send_span("kafka", self._topic, traced) as span:
+            result = await self._send(payload, key_bytes, traced, chunk_id)
+            span.set_attribute("messaging.message.id", result)
+            return result
+
+    async def _send(
+        self, payload: bytes, key_bytes: bytes | None, attrs: Mapping[str, str], chunk_id: str
+    ) -> str:
+        headers = [(k, v.encode("utf-8")) for k, v in attrs.items()]
         retrying = make_retrying(
             self._retry,
             _kafka_transient,

@@ -42,7 +42,10 @@ from rowbatch.producer.publishers.errors import (
 )
 from rowbatch.producer.publishers.messages import Message, chunk_id_of, message_size
 from rowbatch.producer.publishers.retry import PublishRetry, make_retrying
+from rowbatch.producer.publishers.tracing import send_span
 from rowbatch.timing import Sleep
+from rowbatch.tracing import TRACE_CONTEXT_BYTES
+from rowbatch.tracing import active as tracing_active
 from rowbatch.wire.chunks.split import PUBSUB_MAX_MESSAGE_BYTES
 from rowbatch.wire.headers.fields import H_ORDERING_KEY
 from rowbatch.wire.pubsub_env import (
@@ -213,7 +216,12 @@ class PubSubPublisher(StartClose):
 
     @property
     def max_chunk_bytes(self) -> int:
-        framing = _PUBSUB_FRAMING_BYTES + len(self._topic) + _PUBSUB_ORDERING_KEY_BYTES
+        framing = (
+            _PUBSUB_FRAMING_BYTES
+            + len(self._topic)
+            + _PUBSUB_ORDERING_KEY_BYTES
+            + TRACE_CONTEXT_BYTES
+        )
         if self._max_message_bytes < PUBSUB_MAX_MESSAGE_BYTES - framing:
             return self._max_message_bytes  # a lower limit chosen by the caller
         return PUBSUB_MAX_MESSAGE_BYTES - framing
@@ -345,7 +353,16 @@ class PubSubPublisher(StartClose):
                 chunk_id=chunk_id,
             )
         payload = bytes(message.payload)
+        if not tracing_active():
+            return await self._send(payload, attrs, ordering_key, chunk_id)
+        with send_span("pubsub", self._topic, attrs) as span:
+            message_id = await self._send(payload, attrs, ordering_key, chunk_id)
+            span.set_attribute("messaging.message.id", message_id)
+            return message_id
 
+    async def _send(
+        self, payload: bytes, attrs: dict[str, str], ordering_key: str, chunk_id: str
+    ) -> str:
         def resume(_: BaseException) -> None:
             if ordering_key:
                 self._client.resume_publish(self._topic, ordering_key)

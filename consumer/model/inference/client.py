@@ -14,6 +14,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
 from numpy.typing import NDArray
+from opentelemetry import trace
 from tritonclient.utils import InferenceServerException
 
 from rowbatch.consumer.model.answer import Answer
@@ -23,9 +24,15 @@ from rowbatch.consumer.model.discovery import (
     ModelServerUnavailable,
     discover_model,
 )
-from rowbatch.consumer.model.inference.errors import FatalInferenceError, classify
+from rowbatch.consumer.model.inference.errors import (
+    FatalInferenceError,
+    InferenceError,
+    classify,
+)
 from rowbatch.consumer.model.spec import ModelSpec
 from rowbatch.consumer.model.tls import TlsOptions, channel_credentials, describe_handshake_failure
+from rowbatch.tracing import active as tracing_active
+from rowbatch.tracing import inject
 
 #: tritonclient's own default for both message-length limits (INT32_MAX).
 MAX_GRPC_MESSAGE_BYTES: Final = 2**31 - 1
@@ -70,6 +77,14 @@ def _answered_version(result: Any) -> str:
         return str(result.get_response().model_version)
     except AttributeError:  # a stand-in result without a response
         return ""
+
+
+def _rows(inputs: Sequence[Any]) -> int:
+    """The batch dimension of a request's first input (0 when it has none)."""
+    try:
+        return int(inputs[0].shape()[0]) if inputs else 0
+    except (AttributeError, IndexError, TypeError):
+        return 0
 
 
 class InferenceClient:
@@ -144,6 +159,47 @@ class InferenceClient:
         """Runs one request; returns each requested output as a numpy array (BYTES outputs as
         object arrays of ``bytes``) and the version that answered. ``client_timeout`` bounds
         the request in seconds."""
+        if tracing_active():
+            return await self._traced_infer(inputs, outputs, client_timeout)
+        return await self._infer(inputs, outputs, client_timeout, None)
+
+    async def _traced_infer(
+        self, inputs: Sequence[Any], outputs: Sequence[str], client_timeout: float | None
+    ) -> Answer:
+        """``_infer`` in a CLIENT span whose context goes to the server in the request's
+        metadata (``traceparent``: Triton's own OpenTelemetry tracing continues it)."""
+        host, _, port = self.url.rpartition(":")
+        with trace.get_tracer("rowbatch.consumer.model").start_as_current_span(
+            "inference.GRPCInferenceService/ModelInfer",
+            kind=trace.SpanKind.CLIENT,
+            attributes={
+                "rpc.system": "grpc",
+                "rpc.service": "inference.GRPCInferenceService",
+                "rpc.method": "ModelInfer",
+                "server.address": host or self.url,
+                "server.port": int(port) if port.isdigit() else 0,
+                "rowbatch.model": self.model,
+                "rowbatch.rows": _rows(inputs),
+            },
+        ) as span:
+            headers: dict[str, str] = {}
+            inject(headers, pubsub=False)
+            try:
+                answer = await self._infer(inputs, outputs, client_timeout, headers)
+            except InferenceError as exc:
+                span.set_attribute("rpc.grpc.status_code", exc.status)
+                span.set_attribute("rowbatch.error", type(exc).__name__)
+                raise
+            span.set_attribute("rowbatch.model.version", answer.model_version)
+            return answer
+
+    async def _infer(
+        self,
+        inputs: Sequence[Any],
+        outputs: Sequence[str],
+        client_timeout: float | None,
+        headers: dict[str, str] | None,
+    ) -> Answer:
         requested = [grpcclient.InferRequestedOutput(name) for name in outputs]
         try:
             result = await self._client.infer(
@@ -152,6 +208,7 @@ class InferenceClient:
                 model_version=self.version,
                 outputs=requested,
                 client_timeout=client_timeout,
+                **({} if headers is None else {"headers": headers}),
             )
         except (InferenceServerException, OSError) as exc:
             raise classify(exc, model=self.model, served=self._served) from exc

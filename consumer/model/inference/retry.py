@@ -12,12 +12,14 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from opentelemetry import trace
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 from tenacity.stop import stop_after_attempt, stop_base, stop_never
 
 from rowbatch.consumer.model.answer import Answer
 from rowbatch.consumer.model.inference.errors import InferenceError, RetryableInferenceError
 from rowbatch.timing import Backoff, BackoffWait, Sleep
+from rowbatch.tracing import active as tracing_active
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +154,18 @@ class RetryingInferencer:
             raise
 
     async def _pause(self, seconds: float) -> None:
-        """Sleep out a backoff, or less if the probe sees the server come back."""
+        """Sleep out a backoff, or less if the probe sees the server come back (in a
+        ``backoff`` span under the request's when tracing is on)."""
+        if not tracing_active():
+            await self._sleep_or_recover(seconds)
+            return
+        with trace.get_tracer("rowbatch.consumer.model").start_as_current_span(
+            "backoff", attributes={"rowbatch.backoff.seconds": seconds}
+        ) as span:
+            await self._sleep_or_recover(seconds)
+            span.set_attribute("rowbatch.backoff.requests", self._backing_off)
+
+    async def _sleep_or_recover(self, seconds: float) -> None:
         recovered = asyncio.ensure_future(self._recovered.wait())
         slept = asyncio.ensure_future(self._sleep(seconds))
         try:

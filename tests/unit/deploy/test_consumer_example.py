@@ -11,6 +11,7 @@ from pydantic import BaseModel
 
 from harness.service import REPO_ROOT
 from rowbatch.consumer.model.settings import ModelSettings
+from rowbatch.consumer.observe.tracing_settings import TracingConfig
 from rowbatch.consumer.service.config import ConsumerConfig, ServerSettings
 from rowbatch.consumer.sinks.settings import (
     ParquetSinkSettings,
@@ -24,7 +25,7 @@ EXAMPLE = REPO_ROOT / "deploy" / "consumer.example.toml"
 _HEADER = re.compile(r"^#?\s*\[\[?([a-z_.]+)\]\]?\s*(#.*)?$")
 _KEY = re.compile(r"^#?\s*([a-z_]+)\s*=")
 _KIND = re.compile(r'^#?\s*kind\s*=\s*"([a-z]+)"')
-SECTIONS = {"source", "model", "binding", "sink", "server"}
+SECTIONS = {"source", "model", "binding", "sink", "server", "tracing"}
 
 
 def listed() -> dict[str, set[str]]:
@@ -60,6 +61,7 @@ def test_the_example_names_every_setting() -> None:
         "model.outputs": {"name", "datatype", "dims"},
         "sink": sinks,
         "server": names(ServerSettings),
+        "tracing": names(TracingConfig),
     }
     missing = {
         section: sorted(keys - found[section])
@@ -82,6 +84,7 @@ def test_the_example_names_no_setting_that_does_not_exist() -> None:
         "binding": {"inputs", "outputs", "passthrough"},
         "sink": sinks,
         "server": names(ServerSettings),
+        "tracing": names(TracingConfig),
     }
     unknown = {
         s: sorted(keys - known.get(s, set()))

@@ -24,7 +24,7 @@ DEV_ONLY = ("harness", "bench", "tests")
 #: Lowest first. A module may import its own layer's package or a lower layer, never a higher
 #: one; packages on the same layer (the three adapters) may not import each other.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("rowbatch.wire", "rowbatch.timing"),
+    ("rowbatch.wire", "rowbatch.timing", "rowbatch.tracing"),
     ("rowbatch.progress",),
     ("rowbatch.consumer.section",),
     ("rowbatch.consumer.observe",),
@@ -187,6 +187,7 @@ def test_rowbatch_links_the_repository_folders() -> None:
         "py.typed",
         "timing.py",
         "progress.py",
+        "tracing.py",
         "__pycache__",
     }, (
         "rowbatch/ holds the package marker, the links, timing.py (clock and backoff of "

@@ -1,0 +1,216 @@
+"""The consumer's spans (docs/tracing.md), made only when tracing is on (the pipeline holds a
+:class:`PipelineTracing` then, ``None`` otherwise, so the hot path pays one ``is None`` test):
+
+- ``process <source>`` (CONSUMER), one per message, from intake to its settlement (ack, dead
+  letter, nack or withdrawal: ``rowbatch.outcome``), a child of the producer's span the message
+  carries, so a message's trace shows where it spent its time;
+- ``infer <model>`` (CONSUMER), one per inference request, **linked** to the producer spans of
+  the messages whose rows it carries (each link names the message and its rows in the batch;
+  past ``link_limit`` links the rest go on ``infer <model> links`` child spans), with the model,
+  the version that answered, the rows and the outcome; the message spans get a link back to it;
+- ``dead-letter <source>`` (PRODUCER), a child of the message's span, with the reason;
+- ``write <sink>``, one per sink write, linked to the inference spans whose rows it writes.
+
+The model layer adds the gRPC request spans (one per attempt, the endpoint, the context sent
+to the server in the request's metadata) and ``backoff`` spans under the inference span.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, Final, Protocol
+
+from opentelemetry import trace
+from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
+
+from rowbatch.tracing import context_of
+
+__all__ = ["SYSTEMS", "PipelineTracing", "TracedDelivery", "TracedSegment"]
+
+SYSTEMS: Final = {"pubsub": "gcp_pubsub", "kafka": "kafka", "table": "rowbatch_table"}
+"""``messaging.system`` for each source kind."""
+
+
+class TracedDelivery(Protocol):
+    """What the spans say of a message (a :class:`rowbatch.consumer.sources.base.Delivery`)."""
+
+    @property
+    def message_id(self) -> str: ...
+
+    @property
+    def attributes(self) -> Any: ...
+
+    @property
+    def source(self) -> str: ...
+
+    @property
+    def delivery_attempt(self) -> int: ...
+
+
+class TracedSegment(Protocol):
+    """A message's rows in a batch (a :class:`rowbatch.consumer.engine.batcher.Segment`)."""
+
+    @property
+    def message(self) -> int: ...
+
+    def __len__(self) -> int: ...
+
+
+class _Message:
+    __slots__ = ("delivery", "producer", "span")
+
+    def __init__(self, delivery: TracedDelivery, producer: Any, span: Span) -> None:
+        self.delivery = delivery
+        self.producer = producer
+        self.span = span
+
+
+class PipelineTracing:
+    """Spans of one pipeline, through the global tracer provider (configured by
+    :func:`rowbatch.tracing.start_tracing`)."""
+
+    def __init__(self, *, system: str, model: str, sink: str, link_limit: int = 128) -> None:
+        self._tracer = trace.get_tracer("rowbatch.consumer")
+        self._system = system
+        self._model = model
+        self._sink = sink
+        self._link_limit = link_limit
+        self._messages: dict[int, _Message] = {}
+
+    def _message_span(self, delivery: TracedDelivery, producer: Any) -> Span:
+        parent = (
+            None
+            if producer is None
+            else trace.set_span_in_context(trace.NonRecordingSpan(producer))
+        )
+        attributes: dict[str, str | int] = {
+            "messaging.system": self._system,
+            "messaging.destination.name": delivery.source,
+            "messaging.message.id": delivery.message_id,
+        }
+        if delivery.delivery_attempt > 1:
+            attributes["messaging.gcp_pubsub.message.delivery_attempt"] = delivery.delivery_attempt
+        return self._tracer.start_span(
+            f"process {delivery.source}",
+            context=parent,
+            kind=SpanKind.CONSUMER,
+            attributes=attributes,
+        )
+
+    def opened(self, key: int, delivery: TracedDelivery) -> None:
+        """Message ``key`` was taken in (its span starts). A message whose producer did not
+        sample its trace gets no span at all (parent-based sampling would drop it anyway)."""
+        producer = context_of(delivery.attributes)
+        if producer is not None and not producer.trace_flags.sampled:
+            return
+        span = self._message_span(delivery, producer)
+        self._messages[key] = _Message(delivery, producer, span)
+
+    def closed(self, key: int, outcome: str) -> None:
+        """Message ``key`` was settled: ``acked``, ``dead_lettered``, ``nacked`` or
+        ``withdrawn`` (its span ends)."""
+        message = self._messages.pop(key, None)
+        if message is not None:
+            message.span.set_attribute("rowbatch.outcome", outcome)
+            message.span.end()
+
+    @contextmanager
+    def dead_letter(
+        self, key: int | None, delivery: TracedDelivery, reason: str, code: str, text: str
+    ) -> Iterator[Span]:
+        """The span of one dead-letter publish, under the message's span (one made for the
+        occasion when the message never entered the ledger: poison found at intake)."""
+        message = self._messages.get(key) if key is not None else None
+        own = None
+        if message is None:
+            own = self._message_span(delivery, context_of(delivery.attributes))
+        parent = message.span if message is not None else own
+        assert parent is not None
+        try:
+            with self._tracer.start_as_current_span(
+                f"dead-letter {delivery.source}",
+                context=trace.set_span_in_context(parent),
+                kind=SpanKind.PRODUCER,
+                attributes={
+                    "messaging.system": self._system,
+                    "messaging.operation.type": "send",
+                    "rowbatch.dlq.reason": reason,
+                    "rowbatch.dlq.code": code,
+                    "rowbatch.dlq.message": text,
+                },
+            ) as span:
+                span.set_status(Status(StatusCode.ERROR, f"{reason}: {code}"))
+                yield span
+        finally:
+            if own is not None:
+                own.set_attribute("rowbatch.outcome", "dead_lettered")
+                own.end()
+
+    @contextmanager
+    def inference(self, segments: Sequence[TracedSegment], rows: int) -> Iterator[Span]:
+        """The span of one inference request, current while it runs (the gRPC attempts,
+        backoffs and isolation are its children), linked to the producers of its messages."""
+        links: list[Link] = []
+        carried: list[_Message] = []
+        for segment in segments:
+            message = self._messages.get(segment.message)
+            if message is None:
+                continue
+            carried.append(message)
+            if message.producer is not None:
+                links.append(
+                    Link(
+                        message.producer,
+                        {
+                            "messaging.message.id": message.delivery.message_id,
+                            "rowbatch.rows": len(segment),
+                        },
+                    )
+                )
+        limit = self._link_limit
+        with self._tracer.start_as_current_span(
+            f"infer {self._model}",
+            kind=SpanKind.CONSUMER,
+            links=links[:limit],
+            attributes={
+                "messaging.system": self._system,
+                "messaging.operation.type": "process",
+                "messaging.batch.message_count": len(segments),
+                "rowbatch.model": self._model,
+                "rowbatch.rows": rows,
+                "rowbatch.links": len(links),
+            },
+        ) as span:
+            for at in range(limit, len(links), limit):
+                self._tracer.start_span(
+                    f"infer {self._model} links",
+                    links=links[at : at + limit],
+                    attributes={"rowbatch.links": len(links[at : at + limit])},
+                ).end()
+            back = Link(span.get_span_context())
+            for message in carried:
+                message.span.add_link(back.context)
+            yield span
+
+    @staticmethod
+    def answered(span: Span, version: str, outcome: str) -> None:
+        span.set_attribute("rowbatch.model.version", version)
+        span.set_attribute("rowbatch.outcome", outcome)
+
+    @contextmanager
+    def span(self, name: str, **attributes: Any) -> Iterator[Span]:
+        """A child of the current span (isolation)."""
+        with self._tracer.start_as_current_span(name, attributes=attributes) as span:
+            yield span
+
+    @contextmanager
+    def write(self, inference_spans: Sequence[Any], rows: int, messages: int) -> Iterator[Span]:
+        """The span of one sink write, linked to the inference spans whose rows it writes."""
+        links = [Link(s.get_span_context()) for s in inference_spans if s is not None]
+        with self._tracer.start_as_current_span(
+            f"write {self._sink}",
+            links=links[: self._link_limit],
+            attributes={"rowbatch.rows": rows, "rowbatch.messages": messages},
+        ) as span:
+            yield span
