@@ -29,7 +29,7 @@ _SHOWN = (
     "rowbatch.dlq.code",
     "server.address",
     "server.port",
-    "rpc.grpc.status_code",
+    "rowbatch.error.status",
     "rowbatch.backoff.seconds",
 )
 _COLOURS = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#b07aa1")

@@ -175,12 +175,14 @@ def context_of(attributes: Mapping[str, str]) -> SpanContext | None:
     for prefix in (PUBSUB_PREFIX, ""):
         value = attributes.get(prefix + TRACEPARENT)
         if value is not None:
-            return _parse(value, attributes.get(prefix + TRACESTATE, ""))
+            found = _parse(value, attributes.get(prefix + TRACESTATE, ""))
+            if found is not None:
+                return found
     return None
 
 
 def _parse(value: str, state: str) -> SpanContext | None:
-    parts = value.strip().lower().split("-")
+    parts = value.strip().split("-")
     if len(parts) < 4 or parts[0] == "ff" or len(parts[0]) != 2:
         return None
     version, trace_id, span_id, flags = parts[:4]

@@ -127,6 +127,7 @@ class PipelineTracing:
             own = self._message_span(delivery, context_of(delivery.attributes))
         parent = message.span if message is not None else own
         assert parent is not None
+        outcome = "nacked"  # the publish failed: the caller nacks the message
         try:
             with self._tracer.start_as_current_span(
                 f"dead-letter {delivery.source}",
@@ -142,9 +143,10 @@ class PipelineTracing:
             ) as span:
                 span.set_status(Status(StatusCode.ERROR, f"{reason}: {code}"))
                 yield span
+            outcome = "dead_lettered"
         finally:
             if own is not None:
-                own.set_attribute("rowbatch.outcome", "dead_lettered")
+                own.set_attribute("rowbatch.outcome", outcome)
                 own.end()
 
     @contextmanager

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+import grpc
 import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
@@ -169,25 +170,30 @@ class InferenceClient:
         """``_infer`` in a CLIENT span whose context goes to the server in the request's
         metadata (``traceparent``: Triton's own OpenTelemetry tracing continues it)."""
         host, _, port = self.url.rpartition(":")
+        attributes: dict[str, str | int] = {
+            "rpc.system": "grpc",
+            "rpc.service": "inference.GRPCInferenceService",
+            "rpc.method": "ModelInfer",
+            "server.address": (host or self.url).strip("[]"),
+            "rowbatch.model": self.model,
+            "rowbatch.rows": _rows(inputs),
+        }
+        if host and port.isdigit():
+            attributes["server.port"] = int(port)
         with trace.get_tracer("rowbatch.consumer.model").start_as_current_span(
             "inference.GRPCInferenceService/ModelInfer",
             kind=trace.SpanKind.CLIENT,
-            attributes={
-                "rpc.system": "grpc",
-                "rpc.service": "inference.GRPCInferenceService",
-                "rpc.method": "ModelInfer",
-                "server.address": host or self.url,
-                "server.port": int(port) if port.isdigit() else 0,
-                "rowbatch.model": self.model,
-                "rowbatch.rows": _rows(inputs),
-            },
+            attributes=attributes,
         ) as span:
             headers: dict[str, str] = {}
             inject(headers, pubsub=False)
             try:
                 answer = await self._infer(inputs, outputs, client_timeout, headers)
             except InferenceError as exc:
-                span.set_attribute("rpc.grpc.status_code", exc.status)
+                code = getattr(grpc.StatusCode, exc.status, None)
+                if isinstance(code, grpc.StatusCode):
+                    span.set_attribute("rpc.grpc.status_code", int(code.value[0]))
+                span.set_attribute("rowbatch.error.status", exc.status)
                 span.set_attribute("rowbatch.error", type(exc).__name__)
                 raise
             span.set_attribute("rowbatch.model.version", answer.model_version)

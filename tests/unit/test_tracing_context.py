@@ -1,0 +1,385 @@
+"""W3C trace context in message attributes (``rowbatch.tracing``): reading a producer's context
+(either prefix, malformed values ignored), writing the current span's, the settings' checks,
+and the consumer's ``[tracing]`` switch (never starting the real SDK here)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
+from pydantic import ValidationError
+
+import rowbatch.tracing
+from rowbatch.consumer.observe import tracing_settings
+from rowbatch.consumer.observe.tracing_settings import TracingConfig, start_consumer_tracing
+from rowbatch.tracing import (
+    PUBSUB_PREFIX,
+    TRACE_CONTEXT_BYTES,
+    Tracing,
+    TracingError,
+    TracingSettings,
+    _sample_ratio,
+    active,
+    context_of,
+    inject,
+    traceparent_of,
+)
+from tests.unit import tracing_fixtures
+from tests.unit.tracing_fixtures import context
+
+spans = tracing_fixtures.spans  # the fixture, where pytest finds it
+
+TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+SPAN = "00f067aa0ba902b7"
+VALID = f"00-{TRACE}-{SPAN}-01"
+
+# --- reading: context_of ------------------------------------------------------------------------
+
+
+def test_a_valid_traceparent_is_read() -> None:
+    ctx = context_of({"traceparent": VALID})
+    assert ctx is not None
+    assert ctx.trace_id == int(TRACE, 16)
+    assert ctx.span_id == int(SPAN, 16)
+    assert ctx.trace_flags.sampled
+    assert ctx.is_remote
+    assert ctx.is_valid
+    assert ctx.trace_state == TraceState()
+
+
+def test_an_unsampled_traceparent_keeps_its_flag() -> None:
+    ctx = context_of({"traceparent": f"00-{TRACE}-{SPAN}-00"})
+    assert ctx is not None
+    assert not ctx.trace_flags.sampled
+    assert int(ctx.trace_flags) == 0
+
+
+def test_the_pubsub_name_is_preferred_and_its_own_state_read() -> None:
+    other_trace, other_span = "a" * 32, "b" * 16
+    ctx = context_of(
+        {
+            "traceparent": VALID,
+            "tracestate": "plain=1",
+            "googclient_traceparent": f"00-{other_trace}-{other_span}-01",
+            "googclient_tracestate": "google=2",
+        }
+    )
+    assert ctx is not None
+    assert (ctx.trace_id, ctx.span_id) == (int(other_trace, 16), int(other_span, 16))
+    assert dict(ctx.trace_state) == {"google": "2"}
+
+
+def test_the_pubsub_name_alone_is_read() -> None:
+    ctx = context_of({PUBSUB_PREFIX + "traceparent": VALID})
+    assert ctx is not None
+    assert ctx.span_id == int(SPAN, 16)
+
+
+def test_tracestate_is_read() -> None:
+    ctx = context_of({"traceparent": VALID, "tracestate": "vendor=abc,other=x1"})
+    assert ctx is not None
+    assert dict(ctx.trace_state) == {"vendor": "abc", "other": "x1"}
+
+
+def test_a_malformed_tracestate_leaves_the_context() -> None:
+    ctx = context_of({"traceparent": VALID, "tracestate": "no equals sign, ==="})
+    assert ctx is not None
+    assert ctx.span_id == int(SPAN, 16)
+    assert dict(ctx.trace_state) == {}
+
+
+def test_surrounding_blanks_are_ignored() -> None:
+    ctx = context_of({"traceparent": f"  {VALID} "})
+    assert ctx is not None
+    assert ctx.trace_id == int(TRACE, 16)
+
+
+def test_a_later_version_with_more_fields_is_read() -> None:
+    # W3C: a parser of version 00 reads the first four fields of a higher version.
+    ctx = context_of({"traceparent": f"01-{TRACE}-{SPAN}-01-future"})
+    assert ctx is not None
+    assert ctx.span_id == int(SPAN, 16)
+
+
+def test_no_context_when_absent() -> None:
+    assert context_of({}) is None
+    assert context_of({"content-type": "application/json", "tracestate": "a=1"}) is None
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "",
+        "garbage",
+        f"00-{TRACE}-{SPAN}",  # too few fields
+        f"00-{TRACE}-{SPAN}-01-extra",  # version 00 has exactly four
+        f"ff-{TRACE}-{SPAN}-01",  # version ff is invalid
+        f"0-{TRACE}-{SPAN}-01",  # version of one digit
+        f"000-{TRACE}-{SPAN}-01",  # version of three digits
+        f"00-{TRACE[:-1]}-{SPAN}-01",  # trace id too short
+        f"00-{TRACE}0-{SPAN}-01",  # trace id too long
+        f"00-{TRACE}-{SPAN[:-1]}-01",  # span id too short
+        f"00-{TRACE}-{SPAN}0-01",  # span id too long
+        f"00-{TRACE}-{SPAN}-1",  # flags too short
+        f"00-{TRACE}-{SPAN}-001",  # flags too long
+        f"00-{'g' * 32}-{SPAN}-01",  # trace id not hex
+        f"00-{TRACE}-{'z' * 16}-01",  # span id not hex
+        f"00-{TRACE}-{SPAN}-0x",  # flags not hex
+        f"zz-{TRACE}-{SPAN}-01",  # version not hex
+        f"00-{'0' * 32}-{SPAN}-01",  # all-zero trace id
+        f"00-{TRACE}-{'0' * 16}-01",  # all-zero span id
+        f"00-{TRACE}--{SPAN}-01",  # an empty field
+        f"00-{TRACE.upper()}-{SPAN}-01",  # W3C: lowercase hex only
+    ],
+)
+def test_a_malformed_traceparent_is_ignored(value: str) -> None:
+    assert context_of({"traceparent": value}) is None
+    assert context_of({"googclient_traceparent": value, "googclient_tracestate": "a=1"}) is None
+    # a malformed Pub/Sub one does not hide a good W3C one beside it
+    fallback = context_of({"googclient_traceparent": value, "traceparent": VALID})
+    assert fallback is not None
+    assert (fallback.trace_id, fallback.span_id) == (int(TRACE, 16), int(SPAN, 16))
+
+
+def test_traceparent_of_writes_the_w3c_form() -> None:
+    ctx = SpanContext(int(TRACE, 16), int(SPAN, 16), False, TraceFlags(TraceFlags.SAMPLED))
+    assert traceparent_of(ctx) == VALID
+    small = SpanContext(1, 2, False, TraceFlags(0))
+    assert traceparent_of(small) == f"00-{1:032x}-{2:016x}-00"
+
+
+# --- writing: inject ----------------------------------------------------------------------------
+
+
+def test_inject_writes_nothing_without_a_current_span(spans: InMemorySpanExporter) -> None:
+    carrier: dict[str, str] = {"content-type": "application/json"}
+    inject(carrier, pubsub=False)
+    inject(carrier, pubsub=True)
+    assert carrier == {"content-type": "application/json"}
+    with trace.use_span(NonRecordingSpan(SpanContext(0, 0, False))):  # an invalid context
+        inject(carrier, pubsub=False)
+    assert carrier == {"content-type": "application/json"}
+
+
+@pytest.mark.parametrize(
+    ("pubsub", "name"), [(False, "traceparent"), (True, PUBSUB_PREFIX + "traceparent")]
+)
+def test_inject_writes_the_current_span(
+    spans: InMemorySpanExporter, pubsub: bool, name: str
+) -> None:
+    carrier: dict[str, str] = {"content-type": "application/json"}
+    with trace.get_tracer("test").start_as_current_span("send") as span:
+        inject(carrier, pubsub=pubsub)
+    assert carrier == {
+        "content-type": "application/json",
+        name: traceparent_of(span.get_span_context()),
+    }
+    [finished] = spans.get_finished_spans()
+    assert carrier[name] == traceparent_of(context(finished))
+
+
+@pytest.mark.parametrize("pubsub", [False, True])
+def test_inject_writes_the_tracestate_and_round_trips(
+    spans: InMemorySpanExporter, pubsub: bool
+) -> None:
+    parent = SpanContext(
+        int(TRACE, 16),
+        int(SPAN, 16),
+        True,
+        TraceFlags(TraceFlags.SAMPLED),
+        TraceState([("vendor", "abc"), ("other", "x1")]),
+    )
+    carrier: dict[str, str] = {}
+    with (
+        trace.use_span(NonRecordingSpan(parent)),
+        trace.get_tracer("test").start_as_current_span("send") as span,
+    ):
+        inject(carrier, pubsub=pubsub)
+    prefix = PUBSUB_PREFIX if pubsub else ""
+    assert set(carrier) == {prefix + "traceparent", prefix + "tracestate"}
+    assert carrier[prefix + "tracestate"] == "vendor=abc,other=x1"
+    read = context_of(carrier)
+    assert read is not None
+    sent = span.get_span_context()
+    assert (read.trace_id, read.span_id) == (sent.trace_id, sent.span_id)
+    assert read.trace_id == int(TRACE, 16)  # the child carries on the parent's trace
+    assert read.trace_flags == sent.trace_flags
+    assert dict(read.trace_state) == {"vendor": "abc", "other": "x1"}
+
+
+def _state_of_length(length: int) -> TraceState:
+    return TraceState([("k", "v" * (length - 2))])
+
+
+def test_a_tracestate_too_long_is_dropped_and_the_longest_kept_fits(
+    spans: InMemorySpanExporter,
+) -> None:
+    longest: int = rowbatch.tracing._MAX_STATE
+    tracer = trace.get_tracer("test")
+    for length, kept in [(longest, True), (longest + 1, False)]:
+        parent = SpanContext(1, 2, True, TraceFlags(TraceFlags.SAMPLED), _state_of_length(length))
+        carrier: dict[str, str] = {}
+        with trace.use_span(NonRecordingSpan(parent)), tracer.start_as_current_span("send"):
+            inject(carrier, pubsub=True)
+        assert (PUBSUB_PREFIX + "tracestate" in carrier) is kept
+        assert PUBSUB_PREFIX + "traceparent" in carrier
+        if kept:
+            # What the publishers keep free of a message's size limit is enough.
+            used = sum(len(k.encode()) + len(v.encode()) for k, v in carrier.items())
+            assert used <= TRACE_CONTEXT_BYTES
+
+
+def test_round_trip_of_an_unsampled_context(spans: InMemorySpanExporter) -> None:
+    parent = SpanContext(7, 9, True, TraceFlags(0))
+    carrier: dict[str, str] = {}
+    with trace.use_span(NonRecordingSpan(parent)):  # the current span, not recording
+        inject(carrier, pubsub=False)
+    assert carrier == {"traceparent": f"00-{7:032x}-{9:016x}-00"}
+    read = context_of(carrier)
+    assert read is not None
+    assert (read.trace_id, read.span_id, read.trace_flags.sampled) == (7, 9, False)
+
+
+# --- settings -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("ratio", [-0.01, 1.01, float("inf")])
+def test_settings_reject_a_ratio_outside_0_1(ratio: float) -> None:
+    with pytest.raises(TracingError, match="sample ratio"):
+        TracingSettings("svc", sample_ratio=ratio)
+
+
+@pytest.mark.parametrize("limit", [0, -1])
+def test_settings_reject_a_link_limit_below_1(limit: int) -> None:
+    with pytest.raises(TracingError, match="link limit"):
+        TracingSettings("svc", link_limit=limit)
+
+
+def test_settings_accept_the_bounds() -> None:
+    assert TracingSettings("svc", sample_ratio=0.0).sample_ratio == 0.0
+    assert TracingSettings("svc", sample_ratio=1.0, link_limit=1).link_limit == 1
+    assert issubclass(TracingError, ValueError)
+
+
+def test_sample_ratio_prefers_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0.5")
+    assert _sample_ratio(TracingSettings("svc", sample_ratio=0.25)) == 0.25
+    assert _sample_ratio(TracingSettings("svc", sample_ratio=0.0)) == 0.0
+
+
+@pytest.mark.parametrize(("raw", "ratio"), [(None, 1.0), ("", 1.0), ("0.25", 0.25), ("0", 0.0)])
+def test_sample_ratio_reads_the_environment(
+    monkeypatch: pytest.MonkeyPatch, raw: str | None, ratio: float
+) -> None:
+    if raw is None:
+        monkeypatch.delenv("OTEL_TRACES_SAMPLER_ARG", raising=False)
+    else:
+        monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", raw)
+    assert _sample_ratio(TracingSettings("svc")) == ratio
+
+
+@pytest.mark.parametrize(
+    ("raw", "match"),
+    [
+        ("half", "not a number"),
+        ("1.5", r"not in \[0, 1\]"),
+        ("-0.1", r"not in \[0, 1\]"),
+        ("nan", r"not in \[0, 1\]"),
+    ],
+)
+def test_sample_ratio_rejects_junk(monkeypatch: pytest.MonkeyPatch, raw: str, match: str) -> None:
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", raw)
+    with pytest.raises(TracingError, match=match) as caught:
+        _sample_ratio(TracingSettings("svc"))
+    assert "OTEL_TRACES_SAMPLER_ARG" in str(caught.value)
+
+
+def test_active_follows_the_module_flag(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rowbatch.tracing, "_active", False)
+    assert not active()
+    monkeypatch.setattr(rowbatch.tracing, "_active", True)
+    assert active()
+
+
+def test_shutdown_turns_tracing_off_and_stops_the_provider(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    class Provider:
+        stopped = 0
+
+        def shutdown(self) -> None:
+            self.stopped += 1
+
+    monkeypatch.setattr(rowbatch.tracing, "_active", True)
+    provider = Provider()
+    Tracing(provider, TracingSettings("svc")).shutdown()
+    assert provider.stopped == 1
+    assert not active()
+
+
+# --- the consumer's [tracing] section -----------------------------------------------------------
+
+
+@pytest.fixture
+def started(monkeypatch: pytest.MonkeyPatch) -> list[Tracing]:
+    """``start_tracing`` replaced by a recorder (the real one would set the global provider)."""
+    calls: list[Tracing] = []
+
+    def fake_start(settings: TracingSettings) -> Tracing:
+        calls.append(Tracing(object(), settings))
+        return calls[-1]
+
+    monkeypatch.setattr(tracing_settings, "start_tracing", fake_start)
+    return calls
+
+
+def test_consumer_tracing_is_off_by_default(
+    monkeypatch: pytest.MonkeyPatch, started: list[Tracing]
+) -> None:
+    monkeypatch.delenv("OTEL_SDK_DISABLED", raising=False)
+    assert TracingConfig().enabled is False
+    assert start_consumer_tracing(TracingConfig()) is None
+    assert started == []
+
+
+@pytest.mark.parametrize("value", ["true", "TRUE", "True"])
+def test_otel_sdk_disabled_turns_consumer_tracing_off(
+    monkeypatch: pytest.MonkeyPatch, started: list[Tracing], value: str
+) -> None:
+    monkeypatch.setenv("OTEL_SDK_DISABLED", value)
+    assert start_consumer_tracing(TracingConfig(enabled=True)) is None
+    assert started == []
+
+
+@pytest.mark.parametrize("value", [None, "false", ""])
+def test_enabled_consumer_tracing_starts_with_its_settings(
+    monkeypatch: pytest.MonkeyPatch, started: list[Tracing], value: str | None
+) -> None:
+    if value is None:
+        monkeypatch.delenv("OTEL_SDK_DISABLED", raising=False)
+    else:
+        monkeypatch.setenv("OTEL_SDK_DISABLED", value)
+    config = TracingConfig(
+        enabled=True,
+        endpoint="http://collector:4317",
+        sample_ratio=0.5,
+        service_name="svc",
+        link_limit=7,
+    )
+    tracing = start_consumer_tracing(config)
+    assert started == [tracing]
+    assert tracing is not None
+    assert tracing.settings == TracingSettings(
+        service_name="svc", endpoint="http://collector:4317", sample_ratio=0.5, link_limit=7
+    )
+
+
+@pytest.mark.parametrize(
+    "fields", [{"sample_ratio": 1.5}, {"sample_ratio": -0.5}, {"link_limit": 0}, {"bogus": 1}]
+)
+def test_tracing_config_rejects_bad_fields(fields: dict[str, Any]) -> None:
+    with pytest.raises(ValidationError):
+        TracingConfig(**fields)
