@@ -332,11 +332,15 @@ class TableSource:
                 raise StopAsyncIteration
             if not self._paused and (self._retry or self._ready):
                 return self._take()
-            if self._fed_all and not self._held and not self._retry and not self._ready:
+            if self._all_settled():
                 self.complete = not self.counts.unreadable
                 raise StopAsyncIteration
             self._changed.clear()
             await self._changed.wait()
+
+    def _all_settled(self) -> bool:
+        """Every row was read, handed out and settled."""
+        return self._fed_all and not self._held and not self._retry and not self._ready
 
     def _take(self) -> list[Delivery]:
         out: list[Delivery] = []
@@ -433,6 +437,10 @@ class TableSource:
         self._changed.set()
 
     async def close(self) -> None:
+        # A run stopped (SIGTERM) after its last row was settled but before the engine asked
+        # for more is as complete as one that saw the end of its deliveries.
+        if self._failure is None and self._all_settled():
+            self.complete = not self.counts.unreadable
         self._closed = True
         self._changed.set()
         if self._feed is not None:

@@ -191,6 +191,31 @@ async def test_deliveries_one_at_a_time_end_too(tmp_path: Path, rows17: int) -> 
     assert source.complete
 
 
+async def test_a_run_stopped_after_its_last_row_was_settled_is_complete(
+    tmp_path: Path, rows17: int
+) -> None:
+    """A SIGTERM whose drain settles every row, before intake asked for the next vector (and
+    met the end), still ends complete; one row not settled leaves it incomplete."""
+    for settle_all in (True, False):
+        folder = tmp_path / str(settle_all)
+        write_dataset(
+            folder / "in", [("day=1/a.parquet", 10), ("day=2/b.parquet", 7)], row_group_rows=4
+        )
+        source = make_source(table_settings(folder, chunk_rows=3))
+        await source.check()
+        vectors = source.vectors()
+        taken: list[Delivery] = []
+        async with asyncio.timeout(TIMEOUT_S):
+            while sum(len(ids_of(d)) for d in taken) < rows17:
+                taken.extend(await anext(vectors))
+            await source.ack_many(taken if settle_all else taken[1:])
+            while not source._fed_all:  # the reader meets the end of its input
+                source._changed.clear()
+                await source._changed.wait()
+        await source.close()
+        assert source.complete is settle_all
+
+
 async def test_a_second_run_on_the_same_state_reads_nothing(tmp_path: Path, rows17: int) -> None:
     await run_to_end(make_source(table_settings(tmp_path)))
     again = make_source(table_settings(tmp_path))
