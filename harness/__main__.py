@@ -29,11 +29,13 @@ log = logging.getLogger("harness")
 
 _EPILOG = """\
 commands:
-  up            start Kafka, Pub/Sub, Triton, PostgreSQL and Prometheus, print where they
-                listen, and wait for Ctrl-C
+  up            start Kafka, Pub/Sub, Triton, PostgreSQL and Prometheus (and Jaeger with
+                --jaeger), print where they listen, and wait for Ctrl-C
   demo          start the stack, run the demo job end to end, stop everything
   server-venvs  make the model servers' own venvs (once per machine, cached under
                 ~/.cache/rowbatch/venvs) and print where they are
+  jaeger-build  build Jaeger from the Go module proxy (once per machine, cached under
+                ~/.cache/rowbatch) and print where it is
 """
 
 
@@ -113,6 +115,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--hold", action="store_true", help="demo: keep the stack up afterwards")
     parser.add_argument(
+        "--jaeger",
+        action="store_true",
+        help="also start Jaeger, a trace backend (built with Go the first time: minutes); "
+        "its OTLP endpoint goes into the printed environment (docs/tracing.md)",
+    )
+    parser.add_argument(
         "--rows", type=int, default=50_000, help="demo: rows to publish (default 50000)"
     )
     parser.add_argument(
@@ -137,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     run = RunDir(args.run_dir)
     run.root.mkdir(parents=True, exist_ok=True)
     try:
-        with local_stack(run, prometheus=True) as stack:
+        with local_stack(run, prometheus=True, jaeger=args.jaeger) as stack:
             _print_stack(stack, run.root / "stack.env")
             if args.command == "demo":
                 run_demo(

@@ -8,6 +8,7 @@ minutes on two cores, so ``scripts/setup.sh`` starts it in the background early.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import shutil
@@ -57,15 +58,16 @@ def _build(binary: Path, log: Path | None) -> Path:
         raise PrerequisiteMissing("Go (to build Jaeger)", "install Go 1.24 or newer")
     work = binary.parent / "module"
     work.mkdir(parents=True, exist_ok=True)
-    out = log.open("ab") if log is not None else subprocess.DEVNULL
-    try:
-        steps = [
-            [go, "mod", "init", "rowbatch-jaeger"],
-            [go, "get", "-tool", f"{JAEGER_MODULE}/cmd/jaeger@{JAEGER_VERSION}"],
-            [go, "build", "-o", str(binary) + ".part", f"{JAEGER_MODULE}/cmd/jaeger"],
-        ]
-        if (work / "go.mod").exists():
-            steps = steps[1:]
+    steps = [
+        [go, "mod", "init", "rowbatch-jaeger"],
+        [go, "get", "-tool", f"{JAEGER_MODULE}/cmd/jaeger@{JAEGER_VERSION}"],
+        [go, "build", "-o", str(binary) + ".part", f"{JAEGER_MODULE}/cmd/jaeger"],
+    ]
+    if (work / "go.mod").exists():
+        steps = steps[1:]
+    with contextlib.ExitStack() as stack:
+        # Go's output to the log, or (no log: python -m harness jaeger-build) to ours
+        out = stack.enter_context(log.open("ab")) if log is not None else None
         for argv in steps:
             done = subprocess.run(argv, cwd=work, stdout=out, stderr=out, check=False)
             if done.returncode != 0:
@@ -73,9 +75,6 @@ def _build(binary: Path, log: Path | None) -> Path:
                     f"building Jaeger failed: {' '.join(argv)} exited {done.returncode}"
                     + (f" (see {log})" if log is not None else "")
                 )
-    finally:
-        if log is not None and not isinstance(out, int):
-            out.close()
     Path(str(binary) + ".part").replace(binary)
     return binary
 

@@ -37,6 +37,17 @@ class Topics:
     publisher: pubsub_v1.PublisherClient
     subscriber: pubsub_v1.SubscriberClient
 
+    def source(self, max_lease_extension_s: int = 10) -> dict[str, Any]:
+        """The consumer's ``[source]`` section for this subscription and dead-letter topic."""
+        return {
+            "kind": "pubsub",
+            "subscription": self.subscription,
+            "topic": self.topic,
+            "dead_letter_topic": self.dlq_topic,
+            "dead_letter_subscription": self.dlq_subscription,
+            "max_lease_extension_s": max_lease_extension_s,
+        }
+
     @classmethod
     def create(
         cls,

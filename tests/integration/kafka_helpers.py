@@ -38,6 +38,19 @@ class KafkaTopics:
     def bootstrap(self) -> str:
         return self.endpoint.bootstrap_servers
 
+    def source(self) -> dict[str, Any]:
+        """The consumer's ``[source]`` section for this topic and group, with short commit and
+        session intervals (a test's restarts and rebalances take seconds, not a minute)."""
+        return {
+            "kind": "kafka",
+            "bootstrap_servers": self.bootstrap,
+            "topic": self.topic,
+            "group_id": self.group,
+            "commit_interval_s": 0.5,
+            "session_timeout_ms": 6000,
+            "heartbeat_interval_ms": 1000,
+        }
+
     def tps(self) -> list[TopicPartition]:
         return [TopicPartition(self.topic, p) for p in range(self.partitions)]
 

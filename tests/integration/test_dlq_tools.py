@@ -80,15 +80,7 @@ def rig(
     if request.param == "kafka":
         kafka: KafkaEndpoint = request.getfixturevalue("kafka")
         t = asyncio.run(KafkaTopics.create(kafka, partitions=3))
-        source = {
-            "kind": "kafka",
-            "bootstrap_servers": t.bootstrap,
-            "topic": t.topic,
-            "group_id": t.group,
-            "commit_interval_s": 0.5,
-            "session_timeout_ms": 6000,
-            "heartbeat_interval_ms": 1000,
-        }
+        source = t.source()
 
         async def publish(chunks: list[EncodedChunk]) -> None:
             await produce(kafka, t.topic, [chunk_record(c) for c in chunks])
@@ -102,14 +94,7 @@ def rig(
         pubsub: PubSubEndpoint = request.getfixturevalue("pubsub")
         use_emulator(pubsub, monkeypatch)
         topics = Topics.create(pubsub)
-        source = {
-            "kind": "pubsub",
-            "subscription": topics.subscription,
-            "topic": topics.topic,
-            "dead_letter_topic": topics.dlq_topic,
-            "dead_letter_subscription": topics.dlq_subscription,
-            "max_lease_extension_s": 10,
-        }
+        source = topics.source()
 
         async def publish_ps(chunks: list[EncodedChunk]) -> None:
             await asyncio.to_thread(topics.publish, chunks)

@@ -383,3 +383,35 @@ def test_enabled_consumer_tracing_starts_with_its_settings(
 def test_tracing_config_rejects_bad_fields(fields: dict[str, Any]) -> None:
     with pytest.raises(ValidationError):
         TracingConfig(**fields)
+
+
+def test_google_pubsub_clients_read_ours_and_we_read_theirs(spans: InMemorySpanExporter) -> None:
+    """Interoperability with google-cloud-pubsub's own OpenTelemetry tracing: what its
+    publisher injects (the W3C propagator through its ``googclient_`` setter) we read, and
+    what we inject its subscriber's getter extracts, the same span context either way."""
+    from google.cloud.pubsub_v1.open_telemetry.context_propagation import (
+        OpenTelemetryContextGetter,
+        OpenTelemetryContextSetter,
+    )
+    from google.pubsub_v1 import PubsubMessage
+    from opentelemetry.trace.propagation.tracecontext import (
+        TraceContextTextMapPropagator,
+    )
+
+    w3c = TraceContextTextMapPropagator()
+    with trace.get_tracer("t").start_as_current_span("google publish") as span:
+        theirs = PubsubMessage(data=b"x")
+        w3c.inject(carrier=theirs, setter=OpenTelemetryContextSetter())
+        ours: dict[str, str] = {}
+        inject(ours, pubsub=True)
+    read = context_of(dict(theirs.attributes))
+    assert read is not None
+    assert (read.trace_id, read.span_id) == (
+        span.get_span_context().trace_id,
+        span.get_span_context().span_id,
+    )
+    extracted = w3c.extract(
+        carrier=PubsubMessage(data=b"x", attributes=ours), getter=OpenTelemetryContextGetter()
+    )
+    got = trace.get_current_span(extracted).get_span_context()
+    assert (got.trace_id, got.span_id) == (read.trace_id, read.span_id)

@@ -18,6 +18,7 @@ from rowbatch.consumer.engine.pipeline import Pipeline, PipelineFailed, Pipeline
 from rowbatch.consumer.model.answer import Answer
 from rowbatch.consumer.model.handler import BatchRows
 from rowbatch.consumer.observe.metrics import Metrics
+from rowbatch.consumer.observe.tracing import PipelineTracing
 from rowbatch.consumer.sinks.base import ResultRows, TableSpec
 from rowbatch.consumer.sources.base import DeadLetterReason, Delivery
 from rowbatch.wire.chunks.decode import DecodedChunk
@@ -160,6 +161,8 @@ def make(
     target: int = 4,
     budget: int = 10_000_000,
     grace_s: float = 5.0,
+    max_wait_s: float = 0.0,
+    tracing: PipelineTracing | None = None,
 ) -> Pipeline:
     return Pipeline(
         source=source,
@@ -168,7 +171,7 @@ def make(
         model=FnModel(run, poison=Rejected),
         settings=PipelineSettings(
             target_batch_size=target,
-            max_wait_s=0.0,
+            max_wait_s=max_wait_s,
             max_in_flight=2,
             output_bytes_per_row=8,
             outputs={"Y": "y"},
@@ -178,6 +181,7 @@ def make(
             grace_s=grace_s,
         ),
         budget=ByteBudget(budget),
+        tracing=tracing,
         metrics=Metrics(),
     )
 

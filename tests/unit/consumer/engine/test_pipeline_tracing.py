@@ -17,10 +17,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanContext, SpanKind, StatusCode, TraceFlags
 
 import rowbatch.tracing
-from rowbatch.consumer.engine.budget import ByteBudget
-from rowbatch.consumer.engine.decode import MessageDecoder
-from rowbatch.consumer.engine.pipeline import Pipeline, PipelineSettings
-from rowbatch.consumer.observe.metrics import Metrics
+from rowbatch.consumer.engine.pipeline import Pipeline
 from rowbatch.consumer.observe.tracing import PipelineTracing
 from rowbatch.consumer.sources.base import DeadLetterReason, Delivery
 from rowbatch.tracing import traceparent_of
@@ -29,11 +26,9 @@ from tests.unit import tracing_fixtures
 from tests.unit.consumer.engine.test_pipeline import (
     FakeSink,
     FakeSource,
-    FnModel,
-    Rejected,
     RunBatch,
     double,
-    no_check,
+    make,
     poison_if_negative,
 )
 from tests.unit.tracing_fixtures import attrs, context, named
@@ -72,26 +67,7 @@ def pipeline(
 ) -> Pipeline:
     """The engine as ``test_pipeline.make`` builds it, with ``tracing``; batches wait for
     their target size (or the end of the source), so what each one carries is known."""
-    return Pipeline(
-        source=source,
-        sink=sink,
-        decoder=MessageDecoder(("x",), no_check),
-        model=FnModel(run, poison=Rejected),
-        settings=PipelineSettings(
-            target_batch_size=target,
-            max_wait_s=3600.0,
-            max_in_flight=2,
-            output_bytes_per_row=8,
-            outputs={"Y": "y"},
-            passthrough=(),
-            model_name="m",
-            model_version="1",
-            grace_s=5.0,
-        ),
-        budget=ByteBudget(10_000_000),
-        metrics=Metrics(),
-        tracing=tracing,
-    )
+    return make(source, sink, run, target=target, max_wait_s=3600.0, tracing=tracing)
 
 
 def link_rows(infers: Sequence[ReadableSpan]) -> Counter[str]:
