@@ -16,6 +16,7 @@ from rowbatch.consumer.engine.gate import Gate
 from rowbatch.consumer.engine.stage_context import StageContext
 from rowbatch.consumer.observe.metrics import observe_many
 from rowbatch.consumer.observe.scaling import ScalingSignal
+from rowbatch.consumer.observe.tracing import TRACED_MESSAGE_BYTES
 from rowbatch.consumer.sources.base import (
     BoundsReadAhead,
     DeliversVectors,
@@ -178,14 +179,15 @@ class IntakeStage:
 
     def _cost(self, delivery: Delivery, rows: MessageRows) -> int:
         """What holding this message costs until it is settled (see ``message_cost``): the
-        raw payload and attributes stay held until the ack, so they count too."""
+        raw payload and attributes stay held until the ack, so they count too; so does its
+        span when tracing is on."""
         return message_cost(
             len(delivery.payload),
             delivery.attributes,
             itertools.chain(rows.columns.values(), rows.nulls.values()),
             rows.nbytes,
             rows.rows * self._output_bytes_per_row,
-        )
+        ) + (0 if self._tracing is None else TRACED_MESSAGE_BYTES)
 
     def withdraw(self, deliveries: Sequence[Delivery]) -> list[Delivery]:
         """The source takes ``deliveries`` back: drop those not yet sent to the model (queued

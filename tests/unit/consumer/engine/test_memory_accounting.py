@@ -34,6 +34,7 @@ import pytest
 from aiokafka import TopicPartition
 from aiokafka.structs import ConsumerRecord
 from numpy.typing import NDArray
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry
 
 from rowbatch.consumer.engine import budget as budget_module
@@ -42,16 +43,20 @@ from rowbatch.consumer.engine.budget import ByteBudget, message_cost
 from rowbatch.consumer.engine.decode import MessageDecoder
 from rowbatch.consumer.engine.pipeline import Pipeline, PipelineSettings
 from rowbatch.consumer.observe.metrics import Metrics
+from rowbatch.consumer.observe.tracing import PipelineTracing
 from rowbatch.consumer.sinks.base import ResultRows
 from rowbatch.consumer.sources.base import DeadLetterReason, Delivery, Source
 from rowbatch.consumer.sources.kafka.settings import KafkaSettings
 from rowbatch.consumer.sources.kafka.source import KafkaSource
 from rowbatch.wire.chunks.encode import encode_chunk
+from tests.unit import tracing_fixtures
 from tests.unit.consumer.engine.test_pipeline import FnModel
 
 REPO = Path(__file__).resolve().parents[4]
 TOPIC = "rows"
 TP = TopicPartition(TOPIC, 0)
+spans = tracing_fixtures.spans  # the fixture, where pytest finds it
+
 TOLERANCE = 1.5
 """Measured and charged may differ by this factor either way."""
 
@@ -209,7 +214,12 @@ class Held:
         return self.measured / self.charged
 
 
-def holding_pipeline(source: Source, needed: tuple[str, ...], budget: ByteBudget) -> Pipeline:
+def holding_pipeline(
+    source: Source,
+    needed: tuple[str, ...],
+    budget: ByteBudget,
+    tracing: PipelineTracing | None = None,
+) -> Pipeline:
     """The real pipeline over ``source``, holding every message it takes: its model never
     answers and its batch target is never reached."""
     never = asyncio.Event()
@@ -235,11 +245,17 @@ def holding_pipeline(source: Source, needed: tuple[str, ...], budget: ByteBudget
         ),
         budget=budget,
         metrics=Metrics(CollectorRegistry()),
+        tracing=tracing,
     )
 
 
 async def hold(
-    batch: list[Message], needed: tuple[str, ...], measure: Callable[[], int], *, taken: bool
+    batch: list[Message],
+    needed: tuple[str, ...],
+    measure: Callable[[], int],
+    *,
+    taken: bool,
+    tracing: PipelineTracing | None = None,
 ) -> Held:
     """Let the Kafka source fetch ``batch`` and, when ``taken``, the pipeline take every
     message in (held, never answered); else leave them read ahead. Returns the growth of
@@ -250,7 +266,7 @@ async def hold(
     await source._ensure_consumer()
     source._on_assigned({TP})
     budget = ByteBudget(10**12)
-    pipeline = holding_pipeline(source, needed, budget)
+    pipeline = holding_pipeline(source, needed, budget, tracing)
     if not taken:
         source.share_budget(budget)
     gc.collect()
@@ -332,6 +348,28 @@ async def test_traced_python_memory_of_held_json_messages_matches_the_charge(kin
         held = await hold(batch, needed, lambda: tracemalloc.get_traced_memory()[0], taken=True)
     finally:
         tracemalloc.stop()
+    assert 1 / TOLERANCE <= held.ratio <= TOLERANCE, held
+
+
+async def test_traced_messages_are_charged_their_spans_too(spans: InMemorySpanExporter) -> None:
+    """With tracing on, each held message also holds its span (~3.4 KB, outside the objects
+    above): the charge counts it (``TRACED_MESSAGE_BYTES``), so the budget still holds. Without
+    that the measured memory is ~1.7 times the charge."""
+    batch, needed = messages("numeric", "json", 1000)
+    tracing = PipelineTracing(system="kafka", model="m", sink="s")
+    tracemalloc.start()
+    try:
+        held = await hold(
+            batch,
+            needed,
+            lambda: tracemalloc.get_traced_memory()[0],
+            taken=True,
+            tracing=tracing,
+        )
+    finally:
+        tracemalloc.stop()
+    # every held message had its span (ended when the stopped pipeline nacked it)
+    assert sum(s.name.startswith("process ") for s in spans.get_finished_spans()) == held.n
     assert 1 / TOLERANCE <= held.ratio <= TOLERANCE, held
 
 
