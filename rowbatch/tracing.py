@@ -37,6 +37,7 @@ __all__ = [
     "active",
     "context_of",
     "inject",
+    "linked_or_ratio",
     "start_tracing",
     "traceparent_of",
 ]
@@ -126,13 +127,13 @@ def start_tracing(settings: TracingSettings) -> Tracing:
     from opentelemetry.sdk.resources import SERVICE_NAME, Resource  # noqa: PLC0415
     from opentelemetry.sdk.trace import SpanLimits, TracerProvider  # noqa: PLC0415
     from opentelemetry.sdk.trace.export import BatchSpanProcessor  # noqa: PLC0415
-    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased  # noqa: PLC0415
+    from opentelemetry.sdk.trace.sampling import ParentBased  # noqa: PLC0415
 
     named = bool(os.environ.get("OTEL_SERVICE_NAME"))
     attributes = {} if named else {SERVICE_NAME: settings.service_name}
     provider = TracerProvider(
         resource=Resource.create(attributes),
-        sampler=ParentBased(TraceIdRatioBased(_sample_ratio(settings))),
+        sampler=ParentBased(linked_or_ratio(_sample_ratio(settings))),
         span_limits=SpanLimits(max_links=settings.link_limit),
     )
     endpoint = settings.endpoint
@@ -144,6 +145,44 @@ def start_tracing(settings: TracingSettings) -> Tracing:
     trace.set_tracer_provider(provider)
     _active = True
     return Tracing(provider, settings)
+
+
+def linked_or_ratio(ratio: float) -> Any:
+    """The root sampler: a span that links a sampled context (an inference request carrying
+    a sampled message, a write of a kept request) is kept, so a kept message's trace leads to
+    its request; any other root is kept with probability ``ratio``. (An SDK ``Sampler``; made
+    here so a process with tracing off never imports the SDK.)"""
+    from opentelemetry.sdk.trace.sampling import (  # noqa: PLC0415
+        Decision,
+        Sampler,
+        SamplingResult,
+        TraceIdRatioBased,
+    )
+
+    class LinkedOrRatio(Sampler):
+        def __init__(self) -> None:
+            self._ratio = TraceIdRatioBased(ratio)
+
+        def should_sample(  # noqa: PLR0917 (the SDK's signature)
+            self,
+            parent_context: Any,
+            trace_id: int,
+            name: str,
+            kind: Any = None,
+            attributes: Any = None,
+            links: Any = None,
+            trace_state: Any = None,
+        ) -> Any:
+            if any(link.context.trace_flags.sampled for link in links or ()):
+                return SamplingResult(Decision.RECORD_AND_SAMPLE, attributes, trace_state)
+            return self._ratio.should_sample(
+                parent_context, trace_id, name, kind, attributes, links, trace_state
+            )
+
+        def get_description(self) -> str:
+            return f"LinkedOrRatio{{{ratio}}}"
+
+    return LinkedOrRatio()
 
 
 def traceparent_of(context: SpanContext) -> str:

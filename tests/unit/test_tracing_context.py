@@ -415,3 +415,23 @@ def test_google_pubsub_clients_read_ours_and_we_read_theirs(spans: InMemorySpanE
     )
     got = trace.get_current_span(extracted).get_span_context()
     assert (got.trace_id, got.span_id) == (read.trace_id, read.span_id)
+
+
+def test_a_root_linking_a_sampled_message_is_kept_whatever_the_ratio() -> None:
+    """An inference request carrying a sampled message is kept even at ratio 0 (the message's
+    trace leads to it); one linking only unsampled contexts, or none, follows the ratio."""
+    from opentelemetry.sdk.trace.sampling import Decision
+
+    never = rowbatch.tracing.linked_or_ratio(0.0)
+    always = rowbatch.tracing.linked_or_ratio(1.0)
+    sampled = trace.Link(SpanContext(1, 2, True, TraceFlags(TraceFlags.SAMPLED)))
+    unsampled = trace.Link(SpanContext(3, 4, True, TraceFlags(TraceFlags.DEFAULT)))
+
+    def decision(sampler: Any, links: list[trace.Link]) -> Any:
+        return sampler.should_sample(None, 7, "infer m", links=links).decision
+
+    assert decision(never, [unsampled, sampled]) is Decision.RECORD_AND_SAMPLE
+    assert decision(never, [unsampled]) is Decision.DROP
+    assert decision(never, []) is Decision.DROP
+    assert decision(always, []) is Decision.RECORD_AND_SAMPLE
+    assert "0.0" in never.get_description()
