@@ -46,6 +46,7 @@ from dataclasses import dataclass
 
 from rowbatch.consumer.engine.batcher import Batch, Batcher
 from rowbatch.consumer.engine.budget import ByteBudget
+from rowbatch.consumer.engine.commit_stage import CommitStage
 from rowbatch.consumer.engine.decode import MessageDecoder
 from rowbatch.consumer.engine.gate import Gate
 from rowbatch.consumer.engine.inference_stage import InferenceStage
@@ -66,7 +67,7 @@ from rowbatch.consumer.model.handler import ModelHandler
 from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.observe.scaling import ScalingSignal
 from rowbatch.consumer.observe.tracing import PipelineTracing
-from rowbatch.consumer.sinks.base import Sink
+from rowbatch.consumer.sinks.base import CommitsWrites, Sink
 from rowbatch.consumer.sources.base import Source, WorkBound
 from rowbatch.timing import Backoff, Clock, Sleep
 
@@ -108,6 +109,9 @@ class PipelineSettings:
     under this: a write's encoding buffers live outside the budget, so models with large
     outputs write batch by batch."""
     sink_backoff: Backoff = SINK_BACKOFF
+    commit_interval_s: float = 60.0
+    """A committing sink's (Iceberg) longest wait between commits
+    (:mod:`rowbatch.consumer.engine.commit_stage`)."""
     queued_rows: int = 0
     """Most rows queued for batching (taken in, not yet in a batch) before intake waits; a
     reading-ahead source holds no more than this either. 0: ``QUEUED_BATCHES_PER_REQUEST``
@@ -264,6 +268,19 @@ class Pipeline:
         )
         share = pipeline_share(settings, budget.limit)
         budget.set_aside(share.total)
+        self._commits: CommitStage | None = None
+        if isinstance(sink, CommitsWrites):
+            self._commits = CommitStage(
+                sink,
+                retrying=writer.retrying,
+                settle_many=self._settler.settle_many,
+                interval_s=settings.commit_interval_s,
+                pressure_bytes=max(1, (budget.limit - share.total) // 2),
+                metrics=metrics,
+                clock=clock,
+                sleep=sleep,
+            )
+            self._settler.on_withdraw = self._commits.commit_soon
         self._writers = WriteStage(
             context,
             answered=self._answered,
@@ -272,6 +289,7 @@ class Pipeline:
             max_write_bytes=settings.max_write_bytes,
             output_bytes_per_row=settings.output_bytes_per_row,
             allowance=ByteBudget(share.writes),
+            settle_written=None if self._commits is None else self._commits.hold,
         )
         self.watch = Watch(
             ledger=self._ledger,
@@ -326,11 +344,16 @@ class Pipeline:
         intake = asyncio.create_task(self._intake.run(), name="rowbatch-intake")
         flusher = asyncio.create_task(self._inference.flush(), name="rowbatch-flusher")
         watch = asyncio.create_task(self.watch.run(), name="rowbatch-watch")
+        committer = [
+            asyncio.create_task(commits.run(), name="rowbatch-committer")
+            for commits in ([self._commits] if self._commits is not None else [])
+        ]
         stopper = asyncio.create_task(stop.wait())
         failure: BaseException | None = None
         try:
             done, _ = await asyncio.wait(
-                {intake, stopper, flusher, *workers, *writers}, return_when=asyncio.FIRST_COMPLETED
+                {intake, stopper, flusher, *workers, *writers, *committer},
+                return_when=asyncio.FIRST_COMPLETED,
             )
             broken = [t for t in done if not t.cancelled() and t.exception() is not None]
             for task in (intake, stopper):
@@ -344,9 +367,13 @@ class Pipeline:
                 self._rows_queued.set()
                 await self._drain(flusher, workers, writers)
         finally:
-            for task in (flusher, watch, *workers, *writers):
+            for task in (flusher, watch, *workers, *writers, *committer):
                 task.cancel()
-            await asyncio.gather(flusher, watch, *workers, *writers, return_exceptions=True)
+            await asyncio.gather(
+                flusher, watch, *workers, *writers, *committer, return_exceptions=True
+            )
+            if self._commits is not None:
+                await self._settler.nack_entries(self._commits.unsettled())
             await self._settler.nack_unsettled()
         if failure is not None:
             raise PipelineFailed(f"the consumer stopped: {failure}") from failure
@@ -366,6 +393,8 @@ class Pipeline:
                 for _ in writers:
                     self._answered.put_nowait(None)
                 await asyncio.gather(*writers)
+                if self._commits is not None:
+                    await self._commits.commit()
         except TimeoutError:
             log.warning(
                 "grace period of %.0f s over with %d messages unsettled; nacking them",

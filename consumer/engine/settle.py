@@ -49,6 +49,8 @@ class Settler:
         self._budget = budget
         self._metrics = metrics
         self._wall = wall
+        self.on_withdraw: Callable[[], None] | None = None
+        """Called when the source takes deliveries back (the commit stage commits at once)."""
 
     async def settle(self, entry: Entry) -> None:
         """Ack ``entry``'s message, or (when a row failed for good) delete its written rows and
@@ -125,6 +127,8 @@ class Settler:
         messages none of whose rows has been batched yet, out of the batcher and the ledger,
         their budget released, neither acked nor nacked; returns their deliveries. The others
         (in a request, answered or being written) finish as usual."""
+        if self.on_withdraw is not None:
+            self.on_withdraw()
         wanted = set(deliveries)
         keys = [e.key for e in self._ledger.unsettled() if e.delivery in wanted]
         dropped = [self._ledger.abandon(key) for key in self._batcher.withdraw(keys)]
@@ -147,6 +151,12 @@ class Settler:
         """Nack every message still in flight (shutdown, or a failed pipeline)."""
         for entry in self._ledger.unsettled():
             self._ledger.abandon(entry.key)
+            await self._settle_nack(entry)
+
+    async def nack_entries(self, entries: Sequence[Entry]) -> None:
+        """Nack messages already out of the ledger (written in full, waiting for a commit
+        that did not come)."""
+        for entry in entries:
             await self._settle_nack(entry)
 
     async def _settle_nack(self, entry: Entry) -> None:

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from rowbatch.consumer.engine.budget import ByteBudget
+from rowbatch.consumer.engine.ledger import Entry
 from rowbatch.consumer.engine.results import Answered, write_cost
 from rowbatch.consumer.engine.sink_writer import SinkWriter
 from rowbatch.consumer.engine.stage_context import StageContext
@@ -36,13 +37,17 @@ class WriteStage:
         output_bytes_per_row: int,
         allowance: ByteBudget | None = None,
         cost: Callable[[Sequence[Answered]], int] = write_cost,
+        settle_written: Callable[[Sequence[Entry]], Awaitable[None]] | None = None,
     ) -> None:
         """``allowance``: the writers' share of the memory budget (``None``: not counted);
-        ``cost``: what a write of some parts takes from it."""
+        ``cost``: what a write of some parts takes from it; ``settle_written``: what is done
+        with messages whose rows are all written (default: ack them; a committing sink's
+        :class:`~rowbatch.consumer.engine.commit_stage.CommitStage` holds them for its
+        commit)."""
         self._answered = answered
         self._writer = writer
         self._ledger = context.ledger
-        self._settle_many = context.settler.settle_many
+        self._settle_many = settle_written or context.settler.settle_many
         self._fail = context.settler.fail
         self._metrics = context.metrics
         self._max_write_rows = max_write_rows

@@ -170,6 +170,12 @@ class Metrics:
         self.inflight_messages = Gauge(
             "rowbatch_inflight_messages", "Messages taken but not yet settled", registry=r
         )
+        self.awaiting_commit = Gauge(
+            "rowbatch_messages_awaiting_commit",
+            "Messages whose rows are all written to a committing sink (Iceberg), waiting "
+            "for the commit that makes them part of the table before they are acked",
+            registry=r,
+        )
         self.inflight_batches = Gauge(
             "rowbatch_inflight_batches", "Inference requests in flight", registry=r
         )

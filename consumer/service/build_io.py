@@ -20,7 +20,11 @@ from rowbatch.consumer.observe.scaling import ScalingSignal, SignalSettings
 from rowbatch.consumer.service.config import ConsumerConfig, SinkSettings, SourceSettings
 from rowbatch.consumer.service.startup import wait_for
 from rowbatch.consumer.sinks.base import ColumnSpec, Sink, SinkUnavailable, TableSpec
-from rowbatch.consumer.sinks.settings import ParquetSinkSettings, PostgresSinkSettings
+from rowbatch.consumer.sinks.settings import (
+    IcebergSinkSettings,
+    ParquetSinkSettings,
+    PostgresSinkSettings,
+)
 from rowbatch.consumer.sources.base import DeadLetterReason, Delivery, Source
 from rowbatch.consumer.sources.kafka.settings import KafkaSettings
 from rowbatch.consumer.sources.pubsub.settings import PubSubSettings
@@ -151,7 +155,8 @@ def check_source_credentials(settings: SourceSettings) -> None:
         check_credentials(project_of(settings.subscription))
 
 
-def make_sink(settings: SinkSettings) -> Sink:
+def make_sink(settings: SinkSettings, registry: CollectorRegistry | None = None) -> Sink:
+    """The configured sink (``registry``: where a sink with figures of its own exports them)."""
     if isinstance(settings, PostgresSinkSettings):
         from rowbatch.consumer.sinks.postgres.sink import PostgresSink  # noqa: PLC0415
 
@@ -160,9 +165,33 @@ def make_sink(settings: SinkSettings) -> Sink:
         from rowbatch.consumer.sinks.parquet.sink import ParquetSink  # noqa: PLC0415
 
         return ParquetSink(settings.url)
+    if isinstance(settings, IcebergSinkSettings):
+        return _iceberg_sink(settings, registry)
     from rowbatch.consumer.sinks.sqlite.sink import SqliteSink  # noqa: PLC0415
 
     return SqliteSink(settings.path)
+
+
+def _iceberg_sink(settings: IcebergSinkSettings, registry: CollectorRegistry | None) -> Sink:
+    from rowbatch.consumer.sinks.iceberg.catalog import LedgerCatalog  # noqa: PLC0415
+    from rowbatch.consumer.sinks.iceberg.sink import IcebergSink  # noqa: PLC0415
+
+    def catalog() -> LedgerCatalog:
+        return LedgerCatalog(
+            settings.catalog_name,
+            **{
+                **settings.properties,
+                "uri": settings.catalog_uri.get_secret_value(),
+                "warehouse": settings.warehouse,
+            },
+        )
+
+    return IcebergSink(
+        catalog,
+        namespace=settings.namespace,
+        target_file_bytes=settings.target_file_bytes,
+        registry=registry,
+    )
 
 
 def _column_spec(name: str, ctype: ColumnType) -> ColumnSpec:

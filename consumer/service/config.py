@@ -27,6 +27,7 @@ from rowbatch.consumer.model.settings import BindingSettings, ModelSettings
 from rowbatch.consumer.observe.tracing_settings import TracingConfig
 from rowbatch.consumer.section import MiB, Section
 from rowbatch.consumer.sinks.settings import (
+    IcebergSinkSettings,
     ParquetSinkSettings,
     PostgresSinkSettings,
     SqliteSinkSettings,
@@ -53,7 +54,8 @@ offline table mode, ``sources/table/``)."""
 
 
 SinkSettings = Annotated[
-    SqliteSinkSettings | PostgresSinkSettings | ParquetSinkSettings, Field(discriminator="kind")
+    SqliteSinkSettings | PostgresSinkSettings | ParquetSinkSettings | IcebergSinkSettings,
+    Field(discriminator="kind"),
 ]
 
 
@@ -143,7 +145,7 @@ def _describe(exc: ValidationError, path: Path | None) -> str:
     return "\n".join(lines)
 
 
-_UNION_TAGS = frozenset({"pubsub", "kafka", "table", "sqlite", "postgres", "parquet"})
+_UNION_TAGS = frozenset({"pubsub", "kafka", "table", "sqlite", "postgres", "parquet", "iceberg"})
 """The ``kind`` tags pydantic puts in an error's location inside ``[source]`` and ``[sink]``."""
 
 

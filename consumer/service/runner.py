@@ -135,7 +135,7 @@ async def run_consumer(
             balancer.follow(membership.addresses, config.model.resolve_interval_s)
         in_flight = balancer.capacity
         running = Running(metrics, health, spec, target, balancer=balancer)
-        sink = sink or make_sink(config.sink)
+        sink = sink or make_sink(config.sink, metrics.registry)
         await unless_stopped(open_sink(sink, table_spec(config, spec), config.sink), stop)
         signal = scaling_signal(
             config.source, metrics, slots_fill_server=config.model.max_in_flight is None
@@ -181,6 +181,7 @@ async def run_consumer(
                 write_concurrency=config.sink.write_concurrency,
                 max_write_rows=config.sink.max_write_rows,
                 sink_backoff=config.sink.backoff,
+                commit_interval_s=getattr(config.sink, "commit_interval_s", 60.0),
             ),
             budget=ByteBudget(config.budget_bytes),
             metrics=metrics,

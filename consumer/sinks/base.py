@@ -23,7 +23,7 @@ import asyncio
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, ParamSpec, Protocol, TypeVar
+from typing import Any, ParamSpec, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 from numpy.typing import NDArray
@@ -88,6 +88,23 @@ class Sink(Protocol):
         dead-lettered, so its rows end up in exactly one place."""
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class CommitsWrites(Protocol):
+    """A sink whose ``write`` stages rows (in large files) that become part of the table only at
+    ``commit``: the pipeline acks a message after the commit that holds its last row
+    (:mod:`rowbatch.consumer.engine.commit_stage` decides when to commit)."""
+
+    target_file_bytes: int
+    """Commit once this many bytes are staged (a full data file)."""
+
+    async def commit(self) -> None:
+        """Every row written so far is in the table when this returns (``SinkUnavailable``:
+        the store cannot commit now; the rows stay staged and the call is retried)."""
+
+    def uncommitted_bytes(self) -> int:
+        """Bytes staged since the last commit."""
 
 
 # --- helpers shared by the sink adapters ------------------------------------------------------

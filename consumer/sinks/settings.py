@@ -1,4 +1,5 @@
-"""The ``[sink]`` settings: the result table's store (``kind``: SQLite, PostgreSQL, Parquet) and
+"""The ``[sink]`` settings: the result table's store (``kind``: SQLite, PostgreSQL, Parquet,
+Iceberg) and
 how writes are retried and grouped. The sinks package owns them; the service only assembles them
 into the consumer's configuration."""
 
@@ -6,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, model_validator
 
@@ -58,3 +60,46 @@ class ParquetSinkSettings(_SinkSection):
     url: str
     """A local path or an object-store URL understood by pyarrow (``s3://``, ``gs://``)."""
     table: str = "results"
+
+
+class IcebergSinkSettings(_SinkSection):
+    """An Apache Iceberg table in pyiceberg's SQL catalog (docs/iceberg.md): many replicas
+    write it at once, each row exactly once, in large files."""
+
+    kind: Literal["iceberg"] = "iceberg"
+    catalog_uri: SecretStr
+    """The catalog's database as a SQLAlchemy URL, e.g.
+    ``postgresql+psycopg://user:password@host:5432/catalog``; the key ledger lives there too."""
+    catalog_name: str = "rowbatch"
+    warehouse: str
+    """Where data and metadata files go: ``file:///path`` or ``s3://bucket/prefix``."""
+    namespace: str = "rowbatch"
+    table: str = "results"
+    target_file_mb: float = Field(default=128.0, gt=0)
+    """Data files are rolled (and committed) at about this size."""
+    commit_interval_s: float = Field(default=60.0, gt=0)
+    """Longest wait between commits: rows are visible, and their messages acked, at most
+    this long after they were written."""
+    properties: dict[str, str] = Field(default_factory=dict)
+    """More catalog and FileIO properties, as pyiceberg names them (``s3.endpoint``,
+    ``s3.access-key-id``, ``s3.secret-access-key``, ``s3.region``...)."""
+
+    @model_validator(mode="after")
+    def _check_uris(self) -> IcebergSinkSettings:
+        scheme = urlsplit(self.catalog_uri.get_secret_value()).scheme
+        if not scheme.startswith(("postgresql", "sqlite")):
+            raise ValueError(
+                "sink.catalog_uri must be a SQLAlchemy URL of PostgreSQL "
+                "(postgresql+psycopg://...) or SQLite (sqlite:///path), "
+                f"not scheme {scheme or '(none)'!r}"
+            )
+        if "://" not in self.warehouse:
+            raise ValueError(
+                "sink.warehouse must be a URL: file:///absolute/path or s3://bucket/prefix, "
+                f"not {self.warehouse!r}"
+            )
+        return self
+
+    @property
+    def target_file_bytes(self) -> int:
+        return max(1, int(self.target_file_mb * 1024 * 1024))
