@@ -7,7 +7,10 @@ catalog (and its key ledger), the warehouse on a local S3-compatible server (mot
   every row once, scores equal to the reference, and files counted in tens, not in batches.
 - Several writers committing in the same second lose the compare-and-set to each other: the
   conflicts are retried and counted, and nothing is lost.
-- SIGTERM: rows staged but not committed are committed, then acked, before the exit.
+- SIGTERM: rows staged but not committed are committed, then acked, before the exit (both
+  brokers).
+- Pub/Sub: a consumer killed with rows staged but not committed; Pub/Sub redelivers their
+  messages to the next one, which writes them once.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -33,6 +37,7 @@ from harness.consumer_process import ConsumerProcess, to_toml
 from harness.kafka import KafkaEndpoint
 from harness.postgres import PostgresEndpoint
 from harness.proc import free_port
+from harness.pubsub import PubSubEndpoint
 from harness.s3 import ACCESS_KEY, REGION, SECRET_KEY, S3Endpoint
 from harness.triton import TritonEndpoint
 from rowbatch.consumer.service.config import load_config
@@ -40,7 +45,10 @@ from rowbatch.consumer.sinks.base import ColumnSpec, ResultRows, TableSpec
 from rowbatch.consumer.sinks.iceberg import ledger
 from rowbatch.consumer.sinks.iceberg.catalog import LedgerCatalog
 from rowbatch.consumer.sinks.iceberg.sink import IcebergSink
+from rowbatch.wire.chunks.encode import EncodedChunk
+from tests.integration.consumer_helpers import Topics
 from tests.integration.kafka_helpers import KafkaTopics, chunk_record, group_offsets, produce
+from tests.integration.pubsub_helpers import pull, use_emulator
 from tests.integration.test_consumer_kafka import SCORER_BINDING, scorer_chunks
 
 WAIT_S = 240.0
@@ -85,13 +93,21 @@ def open_catalog(sink: dict[str, Any]) -> LedgerCatalog:
     )
 
 
+def kafka_source(topics: KafkaTopics) -> dict[str, Any]:
+    # Offsets follow acks every 5 s; a restarted member may wait for a rebalance to join.
+    return {**topics.source(), "commit_interval_s": 5.0, "check_timeout_s": 60.0}
+
+
 def start_consumer(
-    tmp_path: Path, name: str, topics: KafkaTopics, triton: TritonEndpoint, sink: dict[str, Any]
+    tmp_path: Path,
+    name: str,
+    source: dict[str, Any],
+    triton: TritonEndpoint,
+    sink: dict[str, Any],
 ) -> ConsumerProcess:
     port = free_port()
     config = {
-        # Offsets follow acks every 5 s; a restarted member may wait for a rebalance to join.
-        "source": {**topics.source(), "commit_interval_s": 5.0, "check_timeout_s": 60.0},
+        "source": source,
         "model": {"url": triton.grpc_url, "name": "scorer", "max_wait_ms": 20},
         "binding": SCORER_BINDING,
         "sink": sink,
@@ -198,7 +214,7 @@ async def test_three_consumers_with_two_kills_write_every_row_once_in_large_file
     ident = "tests.scores"
 
     for i in range(3):
-        procs.append(start_consumer(tmp_path, f"c{i}", topics, triton, sink))
+        procs.append(start_consumer(tmp_path, f"c{i}", kafka_source(topics), triton, sink))
     kills = 0
     killed: list[ConsumerProcess] = []
     for victim in (0, 1):
@@ -221,7 +237,9 @@ async def test_three_consumers_with_two_kills_write_every_row_once_in_large_file
         proc.wait(30)
         proc.stop()
         kills += 1
-        procs[victim] = start_consumer(tmp_path, f"c{victim}-again", topics, triton, sink)
+        procs[victim] = start_consumer(
+            tmp_path, f"c{victim}-again", kafka_source(topics), triton, sink
+        )
         killed.append(proc)
 
     def acked() -> int:
@@ -319,9 +337,55 @@ async def test_writers_committing_in_the_same_second_retry_their_conflicts_and_l
     catalog.close()
 
 
+@dataclass
+class Broker:
+    """One broker's side of a test: the ``[source]``, publishing, and what is left unacked."""
+
+    name: str
+    source: dict[str, Any]
+    publish: Callable[[list[EncodedChunk]], Awaitable[None]]
+    all_acked: Callable[[], Awaitable[bool]]
+    """Whether every published message is acked (Kafka: the group's offsets at the end;
+    Pub/Sub: nothing is delivered within a few seconds)."""
+
+
+@pytest.fixture(params=["kafka", "pubsub"])
+async def broker(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[Broker]:
+    if request.param == "kafka":
+        kafka: KafkaEndpoint = request.getfixturevalue("kafka")
+        t = await KafkaTopics.create(kafka, partitions=2)
+
+        async def kafka_publish(chunks: list[EncodedChunk]) -> None:
+            await produce(kafka, t.topic, [chunk_record(c) for c in chunks])
+
+        async def kafka_acked() -> bool:
+            committed, end = await group_offsets(kafka, t.topic, t.group, t.partitions)
+            return committed == end
+
+        source = kafka_source(t)
+        yield Broker("kafka", source, kafka_publish, kafka_acked)
+        return
+    pubsub: PubSubEndpoint = request.getfixturevalue("pubsub")
+    use_emulator(pubsub, monkeypatch)
+    topics = Topics.create(pubsub, ack_deadline_s=20)
+
+    async def pubsub_publish(chunks: list[EncodedChunk]) -> None:
+        await asyncio.to_thread(topics.publish, chunks)
+
+    async def pubsub_acked() -> bool:
+        return await pull(topics, topics.subscription, 1, within_s=5.0) == []
+
+    try:
+        yield Broker("pubsub", topics.source(), pubsub_publish, pubsub_acked)
+    finally:
+        topics.close()
+
+
 @pytest.mark.timeout(300)
 async def test_sigterm_commits_the_staged_rows_then_acks_them(
-    kafka: KafkaEndpoint,
+    broker: Broker,
     triton: TritonEndpoint,
     postgres: PostgresEndpoint,
     s3: S3Endpoint,
@@ -329,13 +393,12 @@ async def test_sigterm_commits_the_staged_rows_then_acks_them(
     procs: list[ConsumerProcess],
 ) -> None:
     chunks, expected = scorer_chunks(5_000, seed=27, max_rows=200)
-    topics = await KafkaTopics.create(kafka, partitions=2)
-    await produce(kafka, topics.topic, [chunk_record(c) for c in chunks])
+    await broker.publish(chunks)
     name = f"term{uuid.uuid4().hex[:8]}"
     # Neither the age nor the size of what is staged ever calls for a commit.
     sink = iceberg_sink_section(postgres, s3, name, commit_interval_s=3600.0)
     catalog = open_catalog(sink)
-    proc = start_consumer(tmp_path, "term", topics, triton, sink)
+    proc = start_consumer(tmp_path, "term", broker.source, triton, sink)
     procs.append(proc)
     await wait_for(
         lambda: (proc.metric("rowbatch_rows_written_total") or 0) >= len(expected),
@@ -345,14 +408,72 @@ async def test_sigterm_commits_the_staged_rows_then_acks_them(
     assert (proc.metric("rowbatch_messages_awaiting_commit") or 0) == len(chunks)
     assert (proc.metric("rowbatch_messages_acked_total") or 0) == 0
     assert commits_of(catalog, "tests.scores") == 0
-    committed, _ = await group_offsets(kafka, topics.topic, topics.group, 2)
-    assert all(not offset for offset in committed.values()), committed
 
     assert proc.terminate() == 0, proc.log()
 
     scanned, _, sizes = read_back(catalog, "tests.scores")
     check_exactly_once(scanned, expected)
-    committed, end = await group_offsets(kafka, topics.topic, topics.group, 2)
-    assert committed == end, "the rows were committed but their messages not acked"
+    assert await broker.all_acked(), "the rows were committed but their messages not acked"
     assert len(sizes) == 1
     catalog.close()
+
+
+@pytest.mark.timeout(400)
+async def test_pubsub_a_kill_mid_run_and_a_restart_write_every_row_once(
+    pubsub: PubSubEndpoint,
+    monkeypatch: pytest.MonkeyPatch,
+    triton: TritonEndpoint,
+    postgres: PostgresEndpoint,
+    s3: S3Endpoint,
+    tmp_path: Path,
+    procs: list[ConsumerProcess],
+) -> None:
+    """Killed with rows staged and not committed (their messages leased, unacked): Pub/Sub
+    redelivers them to the restarted consumer, which writes them once."""
+    use_emulator(pubsub, monkeypatch)
+    topics = Topics.create(pubsub, ack_deadline_s=10)
+    try:
+        chunks, expected = scorer_chunks(40_000, seed=28, max_rows=300)
+
+        async def publish_paced() -> None:  # ~20 s of traffic: the kill lands mid-stream
+            step = max(1, len(chunks) // 20)
+            for start in range(0, len(chunks), step):
+                await asyncio.to_thread(topics.publish, chunks[start : start + step])
+                await asyncio.sleep(1.0)
+
+        publishing = asyncio.create_task(publish_paced())
+        name = f"pskill{uuid.uuid4().hex[:8]}"
+        sink = iceberg_sink_section(postgres, s3, name, commit_interval_s=2.0)
+        catalog = open_catalog(sink)
+        source = topics.source()
+        first = start_consumer(tmp_path, "first", source, triton, sink)
+        procs.append(first)
+        await wait_for(
+            lambda: (
+                (first.metric("rowbatch_iceberg_commits_total") or 0) >= 1
+                and (first.metric("rowbatch_messages_awaiting_commit") or 0) > 0
+            ),
+            "a commit, and rows staged after it",
+            [first],
+        )
+        first.send(signal.SIGKILL)
+        first.wait(30)
+        before = read_back(catalog, "tests.scores")[0].num_rows
+        assert 0 < before < len(expected), "the kill came too early or too late"
+        second = start_consumer(tmp_path, "second", source, triton, sink)
+        procs.append(second)
+        await publishing
+
+        def all_in() -> bool:
+            return bool(read_back(catalog, "tests.scores")[0].num_rows >= len(expected))
+
+        await wait_for(all_in, "every row in the table", [second], 300)
+        assert second.terminate() == 0, second.log()
+        scanned, direct, _ = read_back(catalog, "tests.scores")
+        check_exactly_once(scanned, expected)
+        check_exactly_once(direct, expected)
+        assert await pull(topics, topics.subscription, 1, within_s=5.0) == []
+        print(f"\nPub/Sub: killed with {before:,} of {len(expected):,} rows committed")
+        catalog.close()
+    finally:
+        topics.close()
