@@ -39,6 +39,7 @@ from bench import (
     overhead,
     saturation,
     scaling,
+    sinks,
     table_mode,
     versions,
 )
@@ -58,6 +59,7 @@ SECTIONS = (
     "scaling",
     "saturation",
     "table",
+    "sinks",
 )
 DEFAULT_ROWS = 200_000
 QUICK_ROWS = 10_000
@@ -148,6 +150,7 @@ def _sections(args: BenchArgs, done: dict[str, Any]) -> dict[str, Callable[[Benc
         "scaling": scaling.run,
         "saturation": saturation.run,
         "table": table_mode.run,
+        "sinks": sinks.run,
     }
 
 

@@ -164,7 +164,7 @@ def make_sink(settings: SinkSettings, registry: CollectorRegistry | None = None)
     if isinstance(settings, ParquetSinkSettings):
         from rowbatch.consumer.sinks.parquet.sink import ParquetSink  # noqa: PLC0415
 
-        return ParquetSink(settings.url)
+        return ParquetSink(settings.url, target_file_bytes=settings.target_file_bytes)
     if isinstance(settings, IcebergSinkSettings):
         return _iceberg_sink(settings, registry)
     from rowbatch.consumer.sinks.sqlite.sink import SqliteSink  # noqa: PLC0415

@@ -55,14 +55,29 @@ class PostgresSinkSettings(_SinkSection):
     db_schema: str = "public"
 
 
-class ParquetSinkSettings(_SinkSection):
+class _RollsFiles(_SinkSection):
+    target_file_mb: float = Field(default=128.0, gt=0)
+    """Data files are rolled (and committed) at about this size."""
+    commit_interval_s: float = Field(default=60.0, gt=0)
+    """Longest wait between commits: rows are visible, and their messages acked, at most
+    this long after they were written."""
+
+    @property
+    def target_file_bytes(self) -> int:
+        return max(1, int(self.target_file_mb * 1024 * 1024))
+
+
+class ParquetSinkSettings(_RollsFiles):
+    """A Parquet dataset written in large files (one open file per day partition, published
+    at each commit); one writer per dataset."""
+
     kind: Literal["parquet"] = "parquet"
     url: str
     """A local path or an object-store URL understood by pyarrow (``s3://``, ``gs://``)."""
     table: str = "results"
 
 
-class IcebergSinkSettings(_SinkSection):
+class IcebergSinkSettings(_RollsFiles):
     """An Apache Iceberg table in pyiceberg's SQL catalog (docs/iceberg.md): many replicas
     write it at once, each row exactly once, in large files."""
 
@@ -75,11 +90,6 @@ class IcebergSinkSettings(_SinkSection):
     """Where data and metadata files go: ``file:///path`` or ``s3://bucket/prefix``."""
     namespace: str = "rowbatch"
     table: str = "results"
-    target_file_mb: float = Field(default=128.0, gt=0)
-    """Data files are rolled (and committed) at about this size."""
-    commit_interval_s: float = Field(default=60.0, gt=0)
-    """Longest wait between commits: rows are visible, and their messages acked, at most
-    this long after they were written."""
     properties: dict[str, str] = Field(default_factory=dict)
     """More catalog and FileIO properties, as pyiceberg names them (``s3.endpoint``,
     ``s3.access-key-id``, ``s3.secret-access-key``, ``s3.region``...)."""
@@ -99,7 +109,3 @@ class IcebergSinkSettings(_SinkSection):
                 f"not {self.warehouse!r}"
             )
         return self
-
-    @property
-    def target_file_bytes(self) -> int:
-        return max(1, int(self.target_file_mb * 1024 * 1024))

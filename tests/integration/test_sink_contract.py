@@ -1,6 +1,8 @@
 """One behaviour suite, run against every sink: idempotent writes under redelivery, deletes,
 reopening, a clear error for an incompatible existing table, and every wire type (bytes,
-text holding U+0000) stored faithfully or refused as RowsRejected."""
+text holding U+0000) stored faithfully or refused as RowsRejected. A sink that stages its
+writes until a commit (``CommitsWrites``: Parquet) is committed where the pipeline would
+commit, before the table is read or the sink closed."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from psycopg import sql
 
 from rowbatch.consumer.sinks.base import (
     ColumnSpec,
+    CommitsWrites,
     ResultRows,
     RowsRejected,
     Sink,
@@ -202,6 +205,13 @@ def target(request: pytest.FixtureRequest, tmp_path: Path) -> Target:
     )
 
 
+async def _commit(sink: Sink) -> None:
+    """Makes what was written part of the table (where the pipeline's commit stage would, for
+    a sink that stages its writes); nothing to do for the others."""
+    if isinstance(sink, CommitsWrites):
+        await sink.commit()
+
+
 async def _write_all(sink: Sink, rows: list[ResultRows]) -> None:
     """Writes each batch; every row is new, and each write says it stored all of them."""
     for batch in rows:
@@ -211,6 +221,7 @@ async def _write_all(sink: Sink, rows: list[ResultRows]) -> None:
 async def test_redelivered_rows_are_written_once(target: Target) -> None:
     async with target.opened() as sink:
         await _write_all(sink, [make_rows(b) for b in batches(0, TOTAL, BATCH)])
+        await _commit(sink)
         check_snapshot(target.read(), range(TOTAL))
         # Redelivery: overlapping batches with other boundaries, a later time (another day for
         # the Parquet partitions) and a newer model version: the first write stays.
@@ -224,6 +235,7 @@ async def test_redelivered_rows_are_written_once(target: Target) -> None:
         for g in again:
             stored = await sink.write(make_rows(g, processed_at=later, model_version="2"))
             assert stored == 0, "rows already there are skipped, and not counted as written"
+        await _commit(sink)
     check_snapshot(target.read(), range(TOTAL))
 
 
@@ -233,12 +245,14 @@ async def test_partly_new_batches_write_only_the_new_rows(target: Target) -> Non
         partly = make_rows(np.arange(400, 1_000), garbage_under_nulls=True)
         assert await sink.write(partly) == 400  # 600..999: the new ones only
         assert await sink.write(make_rows(np.arange(1_000, 1_200)[::-1])) == 200  # any order
+        await _commit(sink)
     check_snapshot(target.read(), range(1_200))
 
 
 async def test_delete_chunks_removes_exactly_those_chunks(target: Target) -> None:
     async with target.opened() as sink:
         await _write_all(sink, [make_rows(b) for b in batches(0, TOTAL, BATCH)])
+        await _commit(sink)
         await sink.delete_chunks(["chunk-003", "chunk-007", "chunk-unknown"])
         gone = set(range(3 * CHUNK_ROWS, 4 * CHUNK_ROWS)) | set(
             range(7 * CHUNK_ROWS, 8 * CHUNK_ROWS)
@@ -251,16 +265,20 @@ async def test_delete_chunks_removes_exactly_those_chunks(target: Target) -> Non
         again = make_rows(np.arange(3 * CHUNK_ROWS, 4 * CHUNK_ROWS))
         assert await sink.write(again) == CHUNK_ROWS
         assert await sink.write(make_rows(np.arange(TOTAL))) == CHUNK_ROWS  # chunk 7's rows
+        await _commit(sink)
     check_snapshot(target.read(), range(TOTAL))
 
 
 async def test_reopening_an_existing_table_keeps_writes_idempotent(target: Target) -> None:
     async with target.opened() as sink:
         await sink.write(make_rows(np.arange(0, 3_000)))
+        await _commit(sink)
     async with target.opened() as sink:
         assert await sink.write(make_rows(np.arange(2_000, 5_000))) == 2_000  # 3,000..4,999
+        await _commit(sink)
     async with target.opened() as sink:
         await sink.delete_chunks(["chunk-000"])
+        await _commit(sink)
     check_snapshot(target.read(), range(CHUNK_ROWS, 5_000))
 
 
@@ -273,13 +291,15 @@ async def test_an_incompatible_existing_table_is_named(
 ) -> None:
     async with target.opened() as sink:
         await sink.write(make_rows(np.arange(10)))
+        await _commit(sink)
     other = spec(target.table.name, **change)
     with pytest.raises(TableMismatch, match=column) as caught:
         async with target.opened(other):
             pass
     assert caught.value.column == column
     async with target.opened() as sink:  # the original spec still opens
-        await sink.write(make_rows(np.arange(10)))
+        assert await sink.write(make_rows(np.arange(10))) == 0  # and the rows are there
+        await _commit(sink)
     check_snapshot(target.read(), range(10))
 
 
@@ -290,6 +310,7 @@ async def test_empty_writes_and_unopened_sinks(target: Target) -> None:
     async with target.opened() as sink:
         assert await sink.write(make_rows(np.arange(0))) == 0
         await sink.delete_chunks([])
+        await _commit(sink)  # a commit with nothing staged
     check_snapshot(target.read(), [])
 
 
@@ -300,6 +321,7 @@ async def test_bytes_are_stored_byte_for_byte(target: Target) -> None:
         await sink.write(wire_types_rows("chunk-a"))
         await sink.write(wire_types_rows("chunk-a"))  # redelivered: still once
         await sink.write(wire_types_rows("chunk-b"))
+        await _commit(sink)
     got = target.select(table.name, ["chunk_id", "row_index", "raw", "label", "score"])
     want = [
         (chunk, i, raw, TEXT_VALUES[i], i / 4)
@@ -333,6 +355,7 @@ async def test_text_holding_nul_is_stored_or_rejected(target: Target) -> None:
         else:
             await sink.write(bad)
         await sink.write(wire_types_rows("chunk-b"))
+        await _commit(sink)
     got = target.select(table.name, ["chunk_id", "row_index", "label"])
     labels = {(c, int(i)): t for c, i, t in got}
     chunks = sorted({c for c, _ in labels})

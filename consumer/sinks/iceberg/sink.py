@@ -28,7 +28,6 @@ from rowbatch.consumer.sinks.iceberg import schema as table_schema
 from rowbatch.consumer.sinks.iceberg.faults import classify_iceberg_error
 from rowbatch.consumer.sinks.iceberg.files import (
     ClosedFile,
-    OpenFile,
     data_path,
     rows_without,
     without,
@@ -44,6 +43,7 @@ from rowbatch.consumer.sinks.iceberg.ledger import (
     overlap,
     runs,
 )
+from rowbatch.consumer.sinks.rolling import FileBroken, RollingFile
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ class IcebergSink:
         """The table in the ledger: catalog name, namespace and table (catalogs may share a
         database)."""
         self._file_schema: pa.Schema | None = None
-        self._open: dict[str, OpenFile] = {}
+        self._open: dict[str, RollingFile] = {}
         self._closed: list[ClosedFile] = []
         self._staged: Claims = {}
         """The rows in the files not yet committed (open or closed)."""
@@ -174,7 +174,13 @@ class IcebergSink:
             return await in_thread(func, *args)
         except (SinkError, AlreadyClaimed):
             raise
+        except FileBroken as exc:
+            raise SinkError(f"Iceberg sink {what} on {self._ident}: {exc}") from exc
         except Exception as exc:
+            broken = [f for f in self._open.values() if f.broken is not None]
+            if broken:
+                fault = FileBroken(broken[0].path, exc)
+                raise SinkError(f"Iceberg sink {what} on {self._ident}: {fault}") from exc
             raise classify_iceberg_error(exc, f"Iceberg sink {what} on {self._ident}") from exc
         finally:
             self._count_conflicts()
@@ -235,7 +241,9 @@ class IcebergSink:
         current = self._open.get(day)
         if current is None:
             path = data_path(self._table.location(), day)
-            current = OpenFile(path, self._file_schema, self._table.io, self.target_file_bytes)
+            current = RollingFile(
+                path, self._file_schema, self._opener(path), self.target_file_bytes
+            )
             self._open[day] = current
         current.add(table, claims)
         for chunk, ranges in claims.items():
@@ -270,12 +278,23 @@ class IcebergSink:
                 keep[mine] &= ~contains(ranges, row_index[mine])
         return keep
 
+    def _opener(self, path: str) -> Callable[[], Any]:
+        io = self._table.io
+        return lambda: io.new_output(path).create(overwrite=True)
+
     def _roll(self, day: str) -> None:
         """Closes the day's open file (it is committed with the next commit)."""
-        current = self._open.pop(day)
-        closed = current.close()
-        if closed is not None:
-            self._closed.append(closed)
+        current = self._open[day]
+        try:
+            size = current.close()
+        except BaseException as exc:
+            if current.broken is None:  # opening the file failed: nothing lost, retried
+                raise
+            raise FileBroken(current.path, exc) from exc
+        del self._open[day]
+        if size is not None:
+            claims = merge_claims(current.claims)
+            self._closed.append(ClosedFile(current.path, current.rows, claims, size))
 
     def _delete(self, chunk_ids: list[str]) -> None:
         doomed = {c for c in chunk_ids if c in self._staged}

@@ -31,6 +31,11 @@ def locate(url_or_path: str) -> tuple[pafs.FileSystem, str]:
     return fs, root.rstrip("/") or "/"
 
 
+def partition(processed_at: datetime) -> str:
+    """The partition folder of rows processed at ``processed_at``."""
+    return f"{PARTITION}={utc(processed_at).date().isoformat()}"
+
+
 def part_path(processed_at: datetime) -> str:
     """A new data file's path relative to the root: its day's partition, a name that sorts by
     the time it was written, and a random part so names never collide."""
@@ -110,6 +115,19 @@ class DatasetFiles:
         self.fs.move(self._abs(tmp), self._abs(rel))
         if self.local:
             _fsync(folder)
+
+    def open_output(self, rel: str) -> pafs.NativeFile:
+        """A new file at ``rel`` (a hidden name: see :meth:`hidden`) open for writing."""
+        self.fs.create_dir(self._abs(rel).rpartition("/")[0], recursive=True)
+        return self.fs.open_output_stream(self._abs(rel))
+
+    def finish(self, tmp: str, rel: str) -> None:
+        """Renames the written file ``tmp`` to ``rel`` (atomic), durably on a local disk."""
+        if self.local:
+            _fsync(self._abs(tmp))
+        self.fs.move(self._abs(tmp), self._abs(rel))
+        if self.local:
+            _fsync(self._abs(rel).rpartition("/")[0])
 
     def read(self, rel: str, columns: list[str] | None = None) -> pa.Table:
         with self.fs.open_input_file(self._abs(rel)) as src:

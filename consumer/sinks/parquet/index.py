@@ -113,6 +113,41 @@ class KeyIndex:
         rows = self._conn.execute("SELECT id, path FROM files WHERE state = 'pending'")
         return [(int(file_id), str(rel)) for file_id, rel in rows.fetchall()]
 
+    def start_file(self, rel: str) -> int:
+        """Records a new file as pending; its id."""
+        return sqlite_transaction(
+            self._conn,
+            lambda c: int(
+                c.execute("INSERT INTO files (path, state) VALUES (?, 'pending')", (rel,)).lastrowid
+                or 0
+            ),
+        )
+
+    def claim_keys(
+        self, file_id: int, chunk_ids: Sequence[str], row_index: Sequence[int]
+    ) -> set[tuple[str, int]] | None:
+        """Records the keys not seen before (in any file, this one included) as the pending
+        file's: ``None`` when every key is new (the usual case), else the set of those that
+        are (maybe empty)."""
+
+        def claim(conn: sqlite3.Connection) -> set[tuple[str, int]] | None:
+            chunks = sorted(set(chunk_ids))
+            seen: set[tuple[str, int]] = set()
+            for i in range(0, len(chunks), 500):
+                part = chunks[i : i + 500]
+                marks = ",".join("?" * len(part))
+                rows = conn.execute(
+                    f"SELECT chunk_id, row_index FROM keys WHERE chunk_id IN ({marks})",  # noqa: S608
+                    part,
+                )
+                seen.update((str(c), int(r)) for c, r in rows)
+            keys = list(zip(chunk_ids, row_index, strict=True))
+            new = [k for k in dict.fromkeys(keys) if k not in seen]
+            conn.executemany("INSERT INTO keys VALUES (?, ?, ?)", [(c, r, file_id) for c, r in new])
+            return None if len(new) == len(keys) else set(new)
+
+        return sqlite_transaction(self._conn, claim)
+
     def claim(
         self, rel: str, chunk_ids: Sequence[str], row_index: Sequence[int]
     ) -> tuple[int, set[tuple[str, int]] | None]:

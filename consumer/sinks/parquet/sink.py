@@ -4,8 +4,8 @@ key index in step (see the package docstring for the protocol)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from rowbatch.consumer.sinks.base import ResultRows, SinkError, TableSpec, in_thread
 from rowbatch.consumer.sinks.parquet.faults import classify_parquet_error, store_fault
-from rowbatch.consumer.sinks.parquet.files import DatasetFiles, locate, part_path
+from rowbatch.consumer.sinks.parquet.files import DatasetFiles, locate, part_path, partition
 from rowbatch.consumer.sinks.parquet.index import KeyIndex
 from rowbatch.consumer.sinks.parquet.rows import (
     arrow_schema,
@@ -22,10 +22,21 @@ from rowbatch.consumer.sinks.parquet.rows import (
     describe_schema,
     to_arrow,
 )
+from rowbatch.consumer.sinks.rolling import FileBroken, RollingFile
 
 _T = TypeVar("_T")
 
 _INDEX_DIR: Final = "_rowbatch"
+
+
+@dataclass
+class _Staged:
+    """A data file of the dataset being written, or written and waiting to be published."""
+
+    rel: str
+    file_id: int
+    file: RollingFile
+    size: int = 0
 
 
 class ParquetSink:
@@ -37,6 +48,7 @@ class ParquetSink:
         *,
         index_path: Path | None = None,
         compression: str = "snappy",
+        target_file_bytes: int = 128 * 1024 * 1024,
     ) -> None:
         self._url = str(url_or_path)
         self._fs, root = locate(self._url)
@@ -55,6 +67,13 @@ class ParquetSink:
         self._lock = asyncio.Lock()
         #: A write or delete failed part way: the next one first settles what it left.
         self._unsettled = False
+        self._compression = compression
+        self.target_file_bytes = target_file_bytes
+        """A data file is rolled (closed, then published at the next commit) at this size."""
+        self._writing: dict[str, _Staged] = {}
+        """The file being written in each partition folder."""
+        self._closed: list[_Staged] = []
+        """Files written in full, renamed into place at the next commit."""
 
     # --- Sink ----------------------------------------------------------------------------------
 
@@ -76,6 +95,19 @@ class ParquetSink:
             stored: int = await self._guarded("write", self._write, table, schema, rows)
             return stored
 
+    async def commit(self) -> None:
+        """Publishes every file written since the last commit (rename into place, marked
+        committed in the index): the rows written before it are in the dataset when it
+        returns."""
+        self._require()
+        async with self._lock:
+            self._require()
+            await self._guarded("commit", self._commit)
+
+    def uncommitted_bytes(self) -> int:
+        writing, closed = list(self._writing.values()), list(self._closed)
+        return sum(s.file.written_bytes for s in writing) + sum(s.size for s in closed)
+
     async def delete_chunks(self, chunk_ids: list[str]) -> None:
         self._require()
         if not chunk_ids:
@@ -87,6 +119,10 @@ class ParquetSink:
     async def close(self) -> None:
         async with self._lock:
             self._table = self._schema = None
+            for staged in self._writing.values():  # never published: forgotten at the next open
+                staged.file.abort()
+            self._writing.clear()
+            self._closed.clear()
             await in_thread(self._release)
 
     async def _guarded(self, what: str, func: Callable[..., _T], *args: Any) -> _T:
@@ -104,6 +140,10 @@ class ParquetSink:
         except BaseException as exc:
             if what != "open":
                 self._unsettled = True
+            broken = [s.file for s in self._writing.values() if s.file.broken is not None]
+            if isinstance(exc, FileBroken) or broken:
+                fault = exc if isinstance(exc, FileBroken) else FileBroken(broken[0].path, exc)
+                raise SinkError(f"Parquet sink {what} on {self._url}: {fault}") from exc
             if store_fault(exc):
                 raise classify_parquet_error(exc, f"Parquet sink {what} on {self._url}") from exc
             raise
@@ -135,8 +175,12 @@ class ParquetSink:
         index.adopt(keys, wanted)
 
     def _reconcile(self, index: KeyIndex) -> None:
-        """Settles what a crash left: pending files and journalled deletions."""
+        """Settles what a crash left: pending files (not those this sink still writes or is
+        to publish) and journalled deletions."""
+        mine = {s.file_id for s in (*self._writing.values(), *self._closed)}
         for file_id, rel in index.pending():
+            if file_id in mine:
+                continue
             if self._files.exists(rel):  # renamed before the crash: its keys are right
                 index.commit(file_id)
             else:
@@ -163,13 +207,19 @@ class ParquetSink:
     # --- write ---------------------------------------------------------------------------------
 
     def _write(self, spec: TableSpec, schema: pa.Schema, rows: ResultRows) -> int:
-        """Writes the rows whose keys the index has not seen; returns how many."""
+        """Streams the rows whose keys the index has not seen into the partition's open file
+        (published at the next commit); returns how many."""
         index = self._require_index()
         table = to_arrow(spec, schema, rows)
-        rel = part_path(rows.processed_at)
+        folder = partition(rows.processed_at)
+        staged = self._writing.get(folder)
+        if staged is None:
+            rel = part_path(rows.processed_at)
+            staged = _Staged(rel, index.start_file(rel), self._rolling(rel, schema))
+            self._writing[folder] = staged
         chunk_ids = [str(c) for c in rows.chunk_id.tolist()]
         row_index = rows.row_index.tolist()
-        file_id, claimed = index.claim(rel, chunk_ids, row_index)
+        claimed = index.claim_keys(staged.file_id, chunk_ids, row_index)
         if claimed is not None:
             if not claimed:
                 return 0  # every row is there already
@@ -179,20 +229,55 @@ class ParquetSink:
                     keep[i] = True
                     claimed.discard(key)
             table = table.filter(pa.array(keep))
-        try:
-            self._files.publish(table, rel, "tmp")
-        except BaseException:
-            with contextlib.suppress(Exception):
-                self._files.remove(self._files.hidden(rel, "tmp"))
-                if not self._files.exists(rel):
-                    index.forget(file_id)
-            raise
-        index.commit(file_id)
+        staged.file.add(table, {})
+        if staged.file.full:
+            self._roll(folder)
         return int(table.num_rows)
+
+    def _rolling(self, rel: str, schema: pa.Schema) -> RollingFile:
+        tmp = self._files.hidden(rel, "tmp")
+        return RollingFile(
+            tmp,
+            schema,
+            lambda: self._files.open_output(tmp),
+            self.target_file_bytes,
+            compression=self._compression,
+        )
+
+    def _roll(self, folder: str) -> None:
+        """Closes the folder's open file (published at the next commit). A failure before
+        anything was streamed out (opening the file) is the store's, retried like any; one
+        midway leaves the file broken, kept so every later call says so."""
+        staged = self._writing[folder]
+        try:
+            size = staged.file.close()
+        except BaseException as exc:
+            if staged.file.broken is None:
+                raise
+            raise FileBroken(staged.file.path, exc) from exc
+        del self._writing[folder]
+        if size is None:  # no row was ever streamed out: nothing to publish
+            self._require_index().forget(staged.file_id)
+            return
+        staged.size = size
+        self._closed.append(staged)
+
+    def _commit(self) -> None:
+        index = self._require_index()
+        for folder in list(self._writing):
+            self._roll(folder)
+        while self._closed:
+            staged = self._closed[0]
+            tmp = self._files.hidden(staged.rel, "tmp")
+            if self._files.exists(tmp) or not self._files.exists(staged.rel):
+                self._files.finish(tmp, staged.rel)  # else renamed by a commit that failed after
+            index.commit(staged.file_id)
+            self._closed.pop(0)
 
     # --- delete --------------------------------------------------------------------------------
 
     def _delete(self, index: KeyIndex, chunk_ids: list[str]) -> None:
+        self._commit()  # the deletions rewrite published files only
         index.journal_deletions(chunk_ids)
         self._apply_deletions(index)
 

@@ -14,6 +14,7 @@ from rowbatch.consumer.model.settings import ModelSettings
 from rowbatch.consumer.observe.tracing_settings import TracingConfig
 from rowbatch.consumer.service.config import ConsumerConfig, ServerSettings
 from rowbatch.consumer.sinks.settings import (
+    IcebergSinkSettings,
     ParquetSinkSettings,
     PostgresSinkSettings,
     SqliteSinkSettings,
@@ -51,7 +52,12 @@ def names(model: type[BaseModel]) -> set[str]:
 
 def test_the_example_names_every_setting() -> None:
     found = listed()
-    sinks = names(SqliteSinkSettings) | names(PostgresSinkSettings) | names(ParquetSinkSettings)
+    sinks = (
+        names(SqliteSinkSettings)
+        | names(PostgresSinkSettings)
+        | names(ParquetSinkSettings)
+        | names(IcebergSinkSettings)
+    )
     want = {
         "": names(ConsumerConfig) - SECTIONS,
         "source.pubsub": names(PubSubSettings),
@@ -73,7 +79,12 @@ def test_the_example_names_every_setting() -> None:
 
 def test_the_example_names_no_setting_that_does_not_exist() -> None:
     found = listed()
-    sinks = names(SqliteSinkSettings) | names(PostgresSinkSettings) | names(ParquetSinkSettings)
+    sinks = (
+        names(SqliteSinkSettings)
+        | names(PostgresSinkSettings)
+        | names(ParquetSinkSettings)
+        | names(IcebergSinkSettings)
+    )
     known = {
         "": names(ConsumerConfig),
         "source.pubsub": names(PubSubSettings),

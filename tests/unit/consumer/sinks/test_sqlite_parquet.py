@@ -243,6 +243,16 @@ def _files(root: Path) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
 
 
+def _data_files(root: Path) -> list[str]:
+    """The dataset's visible data files (those readers see)."""
+    return [f for f in _files(root) if f.endswith(".parquet") and "/." not in f]
+
+
+def _tmp_files(root: Path) -> list[str]:
+    """Data files being written or waiting for a commit (hidden from readers)."""
+    return [f for f in _files(root) if f.endswith(".parquet.tmp")]
+
+
 def _snap(table: pa.Table) -> dict[str, Any]:
     snap: dict[str, Any] = {n: table[n].to_pylist() for n in table.column_names}
     emb = table["embedding"].combine_chunks()
@@ -257,13 +267,18 @@ async def test_parquet_layout_and_partitions(tmp_path: Path) -> None:
     next_day = FIRST_WRITE + timedelta(days=1)
     await sink.write(make_rows(np.arange(0, 300)))
     await sink.write(make_rows(np.arange(300, 500), processed_at=next_day))
+    await sink.commit()
     await sink.close()
     files = _files(root)
     data = [f for f in files if f.endswith(".parquet")]
-    assert [f.split("/")[0] for f in data] == [
+    assert [f.split("/")[0] for f in data] == [  # one file per partition after the commit
         "processed_date=2024-05-01",
         "processed_date=2024-05-02",
     ]
+    assert all(
+        re.fullmatch(r"processed_date=[-\d]+/part-\d{8}T\d{12}-[0-9a-f]{32}\.parquet", f)
+        for f in data
+    )
     assert all(f.startswith(("processed_date=", "_rowbatch/")) for f in files), files
     assert not [f for f in files if ".tmp" in f]
     table = _dataset(root)
@@ -288,10 +303,12 @@ async def test_parquet_relative_path_and_file_uri(
     sink = ParquetSink("rel/data")
     await sink.open(spec())
     await sink.write(make_rows(np.arange(10)))
+    await sink.commit()
     await sink.close()
     sink = ParquetSink((tmp_path / "rel" / "data").as_uri())
     await sink.open(spec())
-    await sink.write(make_rows(np.arange(20)))
+    assert await sink.write(make_rows(np.arange(20))) == 10  # the same dataset and index
+    await sink.commit()
     await sink.close()
     check_snapshot(_snap(_dataset(tmp_path / "rel" / "data")), range(20))
 
@@ -318,95 +335,124 @@ class _Crash(Exception):
 async def test_parquet_crash_after_rename_is_committed_on_open(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The process dies in ``commit`` between renaming a data file into place and marking it
+    committed in the index: the next open finds the file in place and commits it, keys kept."""
     sink = ParquetSink(str(tmp_path))
     await sink.open(spec())
+    await sink.write(make_rows(np.arange(100)))
 
-    def crash(conn: sqlite3.Connection, file_id: int) -> None:
+    def crash(index: KeyIndex, file_id: int) -> None:
         raise _Crash
 
     monkeypatch.setattr(KeyIndex, "commit", crash)
     with pytest.raises(_Crash):
-        await sink.write(make_rows(np.arange(100)))
+        await sink.commit()
     monkeypatch.undo()
     await sink.close()
+    assert len(_data_files(tmp_path)) == 1  # renamed into place
+    assert not _tmp_files(tmp_path)
     with contextlib.closing(_index(tmp_path)) as conn:
         assert conn.execute("SELECT state FROM files").fetchall() == [("pending",)]
     sink = ParquetSink(str(tmp_path))
     await sink.open(spec())  # reconciles: the file exists, so it is committed
     with contextlib.closing(_index(tmp_path)) as conn:
         assert conn.execute("SELECT state FROM files").fetchall() == [("committed",)]
-    await sink.write(make_rows(np.arange(150)))
+        assert conn.execute("SELECT count(*) FROM keys").fetchone() == (100,)
+    assert await sink.write(make_rows(np.arange(150))) == 50  # its rows are not written twice
+    await sink.commit()
     await sink.close()
     check_snapshot(_snap(_dataset(tmp_path)), range(150))
 
 
 async def test_parquet_crash_before_rename_is_dropped_on_open(tmp_path: Path) -> None:
-    sink = ParquetSink(str(tmp_path))
+    """The process dies after rows were streamed into data files (one rolled, waiting for the
+    commit; one still open) but before a commit renamed them: the next open deletes their
+    temporary files and forgets their keys, so the redelivered rows are written again."""
+    sink = ParquetSink(str(tmp_path), target_file_bytes=1024 * 1024)  # row groups of 128 KiB
     await sink.open(spec())
     await sink.write(make_rows(np.arange(100)))
-    await sink.close()
-    # As a crash between "pending recorded" and "renamed" leaves it: a pending file with keys,
-    # a half-written temporary file, and no final file.
-    rel = "processed_date=2024-05-01/part-x.parquet"
+    await sink.commit()
+    for start in range(100, 1_000, 100):  # a file rolled at 1 MiB, and the next one begun
+        await sink.write(make_rows(np.arange(start, start + 100)))
+    await sink.close()  # stands in for the crash: no commit
+    tmp = _tmp_files(tmp_path)
+    assert len(tmp) == 2, tmp
+    torn = tmp_path / tmp[1]  # the open one: a crash leaves it cut short, without a footer
+    torn.write_bytes(torn.read_bytes()[:1_000])
+    assert len(_data_files(tmp_path)) == 1
     with contextlib.closing(_index(tmp_path)) as conn:
-        conn.execute("INSERT INTO files (id, path, state) VALUES (99, ?, 'pending')", (rel,))
-        conn.executemany(
-            "INSERT INTO keys VALUES (?, ?, 99)", [("chunk-000", i) for i in range(100, 200)]
-        )
-    tmp = tmp_path / "processed_date=2024-05-01" / ".part-x.parquet.tmp"
-    tmp.write_bytes(b"half a file")
+        assert conn.execute("SELECT count(*) FROM files WHERE state = 'pending'").fetchone() == (2,)
+        assert conn.execute("SELECT count(*) FROM keys").fetchone() == (1_000,)
     sink = ParquetSink(str(tmp_path))
     await sink.open(spec())
-    assert not tmp.exists()
+    assert not _tmp_files(tmp_path)
     with contextlib.closing(_index(tmp_path)) as conn:
-        assert conn.execute("SELECT count(*) FROM keys WHERE file = 99").fetchone() == (0,)
-        assert conn.execute("SELECT count(*) FROM files").fetchone() == (1,)
-    await sink.write(make_rows(np.arange(200)))  # the keys were freed: rows 100..199 land
+        assert conn.execute("SELECT state FROM files").fetchall() == [("committed",)]
+        assert conn.execute("SELECT count(*) FROM keys").fetchone() == (100,)
+    check_snapshot(_snap(_dataset(tmp_path)), range(100))
+    # the keys were freed: rows 100..999 land
+    assert await sink.write(make_rows(np.arange(1_000))) == 900
+    await sink.commit()
     await sink.close()
-    check_snapshot(_snap(_dataset(tmp_path)), range(200))
+    check_snapshot(_snap(_dataset(tmp_path)), range(1_000))
 
 
 async def test_parquet_a_failed_write_leaves_no_trace(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    sink = ParquetSink(str(tmp_path))
+    """The disk is full when a write opens a new data file (its rows fill a row group, so it
+    streams them out at once): the write is unavailable and leaves no file; once retried and
+    committed, every row is there once."""
+    sink = ParquetSink(str(tmp_path), target_file_bytes=1024 * 1024)  # row groups of 128 KiB
     await sink.open(spec())
 
-    def broken(*args: Any, **kwargs: Any) -> None:
+    def full(*args: Any, **kwargs: Any) -> None:
         raise OSError(errno.ENOSPC, "No space left on device (test)")
 
-    monkeypatch.setattr(pq, "write_table", broken)
+    monkeypatch.setattr(DatasetFiles, "open_output", full)
     with pytest.raises(SinkUnavailable, match="No space left on device"):
         await sink.write(make_rows(np.arange(100)))
     monkeypatch.undo()
     assert not [f for f in _files(tmp_path) if not f.startswith("_rowbatch/")]
-    await sink.write(make_rows(np.arange(100)))  # the retry writes every row
+    await sink.write(make_rows(np.arange(100)))  # the retry
+    assert not _data_files(tmp_path)  # nothing is visible before the commit
+    await sink.commit()
     await sink.close()
     check_snapshot(_snap(_dataset(tmp_path)), range(100))
+    assert len(_data_files(tmp_path)) == 1
+    with contextlib.closing(_index(tmp_path)) as conn:
+        assert conn.execute("SELECT state FROM files").fetchall() == [("committed",)]
 
 
 async def test_parquet_a_write_the_store_failed_under_is_retried_whole(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The store fails the upload and then the clean-up too (it is down): the keys the write
-    claimed must not make its retry skip the rows."""
+    """The store fails the publish (the rename at commit), and every look at it (it is down):
+    the rows stay staged, a redelivery of them is not staged twice, writes go on meanwhile,
+    and the commit retried once the store is back publishes each row once."""
     sink = ParquetSink(str(tmp_path))
     await sink.open(spec())
     await sink.write(make_rows(np.arange(50)))
+    await sink.commit()
+    assert await sink.write(make_rows(np.arange(100))) == 50
 
     def slow_down(*args: Any, **kwargs: Any) -> None:
-        raise OSError("AWS Error SLOW_DOWN during PutObject operation: Please reduce your rate")
+        raise OSError("AWS Error SLOW_DOWN during CopyObject operation: Please reduce your rate")
 
-    monkeypatch.setattr(DatasetFiles, "publish", slow_down)
+    monkeypatch.setattr(DatasetFiles, "finish", slow_down)
     monkeypatch.setattr(DatasetFiles, "exists", slow_down)
     with pytest.raises(SinkUnavailable, match="SLOW_DOWN"):
-        await sink.write(make_rows(np.arange(100)))
-    with pytest.raises(SinkUnavailable, match="SLOW_DOWN"):  # still down: settling fails too
-        await sink.write(make_rows(np.arange(100)))
+        await sink.commit()
+    with pytest.raises(SinkUnavailable, match="SLOW_DOWN"):  # still down
+        await sink.commit()
+    assert await sink.write(make_rows(np.arange(100))) == 0  # a redelivery: staged already
+    assert await sink.write(make_rows(np.arange(100, 120))) == 20
+    check_snapshot(_snap(_dataset(tmp_path)), range(50))
     monkeypatch.undo()
-    await sink.write(make_rows(np.arange(100)))  # the same rows, once the store is back
+    await sink.commit()  # the same commit, once the store is back
     await sink.close()
-    check_snapshot(_snap(_dataset(tmp_path)), range(100))
+    check_snapshot(_snap(_dataset(tmp_path)), range(120))
+    assert not _tmp_files(tmp_path)
     with contextlib.closing(_index(tmp_path)) as conn:
         assert conn.execute("SELECT count(*) FROM files WHERE state = 'pending'").fetchone() == (0,)
 
@@ -431,13 +477,15 @@ async def test_parquet_a_value_pyarrow_cannot_convert_is_rejected(tmp_path: Path
     await sink.open(table)
     with pytest.raises(RowsRejected, match=r"column 'raw': pyarrow cannot store a value as binary"):
         await sink.write(rows)
+    assert sink.uncommitted_bytes() == 0  # nothing of it was staged
     good = ResultRows(
         **{
             **_fields(rows),
             "passthrough": {**rows.passthrough, "raw": np.array([b"ok", None], dtype=object)},
         }
     )
-    await sink.write(good)  # the sink is fine
+    assert await sink.write(good) == 2  # the sink is fine, and the keys were not claimed
+    await sink.commit()
     await sink.close()
     assert _dataset(tmp_path)["raw"].to_pylist() == [b"ok", None]
 
@@ -476,12 +524,12 @@ async def test_sqlite_a_value_it_cannot_bind_is_rejected(tmp_path: Path) -> None
 async def test_parquet_delete_rewrites_only_affected_files(tmp_path: Path) -> None:
     sink = ParquetSink(str(tmp_path))
     await sink.open(spec())
-    await sink.write(make_rows(np.arange(0, 400)))  # chunk-000 only
-    await sink.write(make_rows(np.arange(400, 1_200)))  # chunk-000, -001, -002
-    await sink.write(make_rows(np.arange(1_200, 1_500)))  # chunk-002
-    before = {f: (tmp_path / f).stat().st_mtime_ns for f in _files(tmp_path) if "part-" in f}
+    for start, stop in ((0, 400), (400, 1_200), (1_200, 1_500)):  # a file per commit:
+        await sink.write(make_rows(np.arange(start, stop)))  # chunk-000; -000..-002; -002
+        await sink.commit()
+    before = {f: (tmp_path / f).stat().st_mtime_ns for f in _data_files(tmp_path)}
     await sink.delete_chunks(["chunk-000"])
-    after = {f: (tmp_path / f).stat().st_mtime_ns for f in _files(tmp_path) if "part-" in f}
+    after = {f: (tmp_path / f).stat().st_mtime_ns for f in _data_files(tmp_path)}
     assert len(before) == 3
     assert len(after) == 2  # the chunk-000-only file is gone
     untouched = [f for f in after if after[f] == before[f]]
@@ -492,8 +540,10 @@ async def test_parquet_delete_rewrites_only_affected_files(tmp_path: Path) -> No
         assert conn.execute("SELECT count(*) FROM keys").fetchone() == (1_000,)
         assert conn.execute("SELECT count(*) FROM deletions").fetchone() == (0,)
     await sink.delete_chunks(["chunk-001", "chunk-002"])  # empties every file
-    assert not [f for f in _files(tmp_path) if "part-" in f]
-    await sink.write(make_rows(np.arange(1_500)))
+    assert not _data_files(tmp_path)
+    assert not _tmp_files(tmp_path)
+    assert await sink.write(make_rows(np.arange(1_500))) == 1_500
+    await sink.commit()
     await sink.close()
     check_snapshot(_snap(_dataset(tmp_path)), range(1_500))
 
@@ -502,27 +552,36 @@ async def test_parquet_interrupted_delete_is_finished_on_open(tmp_path: Path) ->
     sink = ParquetSink(str(tmp_path))
     await sink.open(spec())
     await sink.write(make_rows(np.arange(1_000)))
+    await sink.commit()
     await sink.close()
     with contextlib.closing(_index(tmp_path)) as conn:  # journalled, then the process died
         conn.execute("INSERT INTO deletions VALUES ('chunk-001')")
     sink = ParquetSink(str(tmp_path))
     await sink.open(spec())
     check_snapshot(_snap(_dataset(tmp_path)), range(CHUNK_ROWS))
-    await sink.write(make_rows(np.arange(1_000)))
+    assert await sink.write(make_rows(np.arange(1_000))) == CHUNK_ROWS
+    await sink.commit()
     await sink.close()
     check_snapshot(_snap(_dataset(tmp_path)), range(1_000))
 
 
 async def test_parquet_lost_index_is_rebuilt_from_the_files(tmp_path: Path) -> None:
-    sink = ParquetSink(str(tmp_path))
+    """The index is rebuilt from the committed files only: rows staged but never committed
+    (a temporary file left behind) are not adopted, so their rewrite is accepted."""
+    sink = ParquetSink(str(tmp_path), target_file_bytes=1024 * 1024)  # row groups of 128 KiB
     await sink.open(spec())
     await sink.write(make_rows(np.arange(0, 700)))
+    await sink.commit()
     await sink.write(make_rows(np.arange(700, 900)))
+    await sink.commit()
+    await sink.write(make_rows(np.arange(900, 1_000)))  # streamed out, never committed
     await sink.close()
+    assert len(_tmp_files(tmp_path)) == 1
     shutil.rmtree(tmp_path / "_rowbatch")
     sink = ParquetSink(str(tmp_path))
     await sink.open(spec())
-    await sink.write(make_rows(np.arange(0, 1_000)))
+    assert await sink.write(make_rows(np.arange(0, 1_000))) == 100
+    await sink.commit()
     await sink.close()
     check_snapshot(_snap(_dataset(tmp_path)), range(1_000))
     shutil.rmtree(tmp_path / "_rowbatch")

@@ -20,6 +20,7 @@ from pyiceberg.table import Table
 from pyiceberg.table.update import TableRequirement, TableUpdate
 from pyiceberg.transforms import DayTransform
 
+from rowbatch.consumer.sinks import rolling
 from rowbatch.consumer.sinks.base import (
     ColumnSpec,
     ResultRows,
@@ -27,7 +28,6 @@ from rowbatch.consumer.sinks.base import (
     TableMismatch,
     TableSpec,
 )
-from rowbatch.consumer.sinks.iceberg import files as iceberg_files
 from rowbatch.consumer.sinks.iceberg.catalog import LedgerCatalog
 from rowbatch.consumer.sinks.iceberg.schema import PARTITION_NAME
 from rowbatch.consumer.sinks.iceberg.sink import COMMIT_ID_PROPERTY, IcebergSink
@@ -536,7 +536,7 @@ async def test_a_staged_chunk_deleted_from_a_rolled_file_never_reaches_the_table
 async def test_a_staged_chunk_deleted_from_row_groups_written_out_never_reaches_the_table(
     factory: Factory, sinks: Callable[..., IcebergSink], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(iceberg_files, "ROW_GROUP_BYTES", 1)  # each write is streamed out at once
+    monkeypatch.setattr(rolling, "ROW_GROUP_BYTES", 1)  # each write is streamed out at once
     sink = await opened(sinks)
     await sink.write(result_rows("c1", 0, 5))
     await sink.write(result_rows("c2", 0, 5))
