@@ -84,13 +84,26 @@ def iceberg_sink_section(
     }
 
 
+_OPENED: list[LedgerCatalog] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_catalogs() -> Iterator[None]:
+    """Every catalog a test opened is closed at its end, also when it fails."""
+    yield
+    while _OPENED:
+        _OPENED.pop().close()
+
+
 def open_catalog(sink: dict[str, Any]) -> LedgerCatalog:
-    return LedgerCatalog(
+    catalog = LedgerCatalog(
         sink["catalog_name"],
         uri=sink["catalog_uri"],
         warehouse=sink["warehouse"],
         **sink["properties"],
     )
+    _OPENED.append(catalog)
+    return catalog
 
 
 def kafka_source(topics: KafkaTopics) -> dict[str, Any]:

@@ -20,7 +20,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from rowbatch.consumer.sinks.base import (
     ResultRows,
     SinkError,
+    SinkUnavailable,
     TableSpec,
+    first_line,
     in_thread,
     utc,
 )
@@ -177,6 +179,12 @@ class IcebergSink:
         except FileBroken as exc:
             raise SinkError(f"Iceberg sink {what} on {self._ident}: {exc}") from exc
         except Exception as exc:
+            if what == "open" and _created_meanwhile(exc):
+                raise SinkUnavailable(
+                    f"Iceberg sink open on {self._ident or 'its table'}: another consumer "
+                    f"created the same catalog object at the same moment ({first_line(exc)}); "
+                    "opening again"
+                ) from exc
             broken = [f for f in self._open.values() if f.broken is not None]
             if broken:
                 fault = FileBroken(broken[0].path, exc)
@@ -419,6 +427,17 @@ class IcebergSink:
 
 def _joined(files: list[ClosedFile]) -> Claims:
     return merge_claims(f.claims for f in files)
+
+
+def _created_meanwhile(exc: BaseException) -> bool:
+    """Whether ``exc`` is the catalog database refusing to create what another consumer has
+    just created (replicas starting together: the namespace, the table, the ledger tables)."""
+    import sqlalchemy.exc as sa_exc  # noqa: PLC0415
+
+    if not isinstance(exc, sa_exc.IntegrityError | sa_exc.ProgrammingError):
+        return False
+    text = str(exc).lower()
+    return "already exists" in text or "duplicate key" in text or "unique" in text
 
 
 def _stop_pyiceberg_threads() -> None:

@@ -4,6 +4,8 @@ key index in step (see the package docstring for the protocol)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +18,7 @@ from rowbatch.consumer.sinks.base import ResultRows, SinkError, TableSpec, in_th
 from rowbatch.consumer.sinks.parquet.faults import classify_parquet_error, store_fault
 from rowbatch.consumer.sinks.parquet.files import DatasetFiles, locate, part_path, partition
 from rowbatch.consumer.sinks.parquet.index import KeyIndex
+from rowbatch.consumer.sinks.parquet.lease import WriterLease
 from rowbatch.consumer.sinks.parquet.rows import (
     arrow_schema,
     check_schema,
@@ -49,6 +52,7 @@ class ParquetSink:
         index_path: Path | None = None,
         compression: str = "snappy",
         target_file_bytes: int = 128 * 1024 * 1024,
+        lease_clock: Callable[[], float] = time.time,
     ) -> None:
         self._url = str(url_or_path)
         self._fs, root = locate(self._url)
@@ -61,6 +65,7 @@ class ParquetSink:
                 )
             index_path = Path(root) / _INDEX_DIR / "keys.sqlite"
         self._index_path = Path(index_path)
+        self._lease = WriterLease(self._fs, root, self._index_path, clock=lease_clock)
         self._index: KeyIndex | None = None
         self._table: TableSpec | None = None
         self._schema: pa.Schema | None = None
@@ -153,6 +158,7 @@ class ParquetSink:
     def _open(self, schema: pa.Schema) -> None:
         self._index = KeyIndex.open(self._index_path)
         try:
+            self._lease.acquire()
             self._check_or_adopt(self._index, schema)
             self._reconcile(self._index)
         except BaseException:
@@ -192,6 +198,8 @@ class ParquetSink:
     def _release(self) -> None:
         index, self._index = self._index, None
         if index is not None:
+            with contextlib.suppress(Exception):  # best effort: the lease lapses anyway
+                self._lease.release()
             index.close()
 
     def _require(self) -> tuple[TableSpec, pa.Schema]:
@@ -210,6 +218,7 @@ class ParquetSink:
         """Streams the rows whose keys the index has not seen into the partition's open file
         (published at the next commit); returns how many."""
         index = self._require_index()
+        self._lease.renew()
         table = to_arrow(spec, schema, rows)
         folder = partition(rows.processed_at)
         staged = self._writing.get(folder)
@@ -264,6 +273,7 @@ class ParquetSink:
 
     def _commit(self) -> None:
         index = self._require_index()
+        self._lease.renew()
         for folder in list(self._writing):
             self._roll(folder)
         while self._closed:
