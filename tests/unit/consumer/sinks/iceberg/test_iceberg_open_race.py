@@ -25,13 +25,15 @@ def _unique_violation() -> sa_exc.IntegrityError:
     )
 
 
+def catalog(tmp_path: Path) -> LedgerCatalog:
+    return LedgerCatalog(
+        "rb", uri=f"sqlite:///{tmp_path}/cat.db", warehouse=f"file://{tmp_path}/wh"
+    )
+
+
 async def test_a_namespace_created_meanwhile_is_transient_and_the_next_open_works(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def factory() -> LedgerCatalog:
-        return LedgerCatalog(
-            "rb", uri=f"sqlite:///{tmp_path}/cat.db", warehouse=f"file://{tmp_path}/wh"
-        )
 
     real = LedgerCatalog.create_namespace_if_not_exists
     raced = [True]
@@ -43,7 +45,7 @@ async def test_a_namespace_created_meanwhile_is_transient_and_the_next_open_work
         real(self, namespace)
 
     monkeypatch.setattr(LedgerCatalog, "create_namespace_if_not_exists", create)
-    sink = IcebergSink(factory, namespace="ns")
+    sink = IcebergSink(lambda: catalog(tmp_path), namespace="ns")
     try:
         with pytest.raises(SinkUnavailable, match="another consumer created"):
             await sink.open(SPEC)
@@ -55,16 +57,12 @@ async def test_a_namespace_created_meanwhile_is_transient_and_the_next_open_work
 async def test_other_integrity_errors_at_open_stay_errors(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def factory() -> LedgerCatalog:
-        return LedgerCatalog(
-            "rb", uri=f"sqlite:///{tmp_path}/cat.db", warehouse=f"file://{tmp_path}/wh"
-        )
 
     def create(self: LedgerCatalog, namespace: str) -> None:
         raise sa_exc.IntegrityError("INSERT ...", {}, Exception("NOT NULL constraint failed"))
 
     monkeypatch.setattr(LedgerCatalog, "create_namespace_if_not_exists", create)
-    sink = IcebergSink(factory, namespace="ns")
+    sink = IcebergSink(lambda: catalog(tmp_path), namespace="ns")
     try:
         with pytest.raises(SinkError) as raised:
             await sink.open(SPEC)
