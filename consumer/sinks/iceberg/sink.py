@@ -199,13 +199,20 @@ class IcebergSink:
             self._conflicts_seen = self._catalog.conflicts
 
     def _open_table(self, spec: TableSpec) -> None:
+        catalog = self._factory()
+        try:
+            self._open_in(catalog, spec)
+        except BaseException:
+            catalog.close()  # its connections, not left to the garbage collector
+            raise
+
+    def _open_in(self, catalog: Any, spec: TableSpec) -> None:
         from pyiceberg.exceptions import (  # noqa: PLC0415
             NamespaceAlreadyExistsError,
             NoSuchTableError,
             TableAlreadyExistsError,
         )
 
-        catalog = self._factory()
         wanted = table_schema.arrow_schema(spec)
         ident = f"{self._namespace}.{spec.name}"
         with contextlib.suppress(NamespaceAlreadyExistsError):  # another replica's, meanwhile

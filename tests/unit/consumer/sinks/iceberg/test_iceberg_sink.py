@@ -6,7 +6,7 @@ files rolled at ``target_file_bytes``."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -102,15 +102,21 @@ def expected(chunk: str, row: int, *, null_name: bool = False) -> dict[str, Any]
 
 
 @pytest.fixture
-def factory(tmp_path: Path) -> Factory:
-    """Catalogs on one SQLite file and warehouse: each call is another replica's catalog."""
+def factory(tmp_path: Path) -> Iterator[Factory]:
+    """Catalogs on one SQLite file and warehouse: each call is another replica's catalog.
+    Every one is closed again at the end (a table loaded from a closed catalog reconnects)."""
+    made: list[LedgerCatalog] = []
 
     def make() -> LedgerCatalog:
-        return LedgerCatalog(
+        catalog = LedgerCatalog(
             "rb", uri=f"sqlite:///{tmp_path}/cat.db", warehouse=f"file://{tmp_path}/wh"
         )
+        made.append(catalog)
+        return catalog
 
-    return make
+    yield make
+    for catalog in made:
+        catalog.close()
 
 
 @pytest.fixture
