@@ -148,31 +148,6 @@ class KeyIndex:
 
         return sqlite_transaction(self._conn, claim)
 
-    def claim(
-        self, rel: str, chunk_ids: Sequence[str], row_index: Sequence[int]
-    ) -> tuple[int, set[tuple[str, int]] | None]:
-        """Records the file as pending with the keys not seen before: its id, and ``None``
-        when every row is new (the usual case), else the set of new keys (empty: nothing to
-        write, and the file is not recorded)."""
-
-        def claim(conn: sqlite3.Connection) -> tuple[int, set[tuple[str, int]] | None]:
-            cur = conn.execute("INSERT INTO files (path, state) VALUES (?, 'pending')", (rel,))
-            file_id = int(cur.lastrowid or 0)
-            before = conn.total_changes
-            conn.executemany(
-                "INSERT OR IGNORE INTO keys VALUES (?, ?, ?)",
-                zip(chunk_ids, row_index, repeat(file_id), strict=False),
-            )
-            if conn.total_changes - before == len(chunk_ids):
-                return file_id, None
-            mine = conn.execute("SELECT chunk_id, row_index FROM keys WHERE file = ?", (file_id,))
-            claimed = {(str(c), int(r)) for c, r in mine}
-            if not claimed:
-                conn.execute("DELETE FROM files WHERE id = ?", (file_id,))
-            return file_id, claimed
-
-        return sqlite_transaction(self._conn, claim)
-
     def commit(self, file_id: int) -> None:
         """Marks the file committed: it is in place under its final name."""
         sqlite_transaction(
