@@ -8,7 +8,9 @@ budget (so a full budget always ends in a commit, never a stall); and once more 
 pipeline drains (SIGTERM: the staged rows are committed, then acked). A store that cannot commit
 now is retried with backoff, consumption paused meanwhile (``SinkWriter.retrying``). When the
 source takes deliveries back (a Kafka rebalance), what waits is committed at once
-(:meth:`CommitStage.commit_soon`), within the source's revoke grace."""
+(:meth:`CommitStage.commit_soon`), within the source's revoke grace. A source that keeps
+progress per row (``KeepsRowProgress``) is told the rows a commit made part of the table
+(``rows_committed``) before their messages are settled."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from rowbatch.consumer.engine.ledger import Entry
 from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.sinks.base import CommitsWrites
+from rowbatch.consumer.sources.base import WrittenRows
 from rowbatch.timing import Clock, Sleep
 
 
@@ -34,8 +37,12 @@ class CommitStage:
         metrics: Metrics,
         clock: Clock,
         sleep: Sleep = asyncio.sleep,
+        rows_committed: Callable[[Sequence[WrittenRows]], Awaitable[None]] | None = None,
     ) -> None:
         self._sink = sink
+        self._rows_committed = rows_committed
+        self._rows: list[WrittenRows] = []
+        """Rows written since the last commit (told to ``rows_committed`` after it)."""
         self._retrying = retrying
         self._settle_many = settle_many
         self._interval_s = interval_s
@@ -68,6 +75,12 @@ class CommitStage:
         self._metrics.awaiting_commit.set(self.waiting)
         if starts or self.due():  # a new wait: the committer starts its timer
             self._wake.set()
+
+    async def hold_rows(self, written: Sequence[WrittenRows]) -> None:
+        """Rows of a write (whole messages or not), told to ``rows_committed`` once the
+        next commit makes them part of the table."""
+        if self._rows_committed is not None:
+            self._rows.extend(written)
 
     def commit_soon(self) -> None:
         """Commit what waits without waiting for the interval (the source is giving up some
@@ -115,16 +128,20 @@ class CommitStage:
         it began (those written meanwhile wait for the next one)."""
         async with self._lock:
             self._committing, self._held = self._held, []
+            rows, self._rows = self._rows, []
             held_bytes, since = self._held_bytes, self._since
             self._held_bytes, self._since, self._soon = 0, None, False
             try:
                 await self._retrying(self._sink.commit, "commit")
             except BaseException:  # still waiting: settled by a later commit, or nacked
                 self._held = [*self._committing, *self._held]
+                self._rows = [*rows, *self._rows]
                 self._held_bytes += held_bytes
                 self._since = since if since is not None else self._since
                 self._committing = []
                 raise
+            if rows and self._rows_committed is not None:
+                await self._rows_committed(rows)
             entries, self._committing = self._committing, []
             await self._settle_many(entries)
             self._metrics.awaiting_commit.set(self.waiting)
@@ -133,6 +150,6 @@ class CommitStage:
         """The messages still waiting (when the pipeline stops without a final commit they
         are nacked: their rows, if a commit holds them after all, are not written twice)."""
         out, self._held, self._committing = [*self._committing, *self._held], [], []
-        self._held_bytes, self._since = 0, None
+        self._held_bytes, self._since, self._rows = 0, None, []
         self._metrics.awaiting_commit.set(0)
         return out

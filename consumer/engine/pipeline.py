@@ -68,7 +68,7 @@ from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.observe.scaling import ScalingSignal
 from rowbatch.consumer.observe.tracing import PipelineTracing
 from rowbatch.consumer.sinks.base import CommitsWrites, Sink
-from rowbatch.consumer.sources.base import Source, WorkBound
+from rowbatch.consumer.sources.base import KeepsRowProgress, Source, WorkBound
 from rowbatch.timing import Backoff, Clock, Sleep
 
 __all__ = [
@@ -268,6 +268,7 @@ class Pipeline:
         )
         share = pipeline_share(settings, budget.limit)
         budget.set_aside(share.total)
+        progress = source.rows_written if isinstance(source, KeepsRowProgress) else None
         self._commits: CommitStage | None = None
         if isinstance(sink, CommitsWrites):
             self._commits = CommitStage(
@@ -279,6 +280,7 @@ class Pipeline:
                 metrics=metrics,
                 clock=clock,
                 sleep=sleep,
+                rows_committed=progress,
             )
             self._settler.on_withdraw = self._commits.commit_soon
         self._writers = WriteStage(
@@ -290,6 +292,9 @@ class Pipeline:
             output_bytes_per_row=settings.output_bytes_per_row,
             allowance=ByteBudget(share.writes),
             settle_written=None if self._commits is None else self._commits.hold,
+            rows_written=progress
+            if self._commits is None or progress is None
+            else self._commits.hold_rows,
         )
         self.watch = Watch(
             ledger=self._ledger,

@@ -133,7 +133,11 @@ class ResultBuilder:
         return ResultRows(
             chunk_id=np.repeat(np.array([e.chunk_id for e in entries], dtype=object), lengths),
             row_index=np.concatenate(
-                [np.arange(s.start, s.stop, dtype=np.int64) for s in batch.segments]
+                [
+                    np.arange(s.start + e.delivery.row_offset, s.stop + e.delivery.row_offset)
+                    for s, e in zip(batch.segments, entries, strict=True)
+                ],
+                dtype=np.int64,
             ),
             source_message_id=np.repeat(
                 np.array([e.delivery.message_id for e in entries], dtype=object), lengths

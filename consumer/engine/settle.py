@@ -1,6 +1,8 @@
 """Settling messages with the broker: ack a message whose rows are all written, dead-letter one
 with a row that failed for good (after deleting its rows already written, so each row ends up
-in exactly one place), nack what cannot finish; each releases the message's budget bytes."""
+in exactly one place; not for a source that keeps progress per row, whose dead letters go round
+again in parts: ``KeepsRowProgress``), nack what cannot finish; each releases the message's
+budget bytes."""
 
 from __future__ import annotations
 
@@ -16,7 +18,13 @@ from rowbatch.consumer.observe.metrics import Metrics, observe_many
 from rowbatch.consumer.observe.scaling import ScalingSignal
 from rowbatch.consumer.observe.tracing import PipelineTracing
 from rowbatch.consumer.sinks.base import Sink
-from rowbatch.consumer.sources.base import AcksVectors, DeadLetterReason, Delivery, Source
+from rowbatch.consumer.sources.base import (
+    AcksVectors,
+    DeadLetterReason,
+    Delivery,
+    KeepsRowProgress,
+    Source,
+)
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +48,8 @@ class Settler:
         tracing: PipelineTracing | None = None,
     ) -> None:
         self._source = source
+        self._deletes_dead_letters = not isinstance(source, KeepsRowProgress)
+        """Whether a dead-lettered message's written rows are deleted (see the module)."""
         self._tracing = tracing
         self._signal = signal
         self._sink = sink
@@ -64,7 +74,7 @@ class Settler:
             if self._tracing is not None:
                 self._tracing.closed(entry.key, "acked")
         else:
-            if entry.written_rows:
+            if entry.written_rows and self._deletes_dead_letters:
                 await self._writer.retrying(
                     lambda: self._sink.delete_chunks([entry.chunk_id]),
                     f"delete of chunk {entry.chunk_id!r}",

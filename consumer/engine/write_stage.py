@@ -18,7 +18,7 @@ from rowbatch.consumer.engine.ledger import Entry
 from rowbatch.consumer.engine.results import Answered, write_cost
 from rowbatch.consumer.engine.sink_writer import SinkWriter
 from rowbatch.consumer.engine.stage_context import StageContext
-from rowbatch.consumer.sources.base import DeadLetterReason
+from rowbatch.consumer.sources.base import DeadLetterReason, WrittenRows
 from rowbatch.wire.dead_letter import ReasonClass
 
 
@@ -38,13 +38,17 @@ class WriteStage:
         allowance: ByteBudget | None = None,
         cost: Callable[[Sequence[Answered]], int] = write_cost,
         settle_written: Callable[[Sequence[Entry]], Awaitable[None]] | None = None,
+        rows_written: Callable[[Sequence[WrittenRows]], Awaitable[None]] | None = None,
     ) -> None:
         """``allowance``: the writers' share of the memory budget (``None``: not counted);
         ``cost``: what a write of some parts takes from it; ``settle_written``: what is done
         with messages whose rows are all written (default: ack them; a committing sink's
         :class:`~rowbatch.consumer.engine.commit_stage.CommitStage` holds them for its
-        commit)."""
+        commit); ``rows_written``: told after each write which rows of which messages it
+        wrote, before any of them is settled (a source that keeps progress per row, or the
+        commit stage that tells it after its commit)."""
         self._answered = answered
+        self._rows_written = rows_written
         self._writer = writer
         self._ledger = context.ledger
         self._settle_many = settle_written or context.settler.settle_many
@@ -120,13 +124,19 @@ class WriteStage:
             for segment in part.batch.segments:
                 await self._fail(segment, reason)
         done = []
+        ranges: list[WrittenRows] = []
         for part in live:
             for segment in part.batch.segments:
                 if segment in failed or segment.message not in self._ledger:
                     continue
+                if self._rows_written is not None:
+                    delivery = self._ledger.get(segment.message).delivery
+                    ranges.append((delivery, segment.start, segment.stop))
                 entry = self._ledger.written(segment.message, len(segment))
                 if entry is not None:
                     done.append(entry)
+        if ranges and self._rows_written is not None:
+            await self._rows_written(ranges)
         await self._settle_many(done)
 
     def _live(self, part: Answered) -> Answered | None:

@@ -52,7 +52,7 @@ from rowbatch.consumer.service.shutdown import (
 )
 from rowbatch.consumer.sinks.base import Sink
 from rowbatch.consumer.sources.base import Source
-from rowbatch.consumer.sources.table.settings import TableSettings
+from rowbatch.consumer.sources.table.settings import TableSettings, table_write_rows
 from rowbatch.tracing import active as tracing_active
 from rowbatch.wire.columns.column_type import ColumnType
 
@@ -179,7 +179,14 @@ async def run_consumer(
                 model_version=spec.version,
                 grace_s=config.shutdown_grace_s,
                 write_concurrency=config.sink.write_concurrency,
-                max_write_rows=config.sink.max_write_rows,
+                max_write_rows=config.sink.max_write_rows
+                or (
+                    table_write_rows(
+                        handler.target_batch_size, in_flight, config.sink.write_concurrency
+                    )
+                    if isinstance(config.source, TableSettings)
+                    else 0
+                ),
                 sink_backoff=config.sink.backoff,
                 commit_interval_s=getattr(config.sink, "commit_interval_s", 60.0),
             ),

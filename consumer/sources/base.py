@@ -19,6 +19,7 @@ __all__ = [
     "DeliversVectors",
     "Delivery",
     "DeliveryIterator",
+    "KeepsRowProgress",
     "SharedBudget",
     "SharesBudget",
     "Source",
@@ -29,6 +30,7 @@ __all__ = [
     "Withdraw",
     "WithdrawsDeliveries",
     "WorkBound",
+    "WrittenRows",
     "package_version",
 ]
 
@@ -92,6 +94,10 @@ class Delivery:
     ordering_key: str = ""
     size: int = field(default=0)
     """Bytes the broker counts against flow control (payload plus attributes)."""
+    row_offset: int = 0
+    """The index, in its chunk, of the message's first row: 0 for a broker message (it is a
+    whole chunk); a table-mode part of a chunk (the rows a restart had left to do, or a half
+    of a dead-lettered chunk) keeps its rows' keys ``(chunk_id, row_offset + i)``."""
 
     @classmethod
     def of(
@@ -105,6 +111,7 @@ class Delivery:
         source: str,
         ordering_key: str,
         size: int,
+        row_offset: int = 0,
     ) -> Delivery:
         """The instance, without the frozen dataclass's per-field ``__init__`` (the sources
         build one per message)."""
@@ -119,6 +126,8 @@ class Delivery:
             ordering_key=ordering_key,
             size=size,
         )
+        if row_offset:  # else the class default: one dict entry fewer per broker message
+            out.__dict__["row_offset"] = row_offset
         return out
 
 
@@ -187,6 +196,27 @@ class AcksVectors(Protocol):
     one sink write), with the bookkeeping done once."""
 
     async def ack_many(self, deliveries: Sequence[Delivery]) -> None: ...
+
+
+WrittenRows = tuple[Delivery, int, int]
+"""Rows ``[start, stop)`` of a delivery's message (indexes inside the message), durably
+written."""
+
+
+@runtime_checkable
+class KeepsRowProgress(Protocol):
+    """Optional part of :class:`Source`, for a source that keeps its own progress per row (the
+    table mode), so a restart redoes only rows not yet written:
+
+    - ``rows_written`` is told, after each sink write (after the commit, for a sink that
+      stages its writes), which rows of which messages it made durable, whole messages or
+      not, before any of them is acked;
+    - a dead letter of a message of several rows goes round again as parts with the same
+      keys (``Delivery.row_offset``) until each bad row stands alone, so the engine deletes
+      none of a dead-lettered message's written rows: they are good rows, and keyed as the
+      parts will write them again."""
+
+    async def rows_written(self, written: Sequence[WrittenRows]) -> None: ...
 
 
 class VectorIterator:

@@ -48,7 +48,7 @@ def records(piece: Piece, reason: DeadLetterReason, *, attempt: int) -> Iterator
         yield orjson.dumps(
             {
                 "chunk_id": piece.chunk_id,
-                "row_index": i,
+                "row_index": piece.row_offset + i,
                 "file": piece.unit.file.relative,
                 "file_row": piece.first_row + i,
                 "reason": reason.reason_class.value,

@@ -27,12 +27,20 @@ BLOCK_BYTES: Final = 8 << 20
 
 @dataclass(frozen=True, eq=False)
 class Piece:
-    """Rows ``[first_row, first_row + len(table))`` of one file: the rows of one chunk."""
+    """Rows ``[first_row, first_row + len(table))`` of one file: the rows of one chunk as the
+    reader cut it, or a part of one (:meth:`part`), which keeps the chunk's keys."""
 
     unit: Unit
     first_row: int
     """Within the file."""
     table: pa.Table
+    origin: int = -1
+    """The file row the chunk this piece is part of begins at (``first_row`` when the piece
+    is a whole chunk: the default)."""
+
+    def __post_init__(self) -> None:
+        if self.origin < 0:
+            object.__setattr__(self, "origin", self.first_row)
 
     @property
     def rows(self) -> int:
@@ -40,13 +48,28 @@ class Piece:
 
     @property
     def chunk_id(self) -> str:
-        """``<file key>@<first row>``: row ``i`` of this chunk is row ``first_row + i`` of the
-        file, whichever way the file was cut into chunks."""
+        """``<file key>@<chunk's first row>``: with :attr:`row_offset` ``+ i`` as the row
+        index, row ``i`` of this piece is keyed by its file row, so a part of a chunk (the
+        rows a restart had left to do, a half of a dead-lettered chunk) writes the same keys
+        as the whole chunk would have (the reader cuts a file the same way every run)."""
+        return f"{self.unit.file.key}@{self.origin}"
+
+    @property
+    def row_offset(self) -> int:
+        """The index, in its chunk, of the piece's first row."""
+        return self.first_row - self.origin
+
+    @property
+    def message_id(self) -> str:
+        """``<file key>@<first row>``: the piece's own id (parts of one chunk in flight at
+        the same time have different ids)."""
         return f"{self.unit.file.key}@{self.first_row}"
 
     def part(self, offset: int, rows: int) -> Piece:
-        """Rows ``[offset, offset + rows)`` of this piece."""
-        return Piece(self.unit, self.first_row + offset, self.table.slice(offset, rows))
+        """Rows ``[offset, offset + rows)`` of this piece (of the same chunk)."""
+        return Piece(
+            self.unit, self.first_row + offset, self.table.slice(offset, rows), self.origin
+        )
 
 
 HIVE_NULL: Final = "__HIVE_DEFAULT_PARTITION__"

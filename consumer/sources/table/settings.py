@@ -82,4 +82,12 @@ class TableSettings(Section):
         return int(text)
 
 
-__all__ = ["JOB_INDEX_VARIABLE", "TableSettings"]
+def table_write_rows(batch_rows: int, in_flight: int, write_concurrency: int) -> int:
+    """Most rows of one sink write in a table run whose ``[sink] max_write_rows`` is not set:
+    the writes under way together hold at most one batch per in-flight slot (one per writer
+    when there are more writers than slots). Their rows are what a kill can make a rerun redo
+    (written, not yet recorded in the progress)."""
+    return batch_rows * max(1, in_flight // write_concurrency)
+
+
+__all__ = ["JOB_INDEX_VARIABLE", "TableSettings", "table_write_rows"]

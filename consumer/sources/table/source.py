@@ -1,13 +1,16 @@
 """``TableSource``: a stored table as a :class:`~rowbatch.consumer.sources.base.Source`, so the
 engine (intake, batcher, inference, sink, poison rules) runs over it unchanged.
 
-Each chunk is a delivery whose payload is what a producer would publish for those rows. An ack
-(the rows are durably written) records the chunk's range in the shard's progress; a dead
-letter of a chunk of several rows cuts it in halves, which go round again, until each bad row
-stands alone and is written to the dead-letter file with its reason (a reason that holds for
-every row, a missing column or a column of the wrong type, is not bisected). A nack puts the
-chunk back. The deliveries end once every row of the shard is settled, so the engine drains and
-the run ends by itself.
+Each chunk is a delivery whose payload is what a producer would publish for those rows. The
+source keeps its progress per row (``KeepsRowProgress``): after each sink write (or commit) the
+engine tells it which rows were made durable, of chunks whole or not, and their ranges are
+recorded in the shard's progress before any ack, so a restart redoes only rows not yet written
+(a part of a chunk keeps the chunk's keys: ``Delivery.row_offset``). A dead letter of a chunk of
+several rows cuts it in halves, which go round again without the rows already written (the
+engine deletes none of them), until each bad row stands alone and is written to the dead-letter
+file with its reason (a reason that holds for every row, a missing column or a column of the
+wrong type, is not bisected). A nack puts the chunk back. The deliveries end once every row of
+the shard is settled, so the engine drains and the run ends by itself.
 
 Reading (files, decoding, encoding) runs in a worker thread, a few chunks ahead of the engine
 (``read_ahead_chunks``, and within a quarter of the byte budget); a read that fails on the
@@ -35,6 +38,7 @@ from rowbatch.consumer.sources.base import (
     SourceConfigError,
     VectorIterator,
     WorkBound,
+    WrittenRows,
 )
 from rowbatch.consumer.sources.table.checkpoint import Checkpoint, RunIdentity, RunMismatch, Settled
 from rowbatch.consumer.sources.table.dead_letters import (
@@ -373,11 +377,25 @@ class TableSource:
     async def ack(self, delivery: Delivery) -> None:
         await self.ack_many([delivery])
 
+    async def rows_written(self, written: Sequence[WrittenRows]) -> None:
+        """Records the rows (of messages whole or not) a sink write made durable, so a
+        restart redoes none of them (``KeepsRowProgress``): one record per write."""
+        assert self._checkpoint is not None
+        settled = []
+        for delivery, start, stop in written:
+            if stop > start:  # the id is <file key>@<first row>: settled or not, it says where
+                key, first_row = delivery.message_id.rsplit("@", 1)
+                settled.append(Settled(key, int(first_row) + start, stop - start, "w"))
+        await self._durably("recording progress", self._checkpoint.record, settled)
+
     async def ack_many(self, deliveries: Sequence[Delivery]) -> None:
         held = [self._held[d.message_id] for d in deliveries]
         assert self._checkpoint is not None
+        checkpoint = self._checkpoint
         settled = [
-            Settled(h.piece.unit.file.key, h.piece.first_row, h.piece.rows, "w") for h in held
+            Settled(h.piece.unit.file.key, h.piece.first_row, h.piece.rows, "w")
+            for h in held  # unless every row was recorded already (rows_written)
+            if checkpoint.missing(h.piece.unit.file.key, h.piece.first_row, h.piece.rows)
         ]
         await self._durably("recording progress", self._checkpoint.record, settled)
         rows = 0
@@ -385,8 +403,11 @@ class TableSource:
             del self._held[d.message_id]
             rows += h.piece.rows
             self.counts.bytes += d.size
-        self.counts.written += rows
         self.counts.chunks += len(deliveries)
+        self._count_written(rows)
+
+    def _count_written(self, rows: int) -> None:
+        self.counts.written += rows
         now, cpu = time.monotonic(), time.process_time()
         if self.counts.first_write_at is None:
             self.counts.first_write_at, self.counts.first_write_rows = now, rows
@@ -407,18 +428,23 @@ class TableSource:
         held = self._held[delivery.message_id]
         piece = held.piece
         if piece.rows > 1 and reason.code not in WHOLE_CHUNK_CODES:
-            half = piece.rows // 2
+            # Its rows written already stay (the engine deletes none: KeepsRowProgress);
+            # the halves take the rest, with the same keys.
             parts: list[tuple[Piece, EncodedChunk]] = []
-            for part in (piece.part(0, half), piece.part(half, piece.rows - half)):
-                encoded = await asyncio.to_thread(encode_piece, part, self._s.table, self._schema)
+            left = self._halves_left(piece)
+            for half in left:
+                encoded = await asyncio.to_thread(encode_piece, half, self._s.table, self._schema)
                 await self._settle_bad(encoded, held.attempt)
                 parts += encoded.chunks
-            del self._held[delivery.message_id]  # the first half takes its id over
+            del self._held[delivery.message_id]  # a part may take its id over
+            kept = piece.rows - sum(half.rows for half in left)
+            if kept:  # its rows recorded as written stay written
+                self._count_written(kept)
             for sub, chunk in parts:
                 self._retry.append(self._delivery(sub, chunk, held.attempt))
             log.info(
-                "chunk %s (%d rows) dead-lettered (%s): cut in halves to find its bad rows",
-                piece.chunk_id,
+                "%s (%d rows) dead-lettered (%s): cut in halves to find its bad rows",
+                piece.message_id,
                 piece.rows,
                 reason.code,
             )
@@ -428,6 +454,17 @@ class TableSource:
             )
             del self._held[delivery.message_id]
         self._changed.set()
+
+    def _halves_left(self, piece: Piece) -> list[Piece]:
+        """The rows of ``piece``'s halves not yet recorded as written."""
+        assert self._checkpoint is not None
+        half = piece.rows // 2
+        out = []
+        for part in (piece.part(0, half), piece.part(half, piece.rows - half)):
+            key = part.unit.file.key
+            for first, rows in self._checkpoint.missing(key, part.first_row, part.rows):
+                out.append(part.part(first - part.first_row, rows))
+        return out
 
     def pause(self) -> None:
         self._paused = True
@@ -454,7 +491,7 @@ class TableSource:
     ) -> Delivery:
         """The delivery of ``chunk``; ``hold``: it goes to the engine (kept until settled)."""
         delivery = Delivery.of(
-            message_id=chunk.headers.chunk_id,
+            message_id=piece.message_id,
             payload=chunk.payload,
             attributes=chunk.attributes,
             publish_time=time.time(),
@@ -462,6 +499,7 @@ class TableSource:
             source=piece.unit.file.relative,
             ordering_key="",
             size=chunk.size,
+            row_offset=piece.row_offset,
         )
         if hold:
             self._held[delivery.message_id] = _Held(piece, attempt)
@@ -477,6 +515,7 @@ class TableSource:
             source=delivery.source,
             ordering_key="",
             size=delivery.size,
+            row_offset=delivery.row_offset,
         )
 
     def _write_dead_letters(self, bad: list[tuple[Piece, DeadLetterReason]], attempt: int) -> None:

@@ -14,7 +14,7 @@ from rowbatch.consumer.engine.commit_stage import CommitStage
 from rowbatch.consumer.engine.ledger import Entry, Ledger
 from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.sinks.base import SinkError
-from rowbatch.consumer.sources.base import Delivery
+from rowbatch.consumer.sources.base import Delivery, WrittenRows
 
 INTERVAL = 10.0
 PRESSURE = 1000
@@ -397,3 +397,123 @@ async def test_run_idle_commits_a_quiet_message_at_the_interval(world: World) ->
         world.clock.now = INTERVAL
         world.sleep.let_one()
         await until(lambda: world.settled == [a], "run commits")
+
+
+# --- rows held for a source that keeps progress per row -----------------------------------------
+
+
+class RowsTold:
+    """A ``rows_committed`` callback: records each call with the sink's commit count and what
+    had been settled by then."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.calls: list[tuple[list[WrittenRows], int, list[Entry]]] = []
+
+    async def __call__(self, written: Sequence[WrittenRows]) -> None:
+        self.calls.append((list(written), self.world.sink.commits, list(self.world.settled)))
+
+
+def telling(world: World) -> RowsTold:
+    """``world.stage`` made again with a ``rows_committed`` callback; returns it."""
+    told = RowsTold(world)
+    world.stage = CommitStage(
+        world.sink,
+        retrying=world.retrying,
+        settle_many=world.settle_many,
+        interval_s=INTERVAL,
+        pressure_bytes=PRESSURE,
+        metrics=world.metrics,
+        clock=world.clock,
+        sleep=world.sleep,
+        rows_committed=told,
+    )
+    return told
+
+
+async def test_rows_held_are_told_after_the_commit_before_the_settle(world: World) -> None:
+    told = telling(world)
+    a, b = world.entry("a"), world.entry("b")
+    rows: list[WrittenRows] = [(a.delivery, 0, 4), (b.delivery, 0, 2)]
+    await world.stage.hold_rows(rows[:1])
+    await world.stage.hold_rows(rows[1:])  # b's first rows: b is not complete
+    await world.stage.hold([a])
+    assert told.calls == []
+
+    await world.stage.commit()
+
+    assert told.calls == [(rows, 1, [])]  # after the sink's commit, before any settle
+    assert world.settled == [a]
+    await world.stage.commit()
+    assert len(told.calls) == 1  # told once
+
+
+async def test_rows_of_a_failed_commit_are_told_after_the_next_one(world: World) -> None:
+    told = telling(world)
+    a, b = world.entry("a"), world.entry("b")
+    first: list[WrittenRows] = [(a.delivery, 0, 4)]
+    await world.stage.hold_rows(first)
+    await world.stage.hold([a])
+    world.sink.error = SinkError("the catalog refused the commit")
+    with pytest.raises(SinkError, match="refused"):
+        await world.stage.commit()
+    assert told.calls == []
+    assert world.settled == []
+
+    later: list[WrittenRows] = [(b.delivery, 0, 4)]
+    await world.stage.hold_rows(later)
+    await world.stage.hold([b])
+    world.sink.error = None
+    await world.stage.commit()
+
+    assert told.calls == [([*first, *later], 1, [])]
+    assert world.settled == [a, b]
+
+
+async def test_rows_held_during_a_commit_are_told_after_the_next(world: World) -> None:
+    told = telling(world)
+    a, b = world.entry("a"), world.entry("b")
+    await world.stage.hold_rows([(a.delivery, 0, 4)])
+    await world.stage.hold([a])
+    world.sink.gate = asyncio.Event()
+    committing = asyncio.create_task(world.stage.commit())
+    await asyncio.wait_for(world.sink.started.wait(), timeout=5)
+    await world.stage.hold_rows([(b.delivery, 0, 4)])  # written while the commit runs
+    await world.stage.hold([b])
+    world.sink.gate.set()
+    await committing
+    assert told.calls == [([(a.delivery, 0, 4)], 1, [])]
+
+    await world.stage.commit()
+    assert told.calls[1] == ([(b.delivery, 0, 4)], 2, [a])
+
+
+async def test_unsettled_forgets_the_rows_held(world: World) -> None:
+    told = telling(world)
+    a, b = world.entry("a"), world.entry("b")
+    await world.stage.hold_rows([(a.delivery, 0, 4)])
+    await world.stage.hold([a])
+    assert world.stage.unsettled() == [a]  # nacked: its rows are not told
+
+    await world.stage.hold_rows([(b.delivery, 0, 4)])
+    await world.stage.hold([b])
+    await world.stage.commit()
+    assert told.calls == [([(b.delivery, 0, 4)], 1, [])]
+
+
+async def test_a_commit_with_no_rows_held_tells_nothing(world: World) -> None:
+    told = telling(world)
+    a = world.entry("a")
+    await world.stage.hold([a])
+    await world.stage.commit()
+    assert told.calls == []
+    assert world.settled == [a]
+
+
+async def test_without_rows_committed_hold_rows_keeps_nothing(world: World) -> None:
+    a = world.entry("a")
+    await world.stage.hold_rows([(a.delivery, 0, 4)])
+    assert world.stage._rows == []  # nobody to tell: nothing kept (and nothing grows)
+    await world.stage.hold([a])
+    await world.stage.commit()
+    assert world.settled == [a]

@@ -70,12 +70,12 @@ def test_each_row_is_one_line_with_its_key_origin_reason_and_values() -> None:
     assert second["row"] == {"id": 8, "blob": None, "x": "inf", "v": None, "name": None}
 
 
-def test_a_part_of_a_piece_keys_its_rows_by_its_own_first_row() -> None:
+def test_a_part_of_a_piece_keys_its_rows_as_the_whole_chunk_does() -> None:
     piece = piece_of("a.parquet", 0, pa.table({"id": list(range(6))})).part(4, 2)
     lines = [orjson.loads(line) for line in records(piece, REASON, attempt=1)]
     assert [(r["chunk_id"], r["row_index"], r["file_row"]) for r in lines] == [
-        ("a.parquet@4", 0, 4),
-        ("a.parquet@4", 1, 5),
+        ("a.parquet@0", 4, 4),
+        ("a.parquet@0", 5, 5),
     ]
 
 

@@ -63,7 +63,8 @@ def test_a_good_piece_is_one_chunk_with_the_piece_id(tmp_path: Path) -> None:
     assert encoded.bad == []
     [(same, chunk)] = encoded.chunks
     assert same is part
-    assert chunk.headers.chunk_id == "a.parquet@2"
+    assert chunk.headers.chunk_id == "a.parquet@0"  # the chunk's keys: part.row_offset 2
+    assert part.row_offset == 2
     assert chunk.headers.table == "events"
     decoded = decode_chunk(chunk.payload, chunk.attributes)
     assert decoded.row_count == 4
@@ -75,14 +76,15 @@ def test_one_row_with_a_vector_of_the_wrong_length_is_the_only_bad_row(tmp_path:
     piece = vector_piece(tmp_path / "in", 10, {6})
     encoded = encode_piece(piece, "t", SCHEMA)
     [(bad, reason)] = encoded.bad
-    assert (bad.first_row, bad.rows, bad.chunk_id) == (6, 1, "vec.parquet@6")
+    assert (bad.first_row, bad.rows, bad.chunk_id, bad.row_offset) == (6, 1, "vec.parquet@0", 6)
     assert reason.reason_class is ReasonClass.UNDECODABLE
     assert reason.code == "invalid_value"
     assert "'v'" in reason.message
     assert "data row 7" in reason.message  # 1-based, as the producer says it
     assert covered(encoded) == list(range(10))
     for part, chunk in encoded.chunks:
-        assert chunk.headers.chunk_id == f"vec.parquet@{part.first_row}"
+        assert chunk.headers.chunk_id == "vec.parquet@0"
+        assert part.row_offset == part.first_row
         decoded = decode_chunk(chunk.payload, chunk.attributes)
         ids = [int(v) for v in decoded.columns["id"]]
         assert ids == list(range(part.first_row, part.first_row + part.rows))
@@ -97,8 +99,9 @@ def test_two_bad_rows_come_out_alone_and_the_rest_exactly_once(tmp_path: Path) -
     good_rows = [p.first_row + i for p, _ in encoded.chunks for i in range(p.rows)]
     assert good_rows == [1, 2, 3, 4, 6, 7, 8]  # in row order, none twice
     assert covered(encoded) == list(range(9))
-    ids = [c.headers.chunk_id for _, c in encoded.chunks]
+    ids = [p.message_id for p, _ in encoded.chunks]
     assert len(set(ids)) == len(ids)
+    assert {c.headers.chunk_id for _, c in encoded.chunks} == {"vec.parquet@0"}
 
 
 def test_a_piece_whose_rows_all_fail_is_all_bad_rows(tmp_path: Path) -> None:

@@ -125,17 +125,17 @@ def test_a_text_file_that_does_not_parse_raises_naming_it(tmp_path: Path) -> Non
         read_all(plan, 10)
 
 
-def test_piece_part_keeps_the_file_rows_and_chunk_id(tmp_path: Path) -> None:
+def test_piece_part_keeps_the_file_rows_and_the_chunks_keys(tmp_path: Path) -> None:
     root = tmp_path / "in"
     write_dataset(root, [("a.parquet", 10)], 10)
     [piece] = read_all(plan_table(str(root)), 10)
     part = piece.part(4, 3)
     assert part.unit is piece.unit
     assert (part.first_row, part.rows) == (4, 3)
-    assert part.chunk_id == "a.parquet@4"
+    assert (part.chunk_id, part.row_offset, part.message_id) == ("a.parquet@0", 4, "a.parquet@4")
     assert part.table.column("id").to_pylist() == [4, 5, 6]
     inner = part.part(1, 1)
-    assert inner.chunk_id == "a.parquet@5"
+    assert (inner.chunk_id, inner.row_offset, inner.message_id) == ("a.parquet@0", 5, "a.parquet@5")
     assert inner.table.column("id").to_pylist() == [5]
 
 

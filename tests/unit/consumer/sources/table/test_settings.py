@@ -7,7 +7,11 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from rowbatch.consumer.sources.table.settings import JOB_INDEX_VARIABLE, TableSettings
+from rowbatch.consumer.sources.table.settings import (
+    JOB_INDEX_VARIABLE,
+    TableSettings,
+    table_write_rows,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -86,3 +90,13 @@ def test_a_shard_not_below_shards_is_refused(shard: int, shards: int) -> None:
 def test_bad_values_are_refused(fields: dict[str, object]) -> None:
     with pytest.raises(ValidationError):
         TableSettings.model_validate(fields)
+
+
+@pytest.mark.parametrize(
+    ("in_flight", "writers", "rows"), [(4, 2, 512), (4, 1, 1024), (8, 2, 1024), (1, 2, 256)]
+)
+def test_a_table_runs_writes_together_hold_one_batch_per_slot(
+    in_flight: int, writers: int, rows: int
+) -> None:
+    assert table_write_rows(256, in_flight, writers) == rows
+    assert writers * rows <= max(in_flight, writers) * 256

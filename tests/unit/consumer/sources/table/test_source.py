@@ -17,7 +17,12 @@ import pyarrow.parquet as pq
 import pytest
 from prometheus_client import CollectorRegistry
 
-from rowbatch.consumer.sources.base import DeadLetterReason, Delivery, SourceConfigError
+from rowbatch.consumer.sources.base import (
+    DeadLetterReason,
+    Delivery,
+    KeepsRowProgress,
+    SourceConfigError,
+)
 from rowbatch.consumer.sources.table import source as source_module
 from rowbatch.consumer.sources.table.checkpoint import RunMismatch
 from rowbatch.consumer.sources.table.dead_letters import read_dead_letters
@@ -248,6 +253,8 @@ async def test_a_rerun_reads_only_what_was_not_settled(tmp_path: Path, rows17: i
     await rerun.drain()
     assert rerun.seen[0].message_id == "day=1/a.parquet@2"  # the rest of the first chunk
     assert ids_of(rerun.seen[0]) == [2, 3]
+    assert rerun.seen[0].attributes[H_CHUNK_ID] == "day=1/a.parquet@0"  # with its keys
+    assert rerun.seen[0].row_offset == 2
     assert sorted(rerun.ids()) == list(range(2, 8)) + list(range(10, rows17))
     assert len(rerun.ids()) == rows17 - 4
     assert second.complete
@@ -309,8 +316,9 @@ async def test_a_row_level_dead_letter_bisects_until_the_bad_row_is_alone(
     assert source.counts.dead_lettered == 0
     left, right = await rig.take("a.parquet@0"), await rig.take("a.parquet@2")
     assert (ids_of(left), ids_of(right)) == ([0, 1], [2, 3])
-    assert left.attributes[H_CHUNK_ID] == "a.parquet@0"
-    assert right.attributes[H_CHUNK_ID] == "a.parquet@2"
+    # Both halves keep the chunk's keys: its id, and their place in it.
+    assert left.attributes[H_CHUNK_ID] == right.attributes[H_CHUNK_ID] == "a.parquet@0"
+    assert (left.row_offset, right.row_offset) == (0, 2)
     assert left.delivery_attempt == right.delivery_attempt == 1
     await source.ack(left)
 
@@ -320,8 +328,8 @@ async def test_a_row_level_dead_letter_bisects_until_the_bad_row_is_alone(
     await source.dead_letter(three, ROW_LEVEL)
     assert source.counts.dead_lettered == 1
     [record] = read_dead_letters(folder_of(tmp_path))
-    assert record["chunk_id"] == "a.parquet@3"
-    assert (record["file"], record["file_row"], record["row_index"]) == ("a.parquet", 3, 0)
+    assert record["chunk_id"] == "a.parquet@0"
+    assert (record["file"], record["file_row"], record["row_index"]) == ("a.parquet", 3, 3)
     assert record["code"] == "null_not_allowed"
     assert record["reason"] == "schema-mismatch"
     assert record["row"]["id"] == 3
@@ -770,3 +778,124 @@ async def test_a_dead_letter_that_fails_leaves_the_chunk_to_a_nack(
     await source.ack(again)
     await rig.drain()
     assert source.complete and source.counts.written == 8 and source.counts.dead_lettered == 0
+
+
+# --- progress per row (KeepsRowProgress) --------------------------------------------------------
+
+
+def segments_of(source: TableSource) -> int:
+    """How many progress segments the source's checkpoint holds (one per record)."""
+    assert source._checkpoint is not None
+    return source._checkpoint.segments
+
+
+async def test_rows_written_of_a_chunk_not_yet_complete_are_not_read_again(
+    tmp_path: Path,
+) -> None:
+    """A kill after some rows of a chunk were written: the rerun reads only the others, as
+    parts that keep the chunk's keys (its id, and their row indexes in it)."""
+    write_dataset(tmp_path / "in", [("a.parquet", 8)], 8)
+    first = make_source(table_settings(tmp_path, chunk_rows=8))
+    assert isinstance(first, KeepsRowProgress)
+    await first.check()
+    rig = Rig(first)
+    whole = await rig.take("a.parquet@0")
+    await first.rows_written([(whole, 0, 3), (whole, 5, 6)])
+    await first.close()  # killed: never acked
+    assert not first.complete
+
+    second = make_source(table_settings(tmp_path, chunk_rows=8))
+    await second.check()
+    assert second.counts.skipped == 4
+    rerun = Rig(second)
+    three = await rerun.take("a.parquet@3")
+    six = await rerun.take("a.parquet@6")
+    assert (ids_of(three), ids_of(six)) == ([3, 4], [6, 7])
+    assert three.attributes[H_CHUNK_ID] == six.attributes[H_CHUNK_ID] == "a.parquet@0"
+    assert (three.row_offset, six.row_offset) == (3, 6)
+    await second.nack(three)  # a part delivered again keeps its place in the chunk
+    again = await rerun.take("a.parquet@3")
+    assert (again.row_offset, again.delivery_attempt) == (3, 2)
+    await second.ack_many([again, six])
+    await rerun.drain()
+    assert second.complete
+    assert second.counts.written == 4
+    assert sorted(rerun.ids()) == [3, 3, 4, 4, 6, 7]  # rows 3-4 twice: the nack
+
+
+async def test_an_ack_of_rows_all_recorded_already_records_nothing_more(
+    tmp_path: Path, rows17: int
+) -> None:
+    source = make_source(table_settings(tmp_path))
+    await source.check()
+    rig = Rig(source)
+    chunk = await rig.take("day=1/a.parquet@0")
+    before = segments_of(source)
+    await source.rows_written([(chunk, 0, 2)])
+    await source.rows_written([(chunk, 2, 4)])
+    assert segments_of(source) == before + 2
+    await source.ack(chunk)
+    assert segments_of(source) == before + 2, "the ack's rows were all recorded"
+    assert source.counts.written == 4
+    other = await rig.take("day=1/a.parquet@4")
+    await source.rows_written([(other, 0, 1)])
+    await source.ack(other)  # rows 1-3 never told: the ack records the chunk
+    assert segments_of(source) == before + 4
+    await rig.drain()
+    rerun = make_source(table_settings(tmp_path))
+    await rerun.check()
+    assert rerun.counts.skipped == rows17
+
+
+async def test_a_dead_letter_after_some_rows_were_written_sends_round_only_the_rest(
+    tmp_path: Path,
+) -> None:
+    """The rows written stay written (the engine deletes none of them); the halves carry
+    the rows left, with the chunk's keys, and the run counts every row once."""
+    write_dataset(tmp_path / "in", [("a.parquet", 8)], 8)
+    source = make_source(table_settings(tmp_path, chunk_rows=8))
+    await source.check()
+    rig = Rig(source)
+    whole = await rig.take("a.parquet@0")
+    await source.rows_written([(whole, 0, 2), (whole, 6, 8)])
+    await source.dead_letter(whole, ROW_LEVEL)
+    assert source.counts.written == 4  # rows 0-1 and 6-7
+    left, right = await rig.take("a.parquet@2"), await rig.take("a.parquet@4")
+    assert (ids_of(left), ids_of(right)) == ([2, 3], [4, 5])
+    assert (left.row_offset, right.row_offset) == (2, 4)
+    assert left.attributes[H_CHUNK_ID] == right.attributes[H_CHUNK_ID] == "a.parquet@0"
+    await source.ack(left)
+    await source.dead_letter(right, ROW_LEVEL)
+    four, five = await rig.take("a.parquet@4"), await rig.take("a.parquet@5")
+    await source.ack(four)
+    await source.dead_letter(five, ROW_LEVEL)
+    await rig.drain()
+    assert source.complete
+    assert (source.counts.written, source.counts.dead_lettered) == (7, 1)
+    [record] = read_dead_letters(folder_of(tmp_path))
+    assert (record["chunk_id"], record["row_index"], record["file_row"]) == ("a.parquet@0", 5, 5)
+    rerun = make_source(table_settings(tmp_path, chunk_rows=8))
+    await rerun.check()
+    assert rerun.counts.skipped == 8
+
+
+async def test_rows_told_after_their_chunk_was_settled_are_recorded_where_they_are(
+    tmp_path: Path,
+) -> None:
+    """A committing sink tells a write's rows after its commit: by then their chunk may be
+    dead-lettered and cut in halves (one of which took its id over). The rows are recorded
+    at their own file rows all the same."""
+    write_dataset(tmp_path / "in", [("a.parquet", 8)], 8)
+    source = make_source(table_settings(tmp_path, chunk_rows=8))
+    await source.check()
+    rig = Rig(source)
+    whole = await rig.take("a.parquet@0")
+    await source.dead_letter(whole, ROW_LEVEL)
+    await source.rows_written([(whole, 1, 3), (whole, 6, 7)])
+    await source.close()
+    rerun = make_source(table_settings(tmp_path, chunk_rows=8))
+    await rerun.check()
+    assert rerun.counts.skipped == 3
+    again = Rig(rerun)
+    await again.drain()
+    assert sorted(again.ids()) == [0, 3, 4, 5, 7]
