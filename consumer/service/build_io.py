@@ -76,12 +76,15 @@ def make_source(
     settings: SourceSettings,
     metrics: Metrics | None = None,
     signal: ScalingSignal | None = None,
+    budget_bytes: int | None = None,
 ) -> Source:
     """The configured source. ``metrics``: the consumer's metrics (the Kafka source exports
     its lag gauges in their registry; a dead letter a source sends on its own initiative is
     counted in ``rowbatch_messages_dead_lettered_total{reason}``, like the pipeline's).
     ``signal``: the consumer's scaling signal, which the Kafka source feeds with the group's
-    backlog (default: one built from ``settings`` on ``metrics``)."""
+    backlog (default: one built from ``settings`` on ``metrics``). ``budget_bytes``: the
+    consumer's budget, which bounds the Kafka client's fetches
+    (:meth:`~rowbatch.consumer.sources.kafka.settings.KafkaSettings.within_budget`)."""
     registry: CollectorRegistry | None = None
     on_dead_letter: Callable[[DeadLetterReason], None] | None = None
     if metrics is not None:
@@ -107,6 +110,8 @@ def make_source(
 
     if signal is None and metrics is not None:
         signal = scaling_signal(settings, metrics)
+    if budget_bytes is not None:
+        settings = settings.within_budget(budget_bytes)
     return KafkaSource(
         settings,
         consumer_version=__version__,

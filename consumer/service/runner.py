@@ -160,7 +160,7 @@ async def run_consumer(
         )
         if source is None and isinstance(config.source, TableSettings):
             source = make_table_source(config.source, spec, config.binding, decoder, metrics)
-        source = source or make_source(config.source, metrics, signal)
+        source = source or make_source(config.source, metrics, signal, config.budget_bytes)
         running.source = source
         await source.check()
         pipeline = Pipeline(

@@ -34,20 +34,17 @@ from tests.integration.kafka_helpers import KafkaTopics, chunk_record, produce
 
 MESSAGES = 30_000
 BUDGET = 16 * MiB
-OVERHEAD = 96 * MiB
-"""What RSS may grow beyond the budget with many 1-row messages: more than the 64 MiB that
-holds for large messages and wide outputs (docs/memory.md), because this case misses that bound
-on CI runners (66 MiB above the budget on 2026-12-03, 57 the day before). What it is: allocator
-slack (freed small objects are not handed back at once: each message is many small objects,
-below malloc's mmap threshold and in Python's own arenas), aiokafka's fetch buffers
-(``fetch_max_bytes``) and the one-off step of first use (code paths, threads, SQLite's page
-cache). The batches being inferred and written and the writes' buffers are in the budget (set
-aside for the pipeline: docs/memory.md). Measured 2026-12-03: 26-46 MiB above the budget in 15
-runs on one machine; 57 and 66 MiB on CI runners (where it failed the 64 MiB bound once). The
-spread is the allocator: sampled every 100 ms, Python's allocated blocks stay in one band while
-RSS drifts up through the run; a periodic ``malloc_trim``, a fixed mmap threshold,
-``MALLOC_ARENA_MAX=2`` and ``PYTHONMALLOC=malloc`` each left it where it was (issue 22). An
-intake that did not hold the backlog in the budget took ~100 MB more (see above)."""
+OVERHEAD = 32 * MiB
+"""What RSS may grow beyond the budget with many 1-row messages. It was 96 MiB (the case missed
+the 64 MiB bound on CI runners: 57-66 MiB above the budget) until the cause was found: aiokafka
+fetched up to 16 MiB a response and held it, parsed into several times as many bytes of
+objects, before the source took any record (outside the read-ahead count): 27-49 MiB above the
+budget here. Its fetches are now bounded by the budget (``fetch_max_bytes``, unless set, a 32nd
+of it: ``KafkaSettings.within_budget``): 9-14 MiB above the budget in 7 runs here, at the same
+speed (9,700-10,100 rows/s; with the bound off, 27-51 MiB above the budget in 3 runs just
+after, 2 of them failing this test). What is left is allocator slack (each message is many
+small objects, below malloc's mmap threshold and in Python's own arenas), the fetches and the
+one-off step of first use (code paths, threads, SQLite's page cache)."""
 SCORER_BINDING = {
     "inputs": {"features": "FEATURES", "count": "COUNT"},
     "outputs": {"SCORE": "score", "LABEL": "label"},

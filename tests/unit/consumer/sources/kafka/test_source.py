@@ -20,6 +20,7 @@ from pydantic import SecretStr, ValidationError
 
 from rowbatch.consumer.engine.budget import ByteBudget
 from rowbatch.consumer.observe.lag import ThroughputMeter, desired_replicas, partition_lag
+from rowbatch.consumer.section import MiB
 from rowbatch.consumer.service.build_io import make_source
 from rowbatch.consumer.sources.base import DeadLetterReason, Delivery
 from rowbatch.consumer.sources.kafka import errors as kafka_errors
@@ -538,6 +539,25 @@ def test_config_defaults_and_client_options() -> None:
     producer = config.producer_options()
     assert producer["acks"] == "all"
     assert producer["enable_idempotence"] is True
+
+
+def test_fetches_are_bounded_by_the_budget_unless_set() -> None:
+    """aiokafka holds a whole fetch response, parsed, before the source takes a record: a
+    fetch brings at most a 32nd of the budget (not less than 64 KiB) unless the
+    configuration names its own ``fetch_max_bytes``."""
+    base = {"bootstrap_servers": "b:9092", "topic": "t", "group_id": "g"}
+    config = KafkaSettings.model_validate(base)
+    assert config.fetch_max_bytes == 16 * MiB
+    assert config.within_budget(16 * MiB).consumer_options()["fetch_max_bytes"] == 512 * 1024
+    assert config.within_budget(256 * MiB).fetch_max_bytes == 8 * MiB
+    assert config.within_budget(1024 * MiB) is config  # under the cap already
+    assert config.within_budget(MiB).fetch_max_bytes == 64 * 1024
+    assert config.within_budget(16 * MiB).max_partition_fetch_bytes == MiB  # not touched
+    chosen = KafkaSettings.model_validate({**base, "fetch_max_bytes": 32 * MiB})
+    assert chosen.within_budget(16 * MiB) is chosen
+    source = make_source(config, budget_bytes=16 * MiB)
+    assert isinstance(source, KafkaSource)
+    assert source.config.fetch_max_bytes == 512 * 1024
 
 
 def test_sasl_and_tls_are_passed_through() -> None:
