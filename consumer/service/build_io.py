@@ -25,11 +25,11 @@ from rowbatch.consumer.sinks.settings import (
     ParquetSinkSettings,
     PostgresSinkSettings,
 )
-from rowbatch.consumer.sources.base import DeadLetterReason, Delivery, Source
+from rowbatch.consumer.sources.base import DeadLetterReason, Delivery, Source, SourceUnreachable
 from rowbatch.consumer.sources.kafka.settings import KafkaSettings
 from rowbatch.consumer.sources.pubsub.settings import PubSubSettings
 from rowbatch.consumer.sources.table.settings import TableSettings
-from rowbatch.timing import Clock, Sleep
+from rowbatch.timing import Backoff, Clock, Sleep
 from rowbatch.wire.columns.column_type import ColumnType
 from rowbatch.wire.pubsub_env import project_of
 
@@ -219,6 +219,37 @@ def table_spec(config: ConsumerConfig, spec: ModelSpec) -> TableSpec:
         dims = [d for d in tensor.dims if d != 1] or [0]
         outputs.append(ColumnSpec(column, _DATATYPE_DTYPES[tensor.datatype], dims[0]))
     return TableSpec(config.sink.table, passthrough, tuple(outputs))
+
+
+SOURCE_STARTUP_BACKOFF = Backoff(initial_s=1.0, max_s=30.0)
+"""Waits between start-up checks of a broker that does not answer."""
+
+
+async def open_source(
+    source: Source,
+    settings: SourceSettings,
+    *,
+    sleep: Sleep = asyncio.sleep,
+    clock: Clock = time.monotonic,
+) -> None:
+    """``source.check()``, again with backoff while the broker does not answer
+    (``SourceUnreachable``: a check that raises it can be called again), up to the source's
+    ``startup_wait_s``: a broker that restarts with the consumer (a rollout, a node drain) is
+    not a reason to exit. The source is closed if it cannot be opened."""
+    try:
+        await wait_for(
+            source.check,
+            what=f"source ({settings.kind})",
+            unavailable=SourceUnreachable,
+            wait_s=getattr(settings, "startup_wait_s", 0.0),
+            backoff=SOURCE_STARTUP_BACKOFF,
+            setting="source.startup_wait_s",
+            sleep=sleep,
+            clock=clock,
+        )
+    except BaseException:
+        await source.close()
+        raise
 
 
 async def open_sink(

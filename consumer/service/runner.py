@@ -25,12 +25,14 @@ from rowbatch.consumer.model.spec import ModelSpec
 from rowbatch.consumer.model.spec_match import same_spec
 from rowbatch.consumer.observe.memory import trim
 from rowbatch.consumer.observe.metrics import Metrics
+from rowbatch.consumer.observe.scaling import ScalingSignal
 from rowbatch.consumer.observe.tracing import SYSTEMS, PipelineTracing
 from rowbatch.consumer.service.build_io import (
     make_sink,
     make_source,
     make_table_source,
     open_sink,
+    open_source,
     scaling_signal,
     table_spec,
 )
@@ -86,6 +88,29 @@ class Running:
     """The model-server endpoints and their state."""
     source: Source | None = None
     """Set once built (a table run's counts are on its ``TableSource``)."""
+
+
+async def _checked_source(
+    config: ConsumerConfig,
+    source: Source | None,
+    *,
+    spec: ModelSpec,
+    decoder: MessageDecoder,
+    metrics: Metrics,
+    signal: ScalingSignal | None,
+    stop: asyncio.Event,
+) -> Source:
+    """The source the run reads, checked: ``source`` (tests) or a table source checked once;
+    the configured broker's waited for (made and checked again, with backoff) while it does
+    not answer."""
+    if source is None and isinstance(config.source, TableSettings):
+        source = make_table_source(config.source, spec, config.binding, decoder, metrics)
+    if source is not None:
+        await source.check()
+        return source
+    source = make_source(config.source, metrics, signal, config.budget_bytes)
+    await unless_stopped(open_source(source, config.source), stop)
+    return source
 
 
 async def run_consumer(
@@ -158,11 +183,10 @@ async def run_consumer(
             getattr(config.source, "max_delivery_attempts", None),
             DecodeLimits(config.max_message_bytes, config.max_attributes_bytes),
         )
-        if source is None and isinstance(config.source, TableSettings):
-            source = make_table_source(config.source, spec, config.binding, decoder, metrics)
-        source = source or make_source(config.source, metrics, signal, config.budget_bytes)
+        source = await _checked_source(
+            config, source, spec=spec, decoder=decoder, metrics=metrics, signal=signal, stop=stop
+        )
         running.source = source
-        await source.check()
         pipeline = Pipeline(
             source=source,
             sink=sink,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Iterator
 
@@ -17,7 +18,7 @@ from harness.kafka import KafkaService
 from harness.postgres import PostgresEndpoint
 from harness.service import RunDir
 from harness.triton import TritonEndpoint
-from tests.integration.consumer_helpers import wait_until
+from tests.integration.consumer_helpers import consumer_running, wait_until
 from tests.integration.kafka_helpers import KafkaTopics, chunk_record, group_offsets, produce
 from tests.integration.test_consumer_kafka import (
     chaos_config,
@@ -94,3 +95,43 @@ async def test_a_broker_crash_and_restart_mid_run_loses_nothing_and_the_members_
         f"\nbroker killed with {crashed_at} of {total} rows written, back after {down_s:.1f} s; "
         "both members finished on their own"
     )
+
+
+@pytest.mark.timeout(600)
+async def test_a_consumer_started_while_the_broker_is_down_waits_for_it(
+    own_broker: KafkaService,
+    triton: TritonEndpoint,
+    postgres: PostgresEndpoint,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A broker that is down when the consumer starts (one restarting with it in a rollout)
+    is waited for with backoff, as the model server and the sink are, not a reason to exit:
+    the consumer keeps checking, and once the broker is back it consumes every row."""
+    endpoint = own_broker.endpoint
+    assert endpoint is not None
+    t = await KafkaTopics.create(endpoint, partitions=2)
+    chunks = [text_chunk(n, ROWS_PER_CHUNK) for n in range(20)]
+    total = len(chunks) * ROWS_PER_CHUNK
+    await produce(endpoint, t.topic, [chunk_record(c) for c in chunks])
+    await asyncio.to_thread(own_broker.stop)
+    table = f"kafka_down_at_start_{int(time.time() * 1000) % 10**8}"
+    sink = {"kind": "postgres", "dsn": postgres.dsn, "table": table}
+    config = chaos_config(t, triton, sink, check_timeout_s=1.0)
+
+    def retries() -> int:
+        return sum(
+            "source (kafka) unavailable at start-up" in r.getMessage() for r in caplog.records
+        )
+
+    caplog.set_level(logging.WARNING)
+    async with consumer_running(config) as run:
+        await wait_until(lambda: retries() >= 2, 120, "two start-up checks failed", run.task)
+        assert not run.running, "consuming without a broker"
+        await asyncio.to_thread(own_broker.start)
+        await wait_until(
+            lambda: bool(run.running), 120, "consuming once the broker is back", run.task
+        )
+        await wait_until(
+            lambda: count_distinct(postgres.dsn, table)[1] >= total, 120, "every row", run.task
+        )
+    assert count_distinct(postgres.dsn, table) == (total, total)

@@ -107,8 +107,9 @@ def open_catalog(sink: dict[str, Any]) -> LedgerCatalog:
 
 
 def kafka_source(topics: KafkaTopics) -> dict[str, Any]:
-    # Offsets follow acks every 5 s; a restarted member may wait for a rebalance to join.
-    return {**topics.source(), "commit_interval_s": 5.0, "check_timeout_s": 60.0}
+    # Offsets follow acks every 5 s. A restarted member may wait for a rebalance to join:
+    # the default join bound (KafkaSettings.join_timeout_s) covers it.
+    return {**topics.source(), "commit_interval_s": 5.0}
 
 
 def start_consumer(

@@ -112,15 +112,15 @@ class KafkaClients:
             self.consumer = consumer
             consumer.subscribe([config.topic], listener=listener)
             with connect_causes(config.bootstrap_servers) as causes:
-                try:
-                    async with asyncio.timeout(config.check_timeout_s):
+                try:  # waits for the group's assignment: a rebalance may take a while
+                    async with asyncio.timeout(config.join_timeout_s):
                         await consumer.start()
                 except (KafkaError, OSError, TimeoutError) as exc:
                     self.consumer = None
                     with contextlib.suppress(Exception):
                         await consumer.stop()
                     doing = f"joining group {config.group_id!r}"
-                    raise self._unreachable(exc, doing, causes) from exc
+                    raise self._unreachable(exc, doing, causes, config.join_timeout_s) from exc
             self.consumer_started = True
             on_start()
             _LOG.info(
@@ -147,11 +147,15 @@ class KafkaClients:
                 _LOG.warning("Kafka dead-letter producer did not stop cleanly: %r", exc)
 
     def _unreachable(
-        self, exc: BaseException, doing: str, causes: ConnectCauses | None = None
+        self,
+        exc: BaseException,
+        doing: str,
+        causes: ConnectCauses | None = None,
+        timeout_s: float | None = None,
     ) -> KafkaUnreachable:
         config = self._config
         reason = (
-            f"no answer within {config.check_timeout_s:g} s"
+            f"no answer within {timeout_s or config.check_timeout_s:g} s"
             if isinstance(exc, TimeoutError)
             else f"{type(exc).__name__}: {exc}"
         )

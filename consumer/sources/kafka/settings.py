@@ -112,7 +112,12 @@ class KafkaSettings(Section):
     """How long a dead letter's produce may take to be acknowledged by the brokers (else the
     record is nacked, not committed)."""
     check_timeout_s: float = Field(default=10.0, gt=0)
-    """How long the start-up check (and a client's start) waits for the brokers."""
+    """How long the start-up check (and a client's start) waits for the brokers. Joining the
+    group may take longer (:attr:`join_timeout_s`)."""
+    startup_wait_s: float = Field(default=300.0, ge=0)
+    """How long start-up waits for brokers that do not answer (retrying with backoff, as for
+    the model server and the sink) before giving up with an error: a broker that restarts
+    with the consumer is not a reason to exit."""
     # What ``admin ensure`` creates and checks; the consumer itself does not read these.
     partitions: int = Field(default=6, ge=1)
     """The topic's partition count: also the most consumer replicas that get work (an
@@ -213,6 +218,14 @@ class KafkaSettings(Section):
             named = ", ".join(f"{k}={v}" for k, v in files.items() if v) or "system CAs"
             raise KafkaConfigError(f"cannot build the TLS context ({named}): {exc}") from exc
         return context
+
+    @property
+    def join_timeout_s(self) -> float:
+        """How long starting the consumer may wait to join the group and get its partitions:
+        a rebalance waits for every member to rejoin (up to ``rebalance_timeout_ms``) and for
+        a member that died to be dropped (``session_timeout_ms``), so a member restarted
+        right after a crash may wait for both."""
+        return self.check_timeout_s + (self.session_timeout_ms + self.rebalance_timeout_ms) / 1000
 
     def within_budget(self, budget_bytes: int) -> KafkaSettings:
         """These settings for a consumer with ``budget_bytes``: ``fetch_max_bytes``, unless

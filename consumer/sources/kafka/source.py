@@ -59,7 +59,11 @@ from rowbatch.consumer.sources.base import (
 )
 from rowbatch.consumer.sources.kafka.clients import KafkaClients
 from rowbatch.consumer.sources.kafka.dead_letters import dead_letter_headers, publish_dead_letter
-from rowbatch.consumer.sources.kafka.errors import DeadLetterFailed, KafkaConsumeError
+from rowbatch.consumer.sources.kafka.errors import (
+    DeadLetterFailed,
+    KafkaConsumeError,
+    KafkaUnreachable,
+)
 from rowbatch.consumer.sources.kafka.lag import LagMonitor, standalone_signal
 from rowbatch.consumer.sources.kafka.partitions import Partitions, RebalanceListener
 from rowbatch.consumer.sources.kafka.readahead import ReadAhead
@@ -143,11 +147,15 @@ class KafkaSource:
     async def check(self) -> None:
         """Start-up check: the brokers answer (``KafkaUnreachable`` naming them, within
         ``check_timeout_s``), the topic and the dead-letter topic exist
-        (``KafkaConfigError`` naming the missing ones). Then joins the group. On failure the
-        source is closed (its clients stopped): it cannot be used any more."""
+        (``KafkaConfigError`` naming the missing ones). Then joins the group (within
+        ``join_timeout_s``). After ``KafkaUnreachable`` it may be called again (start-up waits
+        for the brokers: ``open_source``); on any other failure the source is closed (its
+        clients stopped): it cannot be used any more."""
         try:
             await self._clients.check_topics()
             await self._ensure_consumer()
+        except KafkaUnreachable:
+            raise
         except BaseException:
             await self.close()
             raise

@@ -84,6 +84,9 @@ class PubSubSettings(Section):
     check_timeout_s: float = Field(default=10.0, gt=0)
     """How long the start-up check keeps retrying an unreachable Pub/Sub before it reports
     the subscription unreachable."""
+    startup_wait_s: float = Field(default=300.0, ge=0)
+    """How long start-up waits for a Pub/Sub that does not answer (the check again, with
+    backoff) before giving up with an error."""
     # What ``admin ensure`` creates and checks; the consumer itself does not read these.
     topic: str | None = Field(default=None, pattern=TOPIC_PATTERN)
     """The topic the subscription reads (``projects/P/topics/T``). ``admin ensure`` needs it;

@@ -1,5 +1,6 @@
 """Start-up waits out an unavailable dependency with backoff (injected clock and sleep), passes
-any other error through at once, and gives up after the configured wait naming the setting."""
+any other error through at once, and gives up after the configured wait naming the setting;
+the broker too (``open_source``), closing a source it gives up on."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
+from rowbatch.consumer.service.build_io import SOURCE_STARTUP_BACKOFF, open_source
 from rowbatch.consumer.service.startup import StillUnavailable, wait_for
+from rowbatch.consumer.sources.base import SourceConfigError, SourceUnreachable
+from rowbatch.consumer.sources.kafka.settings import KafkaSettings
 from rowbatch.timing import Backoff
 
 
@@ -86,3 +90,64 @@ async def test_gives_up_after_the_wait_naming_the_setting() -> None:
     assert "connection refused" in str(caught.value)
     assert clock.now <= 5.0
     assert len(calls) == len(clock.waits) + 1  # one last try, then no sleep past the deadline
+
+
+# --- the broker at start-up (open_source) -------------------------------------------------------
+
+
+class FlakySource:
+    """A source whose ``check`` raises ``errors`` one after another, then passes."""
+
+    def __init__(self, *errors: Exception) -> None:
+        self.errors = list(errors)
+        self.checks = 0
+        self.closed = False
+
+    async def check(self) -> None:
+        self.checks += 1
+        if self.errors:
+            raise self.errors.pop(0)
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+def kafka_settings(**fields: object) -> KafkaSettings:
+    return KafkaSettings.model_validate(
+        {"bootstrap_servers": "b:9092", "topic": "t", "group_id": "g", **fields}
+    )
+
+
+async def test_a_broker_that_does_not_answer_at_start_up_is_waited_for() -> None:
+    clock = Clock()
+    source = FlakySource(SourceUnreachable("no answer"), SourceUnreachable("no answer"))
+    await open_source(source, kafka_settings(), sleep=clock.sleep, clock=clock)  # type: ignore[arg-type]
+    assert source.checks == 3
+    assert len(clock.waits) == 2
+    assert all(0 < w <= SOURCE_STARTUP_BACKOFF.max_s for w in clock.waits)
+    assert not source.closed
+
+
+async def test_a_broker_down_past_the_start_up_wait_is_named_and_the_source_closed() -> None:
+    clock = Clock()
+    source = FlakySource(*[SourceUnreachable("cannot reach Kafka at b:9092")] * 50)
+    with pytest.raises(StillUnavailable, match=r"source \(kafka\).*source\.startup_wait_s.*b:9092"):
+        await open_source(
+            source,  # type: ignore[arg-type]
+            kafka_settings(startup_wait_s=20),
+            sleep=clock.sleep,
+            clock=clock,
+        )
+    assert clock.now <= 20
+    assert source.checks > 1
+    assert source.closed
+
+
+async def test_a_wrong_source_config_is_not_waited_for() -> None:
+    clock = Clock()
+    source = FlakySource(SourceConfigError("no topic 't'"))
+    with pytest.raises(SourceConfigError, match="no topic"):
+        await open_source(source, kafka_settings(), sleep=clock.sleep, clock=clock)  # type: ignore[arg-type]
+    assert source.checks == 1
+    assert clock.waits == []
+    assert source.closed

@@ -25,7 +25,7 @@ from rowbatch.consumer.service.build_io import make_source
 from rowbatch.consumer.sources.base import DeadLetterReason, Delivery
 from rowbatch.consumer.sources.kafka import errors as kafka_errors
 from rowbatch.consumer.sources.kafka import records as kafka_records
-from rowbatch.consumer.sources.kafka.errors import KafkaConfigError
+from rowbatch.consumer.sources.kafka.errors import KafkaConfigError, KafkaUnreachable
 from rowbatch.consumer.sources.kafka.settings import KafkaSettings
 from rowbatch.consumer.sources.kafka.source import KafkaSource
 from rowbatch.wire.dead_letter import ReasonClass
@@ -691,3 +691,85 @@ def test_throughput_meter_counts_busy_windows_only() -> None:
     assert meter.sample(6.0, busy=True) == 500.0  # started idle: unchanged
     meter.done(3000)
     assert meter.sample(8.0, busy=True) == 0.5 * 1500 + 0.5 * 500
+
+
+# --- start-up: joining the group, brokers that do not answer --------------------------------------
+
+
+def test_joining_the_group_may_take_a_rebalance_longer_than_the_check() -> None:
+    config = KafkaSettings(
+        bootstrap_servers="b:9092",
+        topic="t",
+        group_id="g",
+        check_timeout_s=5,
+        session_timeout_ms=45_000,
+        rebalance_timeout_ms=60_000,
+    )
+    assert config.join_timeout_s == 5 + 45 + 60
+
+
+async def test_a_slow_group_join_is_not_taken_for_brokers_that_do_not_answer() -> None:
+    """Starting the consumer waits for the group's assignment: a member restarted while the
+    group waits on one that died waits past ``check_timeout_s`` (here 10 ms)."""
+    rig = make_rig(check_timeout_s=0.01)
+    joined = asyncio.Event()
+
+    async def slow_start() -> None:
+        await asyncio.sleep(0.05)  # the rebalance, slower than the check's 10 ms
+        joined.set()
+
+    original = rig.source._clients._consumer_factory
+
+    def consumer(**options: Any) -> FakeConsumer:
+        made = original(**options)
+        made.start = slow_start
+        return made  # type: ignore[no-any-return]
+
+    rig.source._clients._consumer_factory = consumer
+    await rig.source._ensure_consumer()
+    assert joined.is_set()
+    await rig.source.close()
+
+
+@dataclass
+class FlakyCluster:
+    """``producer.client``: metadata fails ``failures`` times (brokers that do not answer)."""
+
+    failures: int
+    calls: int = 0
+
+    async def fetch_all_metadata(self) -> FlakyCluster:
+        self.calls += 1
+        if self.calls <= self.failures:
+            from aiokafka.errors import KafkaConnectionError
+
+            raise KafkaConnectionError("connection refused")
+        return self
+
+    def partitions_for_topic(self, topic: str) -> set[int]:
+        return {0, 1}
+
+    def topics(self) -> set[str]:
+        return {TOPIC, f"{TOPIC}.dlq"}
+
+
+async def test_a_check_that_found_no_broker_can_be_made_again() -> None:
+    """Start-up waits for the brokers by calling ``check`` again (``open_source``): a check
+    that raised ``KafkaUnreachable`` leaves the source usable."""
+    rig = make_rig()
+    cluster = FlakyCluster(failures=1)
+    original = rig.source._clients._producer_factory
+
+    def producer(**options: Any) -> FakeProducer:
+        made = original(**options)
+        made.client = cluster
+        return made  # type: ignore[no-any-return]
+
+    rig.source._clients._producer_factory = producer
+    with pytest.raises(KafkaUnreachable, match="cannot reach Kafka at b:9092"):
+        await rig.source.check()
+    assert not rig.source._closed
+    await rig.source.check()
+    assert cluster.calls == 2
+    assert rig.source._clients.consumer_started
+    await rig.source.close()
