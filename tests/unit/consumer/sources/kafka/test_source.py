@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -708,6 +708,18 @@ def test_joining_the_group_may_take_a_rebalance_longer_than_the_check() -> None:
     assert config.join_timeout_s == 5 + 45 + 60
 
 
+def with_attributes(factory: Callable[..., Any], **attributes: Any) -> Callable[..., Any]:
+    """``factory``, whose clients get ``attributes`` set."""
+
+    def make(**options: Any) -> Any:
+        made = factory(**options)
+        for name, value in attributes.items():
+            setattr(made, name, value)
+        return made
+
+    return make
+
+
 async def test_a_slow_group_join_is_not_taken_for_brokers_that_do_not_answer() -> None:
     """Starting the consumer waits for the group's assignment: a member restarted while the
     group waits on one that died waits past ``check_timeout_s`` (here 10 ms)."""
@@ -718,14 +730,8 @@ async def test_a_slow_group_join_is_not_taken_for_brokers_that_do_not_answer() -
         await asyncio.sleep(0.05)  # the rebalance, slower than the check's 10 ms
         joined.set()
 
-    original = rig.source._clients._consumer_factory
-
-    def consumer(**options: Any) -> FakeConsumer:
-        made = original(**options)
-        made.start = slow_start
-        return made  # type: ignore[no-any-return]
-
-    rig.source._clients._consumer_factory = consumer
+    clients = rig.source._clients
+    clients._consumer_factory = with_attributes(clients._consumer_factory, start=slow_start)
     await rig.source._ensure_consumer()
     assert joined.is_set()
     await rig.source.close()
@@ -758,14 +764,8 @@ async def test_a_check_that_found_no_broker_can_be_made_again() -> None:
     that raised ``KafkaUnreachable`` leaves the source usable."""
     rig = make_rig()
     cluster = FlakyCluster(failures=1)
-    original = rig.source._clients._producer_factory
-
-    def producer(**options: Any) -> FakeProducer:
-        made = original(**options)
-        made.client = cluster
-        return made  # type: ignore[no-any-return]
-
-    rig.source._clients._producer_factory = producer
+    clients = rig.source._clients
+    clients._producer_factory = with_attributes(clients._producer_factory, client=cluster)
     with pytest.raises(KafkaUnreachable, match="cannot reach Kafka at b:9092"):
         await rig.source.check()
     assert not rig.source._closed
