@@ -13,6 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 log = logging.getLogger(__name__)
 
 _MAX_REQUEST_LINE = 8192
+_CLOSE_WAIT_S = 2.0
 
 
 class HealthServer:
@@ -24,6 +25,7 @@ class HealthServer:
         self._host = host
         self._port = port
         self._server: asyncio.Server | None = None
+        self._open: dict[asyncio.StreamWriter, asyncio.Task[object] | None] = {}
 
     @property
     def port(self) -> int:
@@ -42,13 +44,27 @@ class HealthServer:
             ) from exc
         log.info("serving /metrics, /healthz, /readyz on http://%s:%d", self._host, self.port)
 
+    @property
+    def connections(self) -> int:
+        """Connections accepted and not yet closed."""
+        return len(self._open)
+
     async def close(self) -> None:
+        """Stop listening and close the connections still open (a scraper that connected and
+        has not sent its request yet): closing the server alone leaves them to the event loop's
+        end, where their sockets leak."""
         if self._server is not None:
             self._server.close()
+            for writer in self._open:
+                writer.close()  # its handler reads the end of the stream and returns
+            handlers = {task for task in self._open.values() if task is not None}
+            if handlers:
+                await asyncio.wait(handlers, timeout=_CLOSE_WAIT_S)
             await self._server.wait_closed()
             self._server = None
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._open[writer] = asyncio.current_task()
         try:
             line = await asyncio.wait_for(reader.readline(), timeout=10)
             while (await asyncio.wait_for(reader.readline(), timeout=10)) not in (b"\r\n", b""):
@@ -65,6 +81,7 @@ class HealthServer:
         except (TimeoutError, ConnectionError, UnicodeDecodeError):
             pass
         finally:
+            self._open.pop(writer, None)
             writer.close()
             with contextlib.suppress(ConnectionError):
                 await writer.wait_closed()

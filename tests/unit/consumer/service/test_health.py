@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.service.health import HealthServer
@@ -34,3 +35,27 @@ async def test_endpoints() -> None:
         assert (await get(server.port, "/nope"))[0] == 404
     finally:
         await server.close()
+
+
+async def test_close_closes_a_connection_still_waiting_for_its_request() -> None:
+    server = HealthServer(Metrics().registry, lambda: True, "127.0.0.1", 0)
+    await server.start()
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    try:
+        writer.write(b"GET /metrics HTTP/1.1\r\n")  # no blank line: the server waits for more
+        await writer.drain()
+        for _ in range(100):  # the server's side accepted it (a bounded number of loop turns)
+            if server.connections:
+                break
+            await asyncio.sleep(0)
+        assert server.connections == 1
+        await server.close()
+        # The server's side is closed by close(), not left to the event loop's end (where it
+        # leaked as an unclosed transport); the client sees the end of the stream or a reset.
+        assert server.connections == 0
+        with contextlib.suppress(ConnectionResetError):
+            assert await asyncio.wait_for(reader.read(), timeout=5) == b""
+    finally:
+        writer.close()
+        with contextlib.suppress(ConnectionError):
+            await writer.wait_closed()
