@@ -14,7 +14,7 @@ its ceiling does not move with the machine's load and is known in advance), per 
   messages is set by the model (any one-request-per-message client tops out near 125 rows/s),
   this one's by the clients;
 - a steady publisher at 50 % and 80 % of the measured ceiling (100-row messages, PostgreSQL),
-  with publish-to-written latency per row.
+  and at 80 % with 10-row messages, with publish-to-written latency per row.
 
 Per case: rows/s, the ratios to both ceilings, Triton's own mean executed batch and busy
 fraction (compute_infer time / wall time x instances), the consumer's CPU per row and peak
@@ -74,8 +74,8 @@ QUICK_BACKLOG_ROWS = {500: 10_000, 16: 3_200, 1: 1_000}
 BATCHED_SIZES = (500, 1)
 """Message sizes also run against ``fixed_latency_batched`` (rowbatch and the reference)."""
 PARQUET_SIZES = (500,)
-STEADY_CHUNK_ROWS = 100
-LOADS = (0.5, 0.8)
+STEADY = ((100, 0.5), (100, 0.8), (10, 0.8))
+"""Steady cases: (rows per message, share of the measured ceiling) published at that pace."""
 STEADY_S = 20.0
 QUICK_STEADY_S = 4.0
 REFERENCE_S = 10.0
@@ -250,7 +250,7 @@ class SaturationResult:
                 "message acked as it finishes, 100 outstanding; Kafka: 100 records per poll, "
                 "one commit after them) on the same backlog into "
                 f"PostgreSQL, at most {self.reference_s:g} s; x ref = rowbatch / reference.",
-                f"50 % / 80 %: {STEADY_CHUNK_ROWS}-row messages published steadily at that "
+                "50 % / 80 %: 100- and 10-row messages published steadily at that "
                 f"share of the measured ceiling for {self.steady_s:g} s, max_wait_ms "
                 f"{self.max_wait_ms:g}; publish-to-written per row (first {WARMUP_S:g} s left "
                 "out); bound = max_wait + 3 x Triton's batch time; keeps up = sent >= 95 % of "
@@ -335,10 +335,10 @@ def _backlog(
     )
 
 
-def _steady(ctx: _Ctx, broker: Broker, load: float, seconds: float) -> Case:
+def _steady(ctx: _Ctx, broker: Broker, load: float, seconds: float, chunk_rows: int) -> Case:
     bench = ctx.bench
     feed = create_feed(bench.stack, broker)
-    table = unique(f"saturation_{broker}_steady_{int(load * 100)}")
+    table = unique(f"saturation_{broker}_steady_{chunk_rows}_{int(load * 100)}")
     config = ctx.config(feed, 0, "postgres", table)
     with consumers(bench.dir("saturation"), table, config) as procs:
         wait_ready(procs)
@@ -351,7 +351,7 @@ def _steady(ctx: _Ctx, broker: Broker, load: float, seconds: float) -> Case:
             ctx.timing,
             rows_per_s=ctx.measured * load,
             seconds=seconds,
-            chunk_rows=STEADY_CHUNK_ROWS,
+            chunk_rows=chunk_rows,
         )
         procs[0].terminate()
     in_sink = count_rows(bench, "postgres", table)
@@ -360,9 +360,9 @@ def _steady(ctx: _Ctx, broker: Broker, load: float, seconds: float) -> Case:
         feed,
         "postgres",
         run.observed,
-        rows_per_message=STEADY_CHUNK_ROWS,
+        rows_per_message=chunk_rows,
         in_sink=in_sink,
-        expected=run.observed.rows + STEADY_CHUNK_ROWS,  # and the warm-up chunk
+        expected=run.observed.rows + chunk_rows,  # and the warm-up chunk
         load=load,
     )
     p50, p95, p99 = run.latencies_ms
@@ -441,8 +441,8 @@ def run(bench: Bench) -> SaturationResult:
         probes.append(BrokerProbe(broker, found))
         ctx = _Ctx(bench, timing, found.rows_per_s)
         cases += _backlogs(ctx, broker, sizes, reference_s=reference_s, publish_s=publish_s)
-        for load in LOADS:
-            cases.append(_steady(ctx, broker, load, steady_s))
+        for chunk_rows, load in STEADY:
+            cases.append(_steady(ctx, broker, load, steady_s, chunk_rows))
         found = probe(url, batched, step_s)
         probes.append(BrokerProbe(broker, found, BATCHED_MODEL))
         ctx = _Ctx(bench, batched, found.rows_per_s)
