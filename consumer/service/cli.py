@@ -40,11 +40,9 @@ from rowbatch.consumer.service.shutdown import (
     watch_stop,
 )
 from rowbatch.consumer.service.startup import StartupError
-from rowbatch.consumer.service.table_run import report_progress, summarize, write_summary
 from rowbatch.consumer.sinks.base import SinkError
 from rowbatch.consumer.sources.base import SourceConfigError, SourceUnreachable
 from rowbatch.consumer.sources.table.settings import TableSettings
-from rowbatch.consumer.sources.table.source import TableSource
 from rowbatch.tracing import TracingError
 
 log = logging.getLogger("rowbatch.consumer")
@@ -232,6 +230,14 @@ def table_config(config: ConsumerConfig, args: argparse.Namespace) -> ConsumerCo
 
 def _run_table(config: ConsumerConfig, summary_path: Path | None) -> int:
     """Runs the table source to its end (or a stop), prints the summary; the exit code."""
+    # Table mode's modules (its readers, pyarrow.compute/csv/json: ~9 MiB of RSS) only here.
+    from rowbatch.consumer.service.table_run import (  # noqa: PLC0415
+        report_progress,
+        summarize,
+        write_summary,
+    )
+    from rowbatch.consumer.sources.table.source import TableSource  # noqa: PLC0415
+
     seen: list[Running] = []
     reporting: list[asyncio.Task[None]] = []
     assert isinstance(config.source, TableSettings)

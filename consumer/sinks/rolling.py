@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 ROW_GROUP_BYTES: Final = 4 * 1024 * 1024
@@ -85,6 +84,8 @@ class RollingFile:
         """Drops the chunks' rows still gathered here; ``True`` when the written part of the
         file may hold some of them too (the file must then be closed and rewritten without
         them: its claims still name them)."""
+        import pyarrow.compute as pc  # noqa: PLC0415 (only here: its library is ~5 MiB of RSS)
+
         gone = pa.array(sorted(chunk_ids), type=pa.string())
         kept = []
         for part in self._pending:
