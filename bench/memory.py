@@ -145,7 +145,7 @@ class CaseResult:
 
 @dataclass(frozen=True)
 class SmallMessagesResult:
-    """One broker's run of 1-row messages under ``SMALL_BUDGET``."""
+    """One broker's run of 1-row messages under a budget (``SMALL_BUDGET`` in section 6)."""
 
     broker: str
     messages: int
@@ -399,10 +399,17 @@ def run_case(bench: Bench, case: MemoryCase) -> CaseResult:
     return result
 
 
-def run_small_messages(bench: Bench, broker: Broker, messages: int) -> SmallMessagesResult:
+def run_small_messages(
+    bench: Bench,
+    broker: Broker,
+    messages: int,
+    *,
+    budget: int = SMALL_BUDGET,
+    encoding: Encoding = Encoding.JSON,
+) -> SmallMessagesResult:
     """A backlog of ``messages`` 1-row messages, published before the consumer starts (so
-    the source can read as far ahead as it likes), drained by one consumer with a
-    ``SMALL_BUDGET`` budget; its in-flight gauge sampled all along."""
+    the source can read as far ahead as it likes), drained by one consumer with a ``budget``
+    budget; its in-flight gauge sampled all along."""
     feed = create_feed(bench.stack, broker)
     table = unique(f"small_{broker}")
     config = consumer_config(
@@ -412,9 +419,9 @@ def run_small_messages(bench: Bench, broker: Broker, messages: int) -> SmallMess
         SCORER_BINDING,
         sink_config(bench, "sqlite", table),
         model_extra={"max_wait_ms": 50},
-        budget_bytes=SMALL_BUDGET,
+        budget_bytes=budget,
     )
-    publish(bench.stack, feed, backlog("numeric", messages, 1, Encoding.JSON, prefix=table))
+    publish(bench.stack, feed, backlog("numeric", messages, 1, encoding, prefix=table))
     peak_inflight = 0.0
     first: tuple[float, float] | None = None  # (when, rows written) at the first rows seen
     with consumers(bench.dir("memory"), table, config) as procs:
@@ -444,7 +451,7 @@ def run_small_messages(bench: Bench, broker: Broker, messages: int) -> SmallMess
     result = SmallMessagesResult(
         broker,
         messages,
-        SMALL_BUDGET / MiB,
+        budget / MiB,
         baseline,
         peak,
         peak_inflight / MiB,

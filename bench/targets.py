@@ -12,6 +12,7 @@ from bench.e2e import E2eResult
 from bench.latency import LatencyResult
 from bench.memory import MemoryResult
 from bench.overhead import TARGET_US, OverheadResult
+from bench.queued import QueuedResult
 from bench.report import Target, times
 from bench.saturation import STEADY, SaturationResult
 from bench.saturation_server import BATCHED_MODEL, MODEL
@@ -91,10 +92,12 @@ def check_targets(sections: Mapping[str, Any]) -> list[Target]:
                 anon.peak_anon_mib <= anon.limit_mib,
             )
         )
+    queued = sections.get("queued")
     return (
         found
         + saturation_targets(sections.get("saturation"))
         + table_targets(sections.get("table"))
+        + (queued.targets() if isinstance(queued, QueuedResult) else [])
     )
 
 
