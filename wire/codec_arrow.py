@@ -74,6 +74,8 @@ class Layout:
     types: Mapping[str, ColumnType]
     """Column name -> type (read-only; shared by every chunk of this layout)."""
     rows: int
+    key: bytes = b""
+    """The prefix that identifies it: the stream's bytes up to the record batch's body."""
     checked: bool = False
     """A chunk of this layout passed :func:`rowbatch.wire.chunks.decode.decode_chunk`'s checks
     of the columns (names, lengths): they hold for every chunk of it (the same schema and row
@@ -92,6 +94,9 @@ class Layout:
 #: decoded before whose columns are fixed-width views, for :func:`_decode_layout`.
 _LAYOUTS: Final[dict[bytes, Layout]] = {}
 MAX_LAYOUTS: Final = 1024
+#: The layout :func:`find_layout` found last (none or one): a stream of one layout after
+#: another is matched by a compare of its prefix, without parsing it or hashing a copy.
+_RECENT: Final[list[Layout]] = []
 _CONTINUATION: Final = b"\xff\xff\xff\xff"
 _END_OF_STREAM: Final = _CONTINUATION + b"\x00\x00\x00\x00"
 
@@ -128,6 +133,16 @@ def find_layout(payload: bytes) -> Layout | None:
     """The layout ``payload`` has when everything up to its record batch's body is, byte for
     byte, that of a stream seen before whose columns were all fixed-width numbers without
     nulls (see :class:`Layout`), and it is as long; None for anything else."""
+    if _RECENT:
+        last = _RECENT[0]
+        # The prefix holds the lengths of the messages it spans, so a payload that starts
+        # with it has the same message boundaries: the same layout, as the lookup below finds.
+        if (
+            len(payload) == last.size
+            and payload.startswith(last.key)
+            and (not last.trailer or payload.endswith(last.trailer))
+        ):
+            return last
     if not _LAYOUTS or payload[:4] != _CONTINUATION:
         return None
     length = int.from_bytes(payload[4:8], "little", signed=True)
@@ -138,6 +153,7 @@ def find_layout(payload: bytes) -> Layout | None:
         return None
     if layout.trailer and not payload.endswith(layout.trailer):
         return None
+    _RECENT[:] = (layout,)
     return layout
 
 
@@ -191,10 +207,12 @@ def _learn_layout(
         placed.append((col.type, values.dtype, offset, values.size, shape))
     if len(_LAYOUTS) >= MAX_LAYOUTS:
         _LAYOUTS.clear()
+        _RECENT.clear()
     types = MappingProxyType({col.name: col.type for col in columns})
     rows = len(columns[0].values) if columns else 0
-    layout = Layout(names, tuple(placed), len(payload), trailer, types, rows)
-    _LAYOUTS[payload[:start]] = layout
+    key = payload[:start]
+    layout = Layout(names, tuple(placed), len(payload), trailer, types, rows, key)
+    _LAYOUTS[key] = layout
     return layout
 
 

@@ -52,13 +52,44 @@ def message_cost(
     until the ack), its ``attributes``, the numpy ``arrays`` of its decoded columns and null
     masks (their objects; their data is ``decoded_bytes``), the ``output_bytes`` the model
     will return for its rows, and ``MESSAGE_OVERHEAD_BYTES``."""
-    attrs = sum(len(k) + len(v) for k, v in attributes.items())
+    return held_cost(
+        payload_bytes,
+        attribute_bytes=attributes_bytes(attributes),
+        attribute_count=len(attributes),
+        array_overhead=arrays_overhead(arrays),
+        decoded_bytes=decoded_bytes,
+        output_bytes=output_bytes,
+    )
+
+
+def attributes_bytes(attributes: Mapping[str, str]) -> int:
+    """The lengths of the attributes' names and values, summed."""
+    return sum(map(len, attributes)) + sum(map(len, attributes.values()))
+
+
+def arrays_overhead(arrays: Iterable[NDArray[Any]]) -> int:
+    """What ``arrays`` cost beyond their data (see ``ARRAY_OVERHEAD_BYTES``)."""
+    return sum(map(_array_overhead, arrays))
+
+
+def held_cost(
+    payload_bytes: int,
+    *,
+    attribute_bytes: int,
+    attribute_count: int,
+    array_overhead: int,
+    decoded_bytes: int,
+    output_bytes: int,
+) -> int:
+    """:func:`message_cost` from its parts, where the caller knows them already (the decoder
+    measures a message's attributes for its size check, and knows the arrays' overhead of an
+    Arrow layout seen before)."""
     return (
         MESSAGE_OVERHEAD_BYTES
         + payload_bytes
-        + 2 * attrs
-        + ATTRIBUTE_OVERHEAD_BYTES * len(attributes)
-        + sum(map(_array_overhead, arrays))
+        + 2 * attribute_bytes
+        + ATTRIBUTE_OVERHEAD_BYTES * attribute_count
+        + array_overhead
         + decoded_bytes
         + output_bytes
     )

@@ -5,14 +5,17 @@ batch (and never costs an inference call)."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
+from rowbatch.consumer.engine.budget import arrays_overhead, attributes_bytes
 from rowbatch.consumer.model.mismatch import SchemaMismatch
 from rowbatch.consumer.sources.base import DeadLetterReason, Delivery
 from rowbatch.wire.chunks.decode import DecodedChunk, decode_chunk
@@ -40,6 +43,11 @@ class MessageRows:
     nulls: Mapping[str, NDArray[np.bool_]]
     nbytes: int
     """Memory the decoded columns hold (text counted by its UTF-8 length plus overhead)."""
+    attribute_bytes: int = 0
+    """The delivery's attributes' names and values, their lengths summed (for its cost)."""
+    array_overhead: int = 0
+    """What the arrays of ``columns`` and ``nulls`` cost beyond their data (see
+    ``rowbatch.consumer.engine.budget.arrays_overhead``)."""
 
     @classmethod
     def _of(
@@ -49,15 +57,26 @@ class MessageRows:
         columns: Mapping[str, NDArray[Any]],
         nulls: Mapping[str, NDArray[np.bool_]],
         nbytes: int,
+        *,
+        attribute_bytes: int,
+        array_overhead: int,
     ) -> MessageRows:
         """The instance, without the frozen dataclass's per-field ``__init__`` (a cost per
         message)."""
         out = object.__new__(cls)
         out.__dict__.update(
-            chunk_id=chunk_id, rows=rows, columns=columns, nulls=nulls, nbytes=nbytes
+            chunk_id=chunk_id,
+            rows=rows,
+            columns=columns,
+            nulls=nulls,
+            nbytes=nbytes,
+            attribute_bytes=attribute_bytes,
+            array_overhead=array_overhead,
         )
         return out
 
+
+_NO_NULLS: Mapping[str, NDArray[np.bool_]] = MappingProxyType({})
 
 SchemaCheck = Callable[[DecodedChunk], None]
 """Raises an exception with a message naming the column when a chunk cannot feed the model."""
@@ -95,6 +114,10 @@ class MessageDecoder:
         self._check = check
         self._max_attempts = max_delivery_attempts
         self._limits = limits or DecodeLimits()
+        # The sizes of the needed columns of the last Arrow layout read in place (chunks of
+        # one layout share their types mapping, held here so its id cannot be reused): the
+        # same dtypes, shapes and view chains, so the same bytes and array overhead.
+        self._layout_sizes: tuple[Mapping[str, Any], int, int] | None = None
 
     def rows(self, delivery: Delivery) -> MessageRows:
         """Decode and check one delivery; raises ``PoisonMessage`` with the reason."""
@@ -106,7 +129,7 @@ class MessageDecoder:
                     f"(max_delivery_attempts={self._max_attempts}) without being written",
                 )
             )
-        self._check_sizes(delivery)
+        attribute_bytes = self._check_sizes(delivery)
         try:
             chunk = decode_chunk(delivery.payload, delivery.attributes)
         except WireError as exc:
@@ -140,17 +163,39 @@ class MessageDecoder:
             ) from exc
         decoded = chunk.columns
         columns = {name: decoded[name] for name in self._needed}
+        if chunk.shared_types:  # read in place by a known layout: no nulls, sizes known
+            sizes = self._layout_sizes
+            if sizes is None or sizes[0] is not chunk.types:
+                sizes = (
+                    chunk.types,
+                    sum(map(_nbytes, columns.values())),
+                    arrays_overhead(columns.values()),
+                )
+                self._layout_sizes = sizes
+            return MessageRows._of(
+                chunk.headers.chunk_id,
+                chunk.row_count,
+                columns,
+                _NO_NULLS,
+                sizes[1],
+                attribute_bytes=attribute_bytes,
+                array_overhead=sizes[2],
+            )
         masks = chunk.null_masks
         nulls = {name: masks[name] for name in self._needed if name in masks} if masks else {}
         return MessageRows._of(
-            chunk_id=chunk.headers.chunk_id,
-            rows=chunk.row_count,
-            columns=columns,
-            nulls=nulls,
-            nbytes=sum(map(_nbytes, columns.values())),
+            chunk.headers.chunk_id,
+            chunk.row_count,
+            columns,
+            nulls,
+            sum(map(_nbytes, columns.values())),
+            attribute_bytes=attribute_bytes,
+            array_overhead=arrays_overhead(itertools.chain(columns.values(), nulls.values())),
         )
 
-    def _check_sizes(self, delivery: Delivery) -> None:
+    def _check_sizes(self, delivery: Delivery) -> int:
+        """Raises ``PoisonMessage`` for a payload or attributes over the limits; the
+        attributes' bytes (names and values)."""
         size = len(delivery.payload)
         if size > self._limits.max_message_bytes:
             raise PoisonMessage(
@@ -162,7 +207,7 @@ class MessageDecoder:
                 )
             )
         attributes = delivery.attributes
-        headers = sum(map(len, attributes)) + sum(map(len, attributes.values()))
+        headers = attributes_bytes(attributes)
         if headers > self._limits.max_attributes_bytes:
             raise PoisonMessage(
                 DeadLetterReason(
@@ -173,3 +218,4 @@ class MessageDecoder:
                     "headers_too_large",
                 )
             )
+        return headers

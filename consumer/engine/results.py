@@ -128,16 +128,14 @@ class ResultBuilder:
 
     def build(self, parts: Sequence[Answered]) -> ResultRows:
         batch, outputs = merge(parts)
-        entries = [self._ledger.get(s.message) for s in batch.segments]
-        lengths = [len(s) for s in batch.segments]
+        segments = batch.segments
+        entries = [self._ledger.get(s.message) for s in segments]
+        lengths = [len(s) for s in segments]
         return ResultRows(
             chunk_id=np.repeat(np.array([e.chunk_id for e in entries], dtype=object), lengths),
-            row_index=np.concatenate(
-                [
-                    np.arange(s.start + e.delivery.row_offset, s.stop + e.delivery.row_offset)
-                    for s, e in zip(batch.segments, entries, strict=True)
-                ],
-                dtype=np.int64,
+            row_index=_row_indexes(
+                [s.start + e.delivery.row_offset for s, e in zip(segments, entries, strict=True)],
+                lengths,
             ),
             source_message_id=np.repeat(
                 np.array([e.delivery.message_id for e in entries], dtype=object), lengths
@@ -149,3 +147,13 @@ class ResultBuilder:
             model_version=self._model_version or parts[0].model_version,
             processed_at=datetime.fromtimestamp(self._wall(), UTC),
         )
+
+
+def _row_indexes(starts: Sequence[int], lengths: Sequence[int]) -> NDArray[np.int64]:
+    """``start, start + 1, ... start + length - 1`` for each segment, joined: one ``arange``
+    over all the rows, shifted per segment (not one ``arange`` a message)."""
+    counts = np.asarray(lengths, dtype=np.int64)
+    shifts = np.asarray(starts, dtype=np.int64) - (np.cumsum(counts) - counts)
+    indexes: NDArray[np.int64] = np.arange(int(counts.sum()), dtype=np.int64)
+    indexes += np.repeat(shifts, counts)
+    return indexes

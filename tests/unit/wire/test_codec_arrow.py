@@ -57,6 +57,7 @@ def schemas() -> Iterator[dict[bytes, Any]]:
     with (
         mock.patch.dict(codec_arrow._KNOWN_SCHEMAS, clear=True),
         mock.patch.dict(codec_arrow._LAYOUTS, clear=True),
+        mock.patch.object(codec_arrow, "_RECENT", []),
     ):
         yield codec_arrow._KNOWN_SCHEMAS
 
@@ -340,3 +341,42 @@ def test_a_layout_whose_columns_fail_the_checks_is_never_checked() -> None:
             with pytest.raises(WireError, match="column name"):
                 decode_chunk(payload, attributes)
         assert all(not layout.checked for layout in codec_arrow._LAYOUTS.values())
+
+
+def test_the_last_layout_found_is_matched_by_its_prefix_alone_where_the_lookup_agrees() -> None:
+    """``find_layout`` first compares a payload with the layout it found last (its prefix, its
+    length, its trailer): for payloads of that layout, of another known one, and of none (a
+    longer or shorter body, another prefix, a stream without its end marker) it answers what
+    the lookup by parsed prefix answers."""
+    first, other = stream([NUMERIC]), stream([NUMERIC.slice(0, 2)])
+    unterminated = stream([NUMERIC], end=False)
+    flipped = bytearray(first)
+    flipped[-16] ^= 0x55  # a body byte: the same layout
+    changed_prefix = bytearray(first)
+    changed_prefix[12] ^= 0x01  # a metadata byte: no layout known for it
+    candidates = [
+        first,
+        bytes(flipped),
+        other,
+        first + b"\x00" * 8,
+        first[:-8],
+        first[:-8] + b"\x00" * 8 + first[-8:],  # a longer body, its end marker kept
+        bytes(changed_prefix),
+        unterminated,
+    ]
+    with schemas():
+        for payload in (first, first, other, other):
+            decode_arrow(payload)  # both layouts learned
+        assert len(codec_arrow._LAYOUTS) == 2
+
+        def looked_up(payload: bytes) -> Any:
+            codec_arrow._RECENT.clear()
+            return codec_arrow.find_layout(payload)
+
+        for last in (first, other):
+            for payload in candidates:
+                assert codec_arrow.find_layout(last) is looked_up(last)  # now the last found
+                assert codec_arrow.find_layout(payload) is looked_up(payload)
+        assert looked_up(first) is not looked_up(other)
+        assert looked_up(bytes(flipped)) is looked_up(first)
+        assert looked_up(bytes(changed_prefix)) is None
