@@ -106,6 +106,23 @@ _InputPlan = tuple[tuple[str, "np.dtype[Any] | None", bool], ...]
 fit (a narrowing cast: ``check_range``) or None, and whether it is text (``check_text``)."""
 
 
+def _values_fit(chunk: DecodedChunk, checks: _InputPlan) -> bool:
+    """Whether the chunk's values pass the value checks of its signature's plan."""
+    masks, columns = chunk.null_masks, chunk.columns
+    try:
+        for column, ranged, text in checks:
+            if column in masks:
+                return False  # a null: the full check words it
+            values = columns[column]
+            if ranged is not None:
+                check_range(column, values, ranged)
+            if text:
+                check_text(column, values)
+    except SchemaMismatch:
+        return False
+    return True
+
+
 def memoized_check(
     spec: ModelSpec,
     binding: Binding,
@@ -125,7 +142,9 @@ def memoized_check(
     # The last chunk's types mapping and signature: chunks read by one Arrow layout share
     # their types mapping, and their arrays' dtypes and row shapes are the layout's, so the
     # same mapping (held here, so its id cannot be reused) means the same signature.
-    last: list[Any] = [None, None]
+    # With it, that signature's value checks once found (so a layout's chunks skip hashing
+    # the signature to look them up).
+    last: list[Any] = [None, None, None]
 
     def signature(chunk: DecodedChunk) -> tuple[Any, ...] | None:
         types_of = chunk.types
@@ -133,7 +152,7 @@ def memoized_check(
             return last[1]  # type: ignore[no-any-return]
         key = _signature(chunk)
         if chunk.shared_types:
-            last[:] = [types_of, key]
+            last[:] = [types_of, key, None]
         return key
 
     def _signature(chunk: DecodedChunk) -> tuple[Any, ...] | None:
@@ -156,30 +175,29 @@ def memoized_check(
             out.append((column, dtype if ranged else None, tensor.datatype == "BYTES"))
         return tuple(out)
 
-    def values_fit(chunk: DecodedChunk, checks: _InputPlan) -> bool:
-        masks, columns = chunk.null_masks, chunk.columns
-        try:
-            for column, ranged, text in checks:
-                if column in masks:
-                    return False  # a null: full_check words it
-                values = columns[column]
-                if ranged is not None:
-                    check_range(column, values, ranged)
-                if text:
-                    check_text(column, values)
-        except SchemaMismatch:
-            return False
-        return True
-
-    def check(chunk: DecodedChunk) -> None:
+    def lookup(chunk: DecodedChunk) -> _InputPlan | None:
+        """The value checks of the chunk's signature; None when the signature is new (then
+        ``full_check`` ran, and the plan for the next ones is made) or cannot be made."""
         key = signature(chunk)
-        checks = known.get(key) if key is not None else None
-        if checks is not None and values_fit(chunk, checks):
-            return
-        full_check(chunk)
-        if key is not None and checks is None:
+        if key is None:
+            full_check(chunk)
+            return None
+        checks = known.get(key)
+        if checks is None:
+            full_check(chunk)
             if len(known) >= MAX_KNOWN_SIGNATURES:
                 known.clear()
             known[key] = plan(chunk)
+        if chunk.types is last[0]:
+            last[2] = known[key]
+        return checks
+
+    def check(chunk: DecodedChunk) -> None:
+        # The last layout's chunks: their plan without hashing their signature.
+        checks = last[2] if chunk.types is last[0] else None
+        if checks is None:
+            checks = lookup(chunk)
+        if checks is not None and not _values_fit(chunk, checks):
+            full_check(chunk)
 
     return check
