@@ -117,6 +117,11 @@ HEADLINES: tuple[Headline, ...] = (
         _num,
     ),
     Headline(
+        "steady 80 % load, 10-row messages: p99 publish-to-written (ms)",
+        f"{SAT} 10-row postgres 80% load: p99 ms",
+        _num,
+    ),
+    Headline(
         "x reference consumer, 500-row messages, 1-instance model",
         f"{SAT} 500-row postgres backlog: x reference",
         _x,
