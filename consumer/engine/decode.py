@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from rowbatch.consumer.engine.budget import arrays_overhead, attributes_bytes
+from rowbatch.consumer.engine.budget import arrays_overhead, attributes_bytes, held_cost
 from rowbatch.consumer.model.mismatch import SchemaMismatch
 from rowbatch.consumer.sources.base import DeadLetterReason, Delivery
 from rowbatch.wire.chunks.decode import DecodedChunk, decode_chunk
@@ -77,6 +77,20 @@ class MessageRows:
 
 
 _NO_NULLS: Mapping[str, NDArray[np.bool_]] = MappingProxyType({})
+
+
+def rows_cost(delivery: Delivery, rows: MessageRows, output_bytes: int) -> int:
+    """What holding ``delivery``, decoded as ``rows``, costs (``budget.message_cost``) from the
+    sizes the decoder measured, with ``output_bytes`` of answers to come."""
+    return held_cost(
+        len(delivery.payload),
+        attribute_bytes=rows.attribute_bytes,
+        attribute_count=len(delivery.attributes),
+        array_overhead=rows.array_overhead,
+        decoded_bytes=rows.nbytes,
+        output_bytes=output_bytes,
+    )
+
 
 SchemaCheck = Callable[[DecodedChunk], None]
 """Raises an exception with a message naming the column when a chunk cannot feed the model."""

@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
 
-from rowbatch.consumer.engine.budget import ByteBudget, held_cost
-from rowbatch.consumer.engine.decode import MessageDecoder, MessageRows, PoisonMessage
+from rowbatch.consumer.engine.budget import ByteBudget
+from rowbatch.consumer.engine.decode import MessageDecoder, MessageRows, PoisonMessage, rows_cost
 from rowbatch.consumer.engine.gate import Gate
 from rowbatch.consumer.engine.stage_context import StageContext
 from rowbatch.consumer.observe.metrics import observe_many
@@ -180,14 +180,9 @@ class IntakeStage:
         """What holding this message costs until it is settled (see ``message_cost``): the
         raw payload and attributes stay held until the ack, so they count too; so does its
         span when tracing is on."""
-        return held_cost(
-            len(delivery.payload),
-            attribute_bytes=rows.attribute_bytes,
-            attribute_count=len(delivery.attributes),
-            array_overhead=rows.array_overhead,
-            decoded_bytes=rows.nbytes,
-            output_bytes=rows.rows * self._output_bytes_per_row,
-        ) + (0 if self._tracing is None else TRACED_MESSAGE_BYTES)
+        return rows_cost(delivery, rows, rows.rows * self._output_bytes_per_row) + (
+            0 if self._tracing is None else TRACED_MESSAGE_BYTES
+        )
 
     def withdraw(self, deliveries: Sequence[Delivery]) -> list[Delivery]:
         """The source takes ``deliveries`` back: drop those not yet sent to the model (queued

@@ -1,21 +1,43 @@
 """Start-up footprint: the consumer's entry point imports neither broker's client library; the
 configured source imports its own (the Pub/Sub client alone is ~28 MiB of RSS, aiokafka ~10),
-so a Kafka consumer never carries Google's client and the other way round (docs/memory.md)."""
+so a Kafka consumer never carries Google's client and the other way round (docs/memory.md).
+Nor does it import table mode's readers and pyarrow's compute, CSV and JSON modules (~9 MiB
+together), which the ``table`` command imports when it runs. Checked in a fresh interpreter,
+since this one's test modules have imported them already."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 
-BROKER_CLIENTS = ("google.cloud.pubsub_v1", "aiokafka")
+BROKER_CLIENTS = ("google.cloud.pubsub_v1", "aiokafka", "psycopg")
+TABLE_MODE = (
+    "pyarrow.compute",
+    "pyarrow.csv",
+    "pyarrow.json",
+    "rowbatch.wire.readers",
+    "rowbatch.consumer.sources.table.source",
+)
 
 
-def test_the_consumer_cli_imports_no_broker_client() -> None:
+def loaded(modules: tuple[str, ...], *imports: str) -> str:
+    """Which of ``modules`` a fresh interpreter has loaded once it imported ``imports``."""
     probe = (
-        "import sys, rowbatch.consumer.service.cli\n"
-        f"print(','.join(m for m in {BROKER_CLIENTS!r} if m in sys.modules))"
+        f"import sys, {', '.join(imports)}\n"
+        f"print(','.join(m for m in {modules!r} if m in sys.modules))"
     )
     done = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
     )
-    assert done.stdout.strip() == ""
+    return done.stdout.strip()
+
+
+def test_the_consumer_cli_imports_no_broker_client() -> None:
+    assert loaded(BROKER_CLIENTS, "rowbatch.consumer.service.cli") == ""
+
+
+def test_the_cli_and_the_parquet_sink_import_nothing_of_table_mode() -> None:
+    assert (
+        loaded(TABLE_MODE, "rowbatch.consumer.service.cli", "rowbatch.consumer.sinks.parquet.sink")
+        == ""
+    )

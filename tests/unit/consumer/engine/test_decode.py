@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import rowbatch.consumer.engine.decode as decode_module
-from rowbatch.consumer.engine.budget import held_cost, message_cost
-from rowbatch.consumer.engine.decode import MessageDecoder, MessageRows, PoisonMessage
+from rowbatch.consumer.engine.budget import message_cost
+from rowbatch.consumer.engine.decode import MessageDecoder, PoisonMessage, rows_cost
 from rowbatch.consumer.sources.base import Delivery
 from rowbatch.wire.chunks.decode import DecodedChunk, decode_chunk
 from rowbatch.wire.chunks.encode import encode_chunk
@@ -57,17 +57,6 @@ def _delivery(i: int, columns: dict[str, object], encoding: str = "arrow") -> De
     return Delivery(f"m{i}", enc.payload, dict(enc.attributes), 0, 1, "s")
 
 
-def _charged(rows: MessageRows, delivery: Delivery) -> int:
-    return held_cost(
-        len(delivery.payload),
-        attribute_bytes=rows.attribute_bytes,
-        attribute_count=len(delivery.attributes),
-        array_overhead=rows.array_overhead,
-        decoded_bytes=rows.nbytes,
-        output_bytes=0,
-    )
-
-
 def test_a_message_is_charged_what_message_cost_says_for_every_kind_and_layout(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -96,6 +85,6 @@ def test_a_message_is_charged_what_message_cost_says_for_every_kind_and_layout(
         rows = decoder.rows(delivery)
         arrays = chain(rows.columns.values(), rows.nulls.values())
         want = message_cost(len(delivery.payload), delivery.attributes, arrays, rows.nbytes, 0)
-        assert _charged(rows, delivery) == want, delivery.message_id
+        assert rows_cost(delivery, rows, 0) == want, delivery.message_id
         assert rows.nbytes == sum(a.nbytes for a in rows.columns.values())
     assert in_place[8:14] == [True] * 6  # the alternating layouts were read in place
