@@ -9,7 +9,6 @@ import itertools
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -74,9 +73,6 @@ class MessageRows:
             array_overhead=array_overhead,
         )
         return out
-
-
-_NO_NULLS: Mapping[str, NDArray[np.bool_]] = MappingProxyType({})
 
 
 def rows_cost(delivery: Delivery, rows: MessageRows, output_bytes: int) -> int:
@@ -190,7 +186,7 @@ class MessageDecoder:
                 chunk.headers.chunk_id,
                 chunk.row_count,
                 columns,
-                _NO_NULLS,
+                chunk.null_masks,  # the layout's chunks have none: an empty mapping they share
                 sizes[1],
                 attribute_bytes=attribute_bytes,
                 array_overhead=sizes[2],
