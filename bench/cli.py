@@ -37,6 +37,7 @@ from bench import (
     machine,
     memory,
     overhead,
+    per_message,
     queued,
     saturation,
     scaling,
@@ -55,6 +56,7 @@ SECTIONS = (
     "e2e",
     "naive",
     "overhead",
+    "per_message",
     "latency",
     "memory",
     "scaling",
@@ -102,7 +104,9 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke test)")
     parser.add_argument("--out", type=Path, default=None, help="JSON file to write")
     parser.add_argument(
-        "--no-profile", action="store_true", help="skip the py-spy run of the overhead section"
+        "--no-profile",
+        action="store_true",
+        help="skip the py-spy runs of the overhead and per_message sections",
     )
     parser.add_argument(
         "--repeat",
@@ -151,6 +155,7 @@ def _sections(args: BenchArgs, done: dict[str, Any]) -> dict[str, Callable[[Benc
         "e2e": lambda b: e2e.run(b, args.rows, done.get("ceiling")),
         "naive": baseline.run,
         "overhead": lambda b: overhead.run(b, args.profile),
+        "per_message": lambda b: per_message.run(b, args.profile),
         "latency": lambda b: latency.run(b, done.get("e2e")),
         "memory": memory.run,
         "scaling": scaling.run,

@@ -1,21 +1,29 @@
 """Where the consumer's CPU goes, by stage: a ``py-spy record --format raw`` of the consumer
 process, each sample attributed to the stage of its innermost frame that belongs to one.
 
-Stages (matched on the frame's file path, innermost frame first; a frame of a library that
-serves several stages, gRPC or numpy, only counts when nothing further out claims the sample):
+Stages (matched on the frame's file path below the checkout, with or without the installed
+package's ``rowbatch/`` prefix, innermost frame first; a frame of a library that serves several
+stages, gRPC or numpy, only counts when nothing further out claims the sample):
 
 - decode: ``wire/`` (the contract: chunks, headers, columns, codec_json, codec_arrow)
-- batch: ``consumer/engine/batcher.py``, ``intake.py``, ``ledger.py``, ``budget.py``
-- tensor build (and the per-message binding check): ``consumer/model/binding.py``,
-  ``chunk_check.py``, ``tensors.py``
-- gRPC (inference): ``consumer/model/inference/``, ``tritonclient``; ``grpc`` when nothing else
-- sink: ``consumer/sinks/``, ``psycopg``, ``sqlite3``, ``pyarrow/parquet``
-- ack (source): ``consumer/sources/``, ``google/cloud/pubsub``, ``google/api_core``, ``aiokafka``
+- intake: ``consumer/engine/intake_stage.py``, ``decode.py``, ``ledger.py``, ``budget.py``,
+  ``batcher.py`` (a message's cost, its ledger entry, batching)
+- check: ``consumer/model/binding.py``, ``chunk_check.py``, ``tensors.py`` (the binding's
+  per-message check and the input tensors)
+- inference: ``consumer/engine/inference_stage.py``, ``consumer/model/``, ``tritonclient``;
+  ``grpc`` when nothing else claims it
+- write: ``consumer/engine/write_stage.py``, ``results.py``, ``settle.py``,
+  ``commit_stage.py``, ``consumer/sinks/``, ``psycopg``, ``sqlite3``, ``pyarrow/parquet``
+  (result rows, the sink, settling)
+- source: ``consumer/sources/`` (the source's own bookkeeping: records held, deliveries built,
+  read-ahead, commits and acks)
+- broker client: ``aiokafka``, ``google/cloud/pubsub``, ``google/api_core`` (fetching, protocol
+  parsing)
+- metrics: ``consumer/observe/``, ``prometheus_client``
 - event loop: samples that end in ``asyncio``, ``selectors``, ``threading`` or
   ``concurrent.futures`` with no stage further out: polling, callbacks, thread hand-offs (py-spy
   in ``--nonblocking`` mode may count some waits in ``epoll`` here)
-- other: the rest of ``consumer/engine/`` (the pipeline and its stages), metrics, logging,
-  everything else
+- other: the rest of ``consumer/engine/`` (the pipeline), logging, everything else
 """
 
 from __future__ import annotations
@@ -31,32 +39,54 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-STAGES = ("decode", "batch", "tensor build", "gRPC", "sink", "ack", "event loop", "other")
+STAGES = (
+    "decode",
+    "intake",
+    "check",
+    "inference",
+    "write",
+    "source",
+    "broker client",
+    "metrics",
+    "event loop",
+    "other",
+)
 
 _OWN: tuple[tuple[str, str], ...] = (
-    ("consumer/sources/", "ack"),
-    ("consumer/sinks/", "sink"),
-    ("consumer/model/binding.py", "tensor build"),
-    ("consumer/model/chunk_check.py", "tensor build"),
-    ("consumer/model/tensors.py", "tensor build"),
-    ("consumer/model/inference/", "gRPC"),
-    ("consumer/engine/batcher.py", "batch"),
-    ("consumer/engine/decode.py", "batch"),
-    ("consumer/engine/ledger.py", "batch"),
-    ("consumer/engine/budget.py", "batch"),
+    ("consumer/sources/", "source"),
+    ("consumer/sinks/", "write"),
+    ("consumer/observe/", "metrics"),
+    ("consumer/model/binding.py", "check"),
+    ("consumer/model/chunk_check.py", "check"),
+    ("consumer/model/tensors.py", "check"),
+    ("consumer/model/", "inference"),
+    ("consumer/engine/inference_stage.py", "inference"),
+    ("consumer/engine/write_stage.py", "write"),
+    ("consumer/engine/results.py", "write"),
+    ("consumer/engine/settle.py", "write"),
+    ("consumer/engine/commit_stage.py", "write"),
+    ("consumer/engine/intake_stage.py", "intake"),
+    ("consumer/engine/batcher.py", "intake"),
+    ("consumer/engine/decode.py", "intake"),
+    ("consumer/engine/ledger.py", "intake"),
+    ("consumer/engine/budget.py", "intake"),
     ("wire/", "decode"),
 )
+_PACKAGE = "rowbatch/"
+"""The installed package's directory in the checkout (its ``consumer``, ``producer`` and
+``wire`` are links to the top-level folders, so frames name either path)."""
 _LIBS: tuple[tuple[str, str], ...] = (
-    ("/tritonclient/", "gRPC"),
-    ("/psycopg/", "sink"),
-    ("/psycopg_binary/", "sink"),
-    ("/sqlite3/", "sink"),
-    ("/pyarrow/parquet/", "sink"),
-    ("/google/cloud/pubsub", "ack"),
-    ("/google/api_core/", "ack"),
-    ("/aiokafka/", "ack"),
+    ("/tritonclient/", "inference"),
+    ("/psycopg/", "write"),
+    ("/psycopg_binary/", "write"),
+    ("/sqlite3/", "write"),
+    ("/pyarrow/parquet/", "write"),
+    ("/google/cloud/pubsub", "broker client"),
+    ("/google/api_core/", "broker client"),
+    ("/aiokafka/", "broker client"),
+    ("/prometheus_client/", "metrics"),
 )
-_WEAK: tuple[tuple[str, str], ...] = (("/grpc/", "gRPC"),)
+_WEAK: tuple[tuple[str, str], ...] = (("/grpc/", "inference"),)
 _LOOP = ("/asyncio/", "/selectors.py", "/threading.py", "/concurrent/futures/", "/queue.py")
 _FRAME = re.compile(r"^(.*) \((.*?)(?::\d+)?\)$")
 
@@ -65,6 +95,7 @@ def stage_of_file(path: str, repo: str) -> tuple[str | None, bool]:
     """The stage a frame's file belongs to, and whether the match is weak."""
     if path.startswith(repo) and "/site-packages/" not in path:
         rel = path[len(repo) :].lstrip("/")
+        rel = rel.removeprefix(_PACKAGE)
         for prefix, stage in _OWN:
             if rel.startswith(prefix):
                 return stage, False

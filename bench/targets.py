@@ -12,6 +12,7 @@ from bench.e2e import E2eResult
 from bench.latency import LatencyResult
 from bench.memory import MemoryResult
 from bench.overhead import TARGET_US, OverheadResult
+from bench.per_message import PerMessageResult
 from bench.queued import QueuedResult
 from bench.report import Target, times
 from bench.saturation import STEADY, SaturationResult
@@ -93,8 +94,10 @@ def check_targets(sections: Mapping[str, Any]) -> list[Target]:
             )
         )
     queued = sections.get("queued")
+    per_message = sections.get("per_message")
     return (
         found
+        + (per_message.targets() if isinstance(per_message, PerMessageResult) else [])
         + saturation_targets(sections.get("saturation"))
         + table_targets(sections.get("table"))
         + (queued.targets() if isinstance(queued, QueuedResult) else [])
