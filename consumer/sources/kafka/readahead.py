@@ -2,29 +2,32 @@
 the nacked records waiting to be yielded again, what they cost, when fetching must pause, and
 how many records the next fetch may ask for.
 
-Backpressure: ``pause()`` (budget full, or the model server backing off) pauses every
-assigned partition with ``consumer.pause`` and stops yielding; the poll task keeps calling
-``getmany`` (which then returns nothing after its timeout). The read-ahead is counted at what
-it really costs (each record's key, value and headers plus ``RECORD_OVERHEAD_BYTES`` and
-``HEADER_OVERHEAD_BYTES`` per header, measured) and bounded by ``max_buffered_records``/
-``max_buffered_bytes`` and, once the pipeline shares its byte budget with the source
-(``share_budget``), by that budget: the read-ahead is held in it (``ByteBudget.ahead``), so
-what the pipeline holds plus what the source holds stays within one limit, the read-ahead
-takes at most ``READ_AHEAD_SHARE`` (a quarter) of it, and a fetch asks for no more records
-than the room left can hold (at the mean cost seen so far). When a bound is reached,
-partitions are paused the same way until the buffer has drained to half (and the read-ahead
-has half its share of room again). aiokafka drops records it prefetched for a paused
-partition and fetches them again after ``resume`` (its position does not move).
-
-The read-ahead is also bounded in rows of work (``max_buffered_rows``, by default the
+Backpressure: ``pause()`` (the model server backing off) pauses every assigned partition with
+``consumer.pause`` and stops yielding; the poll task keeps calling ``getmany`` (which then
+returns nothing after its timeout). The read-ahead is counted at what it really costs (each
+record's key, value and headers plus ``RECORD_OVERHEAD_BYTES`` and ``HEADER_OVERHEAD_BYTES`` per
+header, measured) and bounded by ``max_buffered_records``/``max_buffered_bytes`` and, once the
+pipeline shares its byte budget with the source (``share_budget``), by that budget: the
+read-ahead is held in it (``ByteBudget.ahead``), so what the pipeline holds plus what the
+source holds stays within one limit, the read-ahead takes at most ``READ_AHEAD_SHARE`` (a
+quarter) of it, and a fetch asks for no more records than the room left can hold (at the mean
+cost seen so far). It is also bounded in rows of work (``max_buffered_rows``, by default the
 pipeline's ``WorkBound``: two target batches per request in flight), so what this member holds
 when a rebalance takes its partitions is a batch or two, not the backlog: a fetch asks for no
 more records than the rows left fit (at the mean rows per record seen; one record for the
-first fetch), and while the buffer is full the poll task waits for the pipeline to take a
-record instead of fetching. It does not pause the partitions for that (which would make
-aiokafka drop and fetch again what it prefetched, many times a second); only when the buffer
-stays full for ``ROWS_STALL_S`` (the pipeline is stalled) are they paused, so that ``getmany``
-can go on being called (group membership) without taking more records.
+first fetch).
+
+When any of these bounds is reached (the buffer is **full**), the poll task waits for the
+pipeline to take a record (or for room in the budget) instead of fetching. It does not pause
+the partitions for that: aiokafka drops the records it prefetched for a paused partition and
+fetches them again after ``resume`` (its position does not move), so pausing at every full
+buffer fetched the same bytes again many times a second (a drain of 1-row messages received
+~3.6x their bytes from the broker and spent ~10 % of the consumer's CPU parsing them again).
+aiokafka's own prefetch is bounded anyway (one response per partition at a time, at most
+``fetch_max_bytes``). Only when the buffer stays full for ``STALL_S`` (the pipeline is
+stalled) are the partitions paused, so that ``getmany`` can go on being called (group
+membership) without taking more records; they are resumed once the buffer has drained to half
+(and the read-ahead has half its share of room again).
 """
 
 from __future__ import annotations
@@ -47,8 +50,8 @@ from rowbatch.consumer.sources.kafka.settings import KafkaSettings
 
 _LOG = logging.getLogger(__name__)
 
-ROWS_STALL_S = 1.0
-"""How long the buffer may stay full of rows before fetching is paused (see above)."""
+STALL_S = 1.0
+"""How long the buffer may stay full before fetching is paused (see above)."""
 
 _POLL_TIMEOUT_MS = 200
 _MIN_POLL_PERIOD_S = 0.05
@@ -69,9 +72,9 @@ class ReadAhead:
         self.buffered_rows = 0  # the rows of work they carry (``work_rows``)
         self.max_rows = config.max_buffered_rows
         """The rows bound (None: none yet; see ``bound``)."""
-        self.rows_stall_s = ROWS_STALL_S
-        self.rows_stalled = False
-        """The buffer stayed full of rows for ``rows_stall_s``: fetching is paused."""
+        self.stall_s = STALL_S
+        self.stalled = False
+        """The buffer stayed full for ``stall_s``: fetching is paused."""
         self._room = asyncio.Event()
         """Set when records leave the buffer."""
         self.retries: list[tuple[float, int, Held]] = []
@@ -112,9 +115,19 @@ class ReadAhead:
     def rows_full(self) -> bool:
         return self.max_rows is not None and self.buffered_rows >= self.max_rows
 
+    def full(self) -> bool:
+        """No room to read further ahead: in rows, records or bytes, or in the budget."""
+        cfg = self._config
+        return (
+            self.rows_full()
+            or len(self.buffer) >= cfg.max_buffered_records
+            or self.buffered_bytes >= cfg.max_buffered_bytes
+            or (self.budget is not None and self.budget_room() <= 0)
+        )
+
     def share(self, budget: SharedBudget) -> None:
         self.budget = budget
-        budget.watch(self.update_fetch_pause)
+        budget.watch(self._budget_changed)
         self.report()
         self.update_fetch_pause()
 
@@ -133,7 +146,7 @@ class ReadAhead:
         ends it."""
         loop = asyncio.get_running_loop()
         while not closed():
-            if self.rows_full() and not self.paused and await self._wait_for_rows_room():
+            if self.full() and not self.paused and await self._wait_for_room():
                 continue
             started = loop.time()
             try:
@@ -158,16 +171,17 @@ class ReadAhead:
             elif loop.time() - started < _MIN_POLL_PERIOD_S:
                 await asyncio.sleep(_MIN_POLL_PERIOD_S)
 
-    async def _wait_for_rows_room(self) -> bool:
-        """Wait up to ``rows_stall_s`` for the pipeline to take rows out of a full buffer;
-        False when it did not (then fetching is paused, see the module docstring)."""
+    async def _wait_for_room(self) -> bool:
+        """Wait up to ``stall_s`` for the pipeline to take records out of a full buffer (or
+        to free room in the budget); False when it did not (then fetching is paused, see the
+        module docstring)."""
         try:
-            async with asyncio.timeout(self.rows_stall_s):
-                while self.rows_full():
+            async with asyncio.timeout(self.stall_s):
+                while self.full():
                     self._room.clear()
                     await self._room.wait()
         except TimeoutError:
-            self.rows_stalled = True
+            self.stalled = True
             self.update_fetch_pause()
             return False
         return True
@@ -267,6 +281,10 @@ class ReadAhead:
         self.report()
         self.update_fetch_pause()
 
+    def _budget_changed(self) -> None:
+        self._room.set()
+        self.update_fetch_pause()
+
     def report(self) -> None:
         if self.budget is not None:
             self.budget.set_ahead(self.buffered_bytes + self.retry_bytes)
@@ -284,7 +302,10 @@ class ReadAhead:
         under ``max_buffered_bytes``) holds at the mean cost of the records seen so far, nor
         than the rows left under the rows bound hold at the mean rows per record (one record
         before any was seen)."""
-        limit = self._config.max_poll_records
+        limit = min(
+            self._config.max_poll_records,
+            max(1, self._config.max_buffered_records - len(self.buffer)),
+        )
         if self.max_rows is not None:
             if not self.records_seen:
                 return 1
@@ -299,12 +320,12 @@ class ReadAhead:
         return max(1, min(limit, room // mean))
 
     def update_fetch_pause(self) -> None:
-        """Pause fetching while paused by the pipeline or while the buffer is full; resume
-        once neither holds and the buffer has drained to half."""
+        """Pause fetching while paused by the pipeline or while the buffer has stayed full for
+        ``stall_s``; resume once neither holds and the buffer has drained to half."""
         cfg = self._config
         budget = self.budget
-        if self.rows_stalled and not self.rows_full():
-            self.rows_stalled = False
+        if self.stalled and not self.full():
+            self.stalled = False
         if self.paused:
             want = True
         elif self.fetch_paused:
@@ -315,12 +336,7 @@ class ReadAhead:
                 and (self.max_rows is None or self.buffered_rows <= self.max_rows // 2)
             )
         else:
-            want = (
-                len(self.buffer) >= cfg.max_buffered_records
-                or self.buffered_bytes >= cfg.max_buffered_bytes
-                or (budget is not None and self.budget_room() <= 0)
-                or self.rows_stalled
-            )
+            want = self.stalled
         if want == self.fetch_paused:
             return
         self.fetch_paused = want
@@ -333,4 +349,4 @@ class ReadAhead:
             consumer.resume(*consumer.paused())
 
 
-__all__ = ["ROWS_STALL_S", "ReadAhead"]
+__all__ = ["STALL_S", "ReadAhead"]

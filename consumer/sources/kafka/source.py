@@ -4,8 +4,8 @@ How it works (aiokafka 0.14; ``aiokafka/consumer/{consumer,group_coordinator,fet
 
 * **Fetching** (``readahead.py``). One background *poll task* calls ``getmany`` in a loop
   and puts records into a local buffer; ``deliveries()`` yields from that buffer. The poll
-  task never waits long for the pipeline (at most ``ROWS_STALL_S`` for a buffer full of
-  rows), so the consumer keeps "polling" while the pipeline is busy or paused: aiokafka
+  task never waits long for the pipeline (at most ``STALL_S`` for a full buffer), so the
+  consumer keeps "polling" while the pipeline is busy or paused: aiokafka
   counts ``max_poll_interval_ms`` from the end of the last ``getmany`` (its
   ``fetcher_idle_time``) and leaves the group when it is exceeded; heartbeats are sent by
   aiokafka's own heartbeat task. Membership is therefore lost only if the event loop itself

@@ -147,7 +147,7 @@ async def test_a_configured_rows_bound_wins_over_the_pipelines() -> None:
 
 async def test_a_stalled_pipeline_pauses_fetching_until_the_rows_drain_to_half() -> None:
     rig = make_rig()
-    rig.source._ahead.rows_stall_s = 0.0  # stalled as soon as the buffer is full
+    rig.source._ahead.stall_s = 0.0  # stalled as soon as the buffer is full
     rig.source.bound_read_ahead(WorkBound(batch_rows=5, in_flight=3, rows=30))
     await start(rig, {TP0})
     rig.consumer.feed(TP0, range(20))

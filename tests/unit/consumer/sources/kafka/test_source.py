@@ -62,6 +62,8 @@ class FakeConsumer:
     on_commit: Any = None
     asked: list[int] = field(default_factory=list)
     """``max_records`` of every ``getmany``."""
+    pauses: int = 0
+    """Calls of ``pause`` (aiokafka drops what it prefetched for a paused partition)."""
 
     def subscribe(self, topics: list[str], listener: Any) -> None:
         assert topics == [TOPIC]
@@ -91,6 +93,7 @@ class FakeConsumer:
         return out
 
     def pause(self, *tps: TopicPartition) -> None:
+        self.pauses += 1
         self.paused_tps |= set(tps)
 
     def resume(self, *tps: TopicPartition) -> None:
@@ -302,15 +305,35 @@ async def test_pause_pauses_fetching_of_every_partition_including_new_ones() -> 
     await rig.source.close()
 
 
-async def test_a_full_buffer_pauses_fetching_until_it_drains_to_half() -> None:
+async def test_a_full_buffer_stops_fetching_without_pausing_the_partitions() -> None:
+    """Pausing would make aiokafka drop what it prefetched and fetch it again on resume: a
+    full buffer only stops the poll task from taking more until the pipeline takes some."""
     rig = make_rig(max_buffered_records=4)
     await start(rig, {TP0})
     rig.consumer.feed(TP0, range(6))
-    await asyncio.sleep(0.05)
-    assert rig.source.buffered == 6
-    assert rig.consumer.paused() == {TP0}
+    await until(lambda: rig.source.buffered == 4)
+    asked = len(rig.consumer.asked)
+    for _ in range(1_000):
+        await asyncio.sleep(0)
+    assert rig.source.buffered == 4
+    assert len(rig.consumer.asked) == asked  # no fetch while full
+    assert rig.consumer.pauses == 0
     await take(rig.source, 3)
-    assert rig.consumer.paused() == {TP0}
+    await until(lambda: rig.source.buffered == 3)  # the 2 left fetched: room for 3
+    assert max(rig.consumer.asked) <= 4  # never more than the room left
+    assert rig.consumer.pauses == 0
+    await rig.source.close()
+
+
+async def test_a_buffer_full_for_the_stall_time_pauses_fetching_until_it_drains_to_half() -> None:
+    rig = make_rig(max_buffered_records=4)
+    rig.source._ahead.stall_s = 0.0  # stalled as soon as the buffer is full
+    await start(rig, {TP0})
+    rig.consumer.feed(TP0, range(6))
+    await until(lambda: rig.consumer.paused() == {TP0})
+    assert rig.source.buffered == 4
+    await take(rig.source, 1)
+    assert rig.consumer.paused() == {TP0}  # 3 left
     await take(rig.source, 1)
     assert rig.consumer.paused() == set()  # 2 left: half of 4
     await rig.source.close()
@@ -339,10 +362,13 @@ async def test_read_ahead_is_counted_at_its_real_cost() -> None:
     rig.consumer.feed(TP0, range(12))
     await until(lambda: rig.source.buffered == 12)
     assert rig.source.read_ahead_bytes == 12 * RECORD_COST  # not 12 x 24 bytes of payload
-    assert rig.consumer.paused() == {TP0}  # over max_buffered_bytes
+    asked = len(rig.consumer.asked)
+    for _ in range(1_000):
+        await asyncio.sleep(0)
+    assert len(rig.consumer.asked) == asked  # over max_buffered_bytes: no fetch
     await take(rig.source, 7)
     assert rig.source.read_ahead_bytes == 5 * RECORD_COST
-    assert rig.consumer.paused() == set()  # drained to half
+    assert rig.consumer.pauses == 0
     await rig.source.close()
 
 
@@ -355,19 +381,24 @@ async def test_read_ahead_is_held_in_the_pipeline_budget_and_stops_when_it_is_fu
     await until(lambda: rig.source.buffered == 5)
     assert budget.ahead == 5 * RECORD_COST
     rig.consumer.feed(TP0, range(5, 60))
-    await until(lambda: rig.consumer.paused() == {TP0})
+    await until(lambda: rig.source.buffered == 10)
     # A quarter of the budget at most, and no fetch asked for more than the room left holds.
+    for _ in range(1_000):
+        await asyncio.sleep(0)
     assert rig.source.buffered == 10
     assert budget.ahead == rig.source.read_ahead_bytes == budget.limit // 4
     assert rig.consumer.asked[1] == 5
     # The pipeline holds the rest and more (one message is always admitted alone).
     await budget.acquire(34 * RECORD_COST)
     taken = await take(rig.source, 6)  # the read-ahead shrinks as the pipeline takes records
-    assert budget.ahead == 4 * RECORD_COST
-    assert rig.consumer.paused() == {TP0}  # no room in the budget: still paused
-    await budget.release(34 * RECORD_COST)  # room again: fetching resumes at once
-    assert rig.consumer.paused() == set()
-    await until(lambda: rig.source.buffered == 10 and rig.consumer.paused() == {TP0})
+    # ... and refills to what the budget has room for (6 of the 40), not to its share.
+    await until(lambda: budget.ahead == 6 * RECORD_COST)
+    for _ in range(1_000):
+        await asyncio.sleep(0)
+    assert budget.ahead == 6 * RECORD_COST
+    await budget.release(34 * RECORD_COST)  # room again: the read-ahead fills its share
+    await until(lambda: rig.source.buffered == 10)
+    assert rig.consumer.pauses == 0  # never paused: nothing aiokafka fetched was dropped
     for d in taken:
         await rig.source.ack(d)
     await rig.source.close()
