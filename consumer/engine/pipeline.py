@@ -33,7 +33,8 @@ never by holding inference slots. Sink faults are handled by
 What the pipeline holds on top of each message's charge is set aside in the same budget
 (:func:`pipeline_share`): the answers being decoded (a response beside its arrays, for every
 request in flight) and the writers' share (joined batches and encode buffers of
-``write_concurrency`` writes), so messages, read-ahead and these together stay within it.
+``write_concurrency`` writes), and a file sink's open row groups (``BuffersFiles``, sized to
+the budget), so messages, read-ahead and these together stay within it.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ from rowbatch.consumer.model.handler import ModelHandler
 from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.observe.scaling import ScalingSignal
 from rowbatch.consumer.observe.tracing import PipelineTracing
-from rowbatch.consumer.sinks.base import CommitsWrites, Sink
+from rowbatch.consumer.sinks.base import BuffersFiles, CommitsWrites, Sink
 from rowbatch.consumer.sources.base import KeepsRowProgress, Source, WorkBound
 from rowbatch.timing import Backoff, Clock, Sleep
 
@@ -267,7 +268,13 @@ class Pipeline:
             intake_done=self._intake_done,
         )
         share = pipeline_share(settings, budget.limit)
-        budget.set_aside(share.total)
+        # A file sink's open row groups, within what is left of the half that may be set aside.
+        files = (
+            min(sink.fit_buffers(budget.limit), max(0, budget.limit // 2 - share.total))
+            if isinstance(sink, BuffersFiles)
+            else 0
+        )
+        budget.set_aside(share.total + files)
         progress = source.rows_written if isinstance(source, KeepsRowProgress) else None
         self._commits: CommitStage | None = None
         if isinstance(sink, CommitsWrites):
@@ -276,7 +283,7 @@ class Pipeline:
                 retrying=writer.retrying,
                 settle_many=self._settler.settle_many,
                 interval_s=settings.commit_interval_s,
-                pressure_bytes=max(1, (budget.limit - share.total) // 2),
+                pressure_bytes=max(1, (budget.limit - share.total - files) // 2),
                 metrics=metrics,
                 clock=clock,
                 sleep=sleep,

@@ -107,6 +107,18 @@ class CommitsWrites(Protocol):
         """Bytes staged since the last commit."""
 
 
+@runtime_checkable
+class BuffersFiles(Protocol):
+    """A sink that gathers rows into the row groups of open data files (Parquet, Iceberg):
+    between writes it holds a row group being gathered and, while that is encoded, the
+    writer's pages, outside any one write. The pipeline asks it, before the first write, to
+    size its row groups to the memory budget and sets what it returns aside in the budget."""
+
+    def fit_buffers(self, budget_bytes: int) -> int:
+        """Size the row groups for ``budget_bytes``; the most bytes the open files hold
+        between writes."""
+
+
 # --- helpers shared by the sink adapters ------------------------------------------------------
 
 #: A sink encodes a write in slices of about this many bytes of row values (PostgreSQL's COPY

@@ -13,9 +13,30 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 ROW_GROUP_BYTES: Final = 4 * 1024 * 1024
-"""Arrow bytes gathered before they are written as one row group (an eighth of the target file
-size when that is smaller): what the sink holds in memory besides the writer's own pages
-(about as much again)."""
+"""Most Arrow bytes gathered before they are written as one row group (an eighth of the target
+file size when that is smaller; see :func:`row_group_bytes_for`): what the sink holds in memory
+besides the writer's own pages."""
+MIN_ROW_GROUP_BYTES: Final = 256 * 1024
+ROW_GROUP_BUDGET_SHARE: Final = 64
+"""A row group is at most a 64th of the memory budget (1 MiB at 64 MiB, 4 MiB from 256 MiB)."""
+HELD_PER_ROW_GROUP: Final = 3
+"""What an open file holds between writes, in row groups: the tables gathered, and while a
+group is written, the writer's encoded and compressed pages of it (about 1.5x the group,
+measured with pyarrow's pool: an 8 MiB group held ~2.5x its size in all)."""
+OPEN_FILES: Final = 2
+"""Open files a sink holds at once: one per day partition of ``processed_at``, so two for a
+while around midnight (UTC)."""
+
+
+def row_group_bytes_for(budget_bytes: int) -> int:
+    """The row-group size for a memory budget: a 64th of it, within 256 KiB .. 4 MiB."""
+    share = budget_bytes // ROW_GROUP_BUDGET_SHARE
+    return max(MIN_ROW_GROUP_BYTES, min(ROW_GROUP_BYTES, share))
+
+
+def held_bytes(row_group_bytes: int) -> int:
+    """The most the open files hold between writes with row groups of this size."""
+    return OPEN_FILES * HELD_PER_ROW_GROUP * row_group_bytes
 
 
 class FileBroken(Exception):
@@ -47,6 +68,9 @@ class RollingFile:
     target_bytes: int
     """Bytes written out at which the file is full (:attr:`full`)."""
     compression: str = "zstd"
+    row_group_bytes: int = ROW_GROUP_BYTES
+    """Arrow bytes gathered before they are written as one row group (at most an eighth of
+    ``target_bytes``)."""
     rows: int = 0
     claims: list[Claims] = field(default_factory=list)
     _pending: list[pa.Table] = field(default_factory=list)
@@ -77,7 +101,7 @@ class RollingFile:
         self._pending_bytes += int(table.nbytes)
         self.rows += int(table.num_rows)
         self.claims.append(claims)
-        if self._pending_bytes >= min(ROW_GROUP_BYTES, max(64 * 1024, self.target_bytes // 8)):
+        if self._pending_bytes >= min(self.row_group_bytes, max(64 * 1024, self.target_bytes // 8)):
             self._flush()
 
     def drop_chunks(self, chunk_ids: set[str]) -> bool:

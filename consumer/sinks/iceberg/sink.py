@@ -45,7 +45,13 @@ from rowbatch.consumer.sinks.iceberg.ledger import (
     overlap,
     runs,
 )
-from rowbatch.consumer.sinks.rolling import FileBroken, RollingFile
+from rowbatch.consumer.sinks.rolling import (
+    ROW_GROUP_BYTES,
+    FileBroken,
+    RollingFile,
+    held_bytes,
+    row_group_bytes_for,
+)
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +104,8 @@ class IcebergSink:
         self._factory = catalog_factory
         self._namespace = namespace
         self.target_file_bytes = target_file_bytes
+        self.row_group_bytes = ROW_GROUP_BYTES
+        """Arrow bytes gathered per row group (:meth:`fit_buffers` sizes it to the budget)."""
         self._metrics = IcebergMetrics(registry)
         self._lock = asyncio.Lock()
         self._catalog: Any = None
@@ -140,6 +148,10 @@ class IcebergSink:
         async with self._lock:
             with self._metrics.seconds.time():
                 await self._guarded("commit", self._commit)
+
+    def fit_buffers(self, budget_bytes: int) -> int:
+        self.row_group_bytes = row_group_bytes_for(budget_bytes)
+        return held_bytes(self.row_group_bytes)
 
     def uncommitted_bytes(self) -> int:
         """Bytes of data files (open or closed) not yet committed."""
@@ -257,7 +269,11 @@ class IcebergSink:
         if current is None:
             path = data_path(self._table.location(), day)
             current = RollingFile(
-                path, self._file_schema, self._opener(path), self.target_file_bytes
+                path,
+                self._file_schema,
+                self._opener(path),
+                self.target_file_bytes,
+                row_group_bytes=self.row_group_bytes,
             )
             self._open[day] = current
         current.add(table, claims)

@@ -25,7 +25,13 @@ from rowbatch.consumer.sinks.parquet.rows import (
     describe_schema,
     to_arrow,
 )
-from rowbatch.consumer.sinks.rolling import FileBroken, RollingFile
+from rowbatch.consumer.sinks.rolling import (
+    ROW_GROUP_BYTES,
+    FileBroken,
+    RollingFile,
+    held_bytes,
+    row_group_bytes_for,
+)
 
 _T = TypeVar("_T")
 
@@ -75,6 +81,8 @@ class ParquetSink:
         self._compression = compression
         self.target_file_bytes = target_file_bytes
         """A data file is rolled (closed, then published at the next commit) at this size."""
+        self.row_group_bytes = ROW_GROUP_BYTES
+        """Arrow bytes gathered per row group (:meth:`fit_buffers` sizes it to the budget)."""
         self._writing: dict[str, _Staged] = {}
         """The file being written in each partition folder."""
         self._closed: list[_Staged] = []
@@ -108,6 +116,10 @@ class ParquetSink:
         async with self._lock:
             self._require()
             await self._guarded("commit", self._commit)
+
+    def fit_buffers(self, budget_bytes: int) -> int:
+        self.row_group_bytes = row_group_bytes_for(budget_bytes)
+        return held_bytes(self.row_group_bytes)
 
     def uncommitted_bytes(self) -> int:
         writing, closed = list(self._writing.values()), list(self._closed)
@@ -251,6 +263,7 @@ class ParquetSink:
             lambda: self._files.open_output(tmp),
             self.target_file_bytes,
             compression=self._compression,
+            row_group_bytes=self.row_group_bytes,
         )
 
     def _roll(self, folder: str) -> None:

@@ -163,7 +163,10 @@ def make(
     grace_s: float = 5.0,
     max_wait_s: float = 0.0,
     tracing: PipelineTracing | None = None,
+    byte_budget: ByteBudget | None = None,
 ) -> Pipeline:
+    """A pipeline of ``source`` and ``sink``; ``byte_budget``, when given, is its budget (else
+    one of ``budget`` bytes)."""
     return Pipeline(
         source=source,
         sink=sink,
@@ -180,7 +183,7 @@ def make(
             model_version="1",
             grace_s=grace_s,
         ),
-        budget=ByteBudget(budget),
+        budget=byte_budget or ByteBudget(budget),
         tracing=tracing,
         metrics=Metrics(),
     )

@@ -34,6 +34,7 @@ from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.sinks.base import ENCODE_SLICE_BYTES, ResultRows
 from rowbatch.consumer.sinks.postgres.sink import slice_rows
 from rowbatch.consumer.sources.base import Delivery
+from tests.unit.consumer.engine.test_pipeline import FakeSink, FakeSource, make
 
 DIM = 1024  # 4 KiB of float32 outputs a row
 
@@ -262,3 +263,32 @@ class CollectorStub(MemoryCollector):
                 family.samples.remove(sample)
                 family.samples.append(sample._replace(name="rowbatch_test_memory_bytes"))
             yield family
+
+
+class FileSink(FakeSink):
+    """A sink with open files' row groups (``BuffersFiles``): holds ``held`` bytes."""
+
+    def __init__(self, held: int) -> None:
+        super().__init__()
+        self.held = held
+        self.sized_for: list[int] = []
+
+    def fit_buffers(self, budget_bytes: int) -> int:
+        self.sized_for.append(budget_bytes)
+        return self.held
+
+
+def test_a_file_sinks_row_groups_are_set_aside_beside_the_pipelines_share() -> None:
+    limit = 10_000_000
+
+    def aside(sink: FakeSink) -> int:
+        budget = ByteBudget(limit)
+        make(FakeSource([]), sink, byte_budget=budget)
+        return budget.aside
+
+    plain = aside(FakeSink())
+    files = FileSink(held=1_000_000)
+    assert aside(files) == plain + 1_000_000
+    assert files.sized_for == [limit]  # asked once, with the whole budget
+    # Never more than the half of the budget that may be set aside.
+    assert aside(FileSink(held=limit)) == limit // 2

@@ -23,6 +23,7 @@ from rowbatch.consumer.sinks.base import CommitsWrites, SinkError, SinkUnavailab
 from rowbatch.consumer.sinks.parquet.files import DatasetFiles
 from rowbatch.consumer.sinks.parquet.index import KeyIndex
 from rowbatch.consumer.sinks.parquet.sink import ParquetSink
+from rowbatch.consumer.sinks.rolling import held_bytes, row_group_bytes_for
 from tests.sink_data import CHUNK_ROWS, DIM, FIRST_WRITE, check_snapshot, make_rows, spec
 
 KIB = 1024
@@ -356,3 +357,29 @@ async def test_a_commit_retried_after_the_index_failed_past_the_rename_goes_thro
     await sink.commit()
     check_snapshot(_snap(_dataset(root)), range(100))
     assert _states(root) == ["committed"]
+
+
+def test_row_groups_are_a_64th_of_the_budget_within_bounds() -> None:
+    mib = 1024 * KIB
+    assert row_group_bytes_for(16 * mib) == 256 * KIB
+    assert row_group_bytes_for(64 * mib) == mib
+    assert row_group_bytes_for(128 * mib) == 2 * mib
+    assert row_group_bytes_for(1024 * mib) == 4 * mib
+    assert held_bytes(mib) == 6 * mib  # two open files, three row groups' worth each
+
+
+async def test_the_sink_sizes_its_row_groups_to_the_budget(sinks: Sinks, root: Path) -> None:
+    """What an open file holds between writes follows the budget: with a 16 MiB budget a
+    1.6 MiB file is written in row groups of 256 KiB, without one in a single group."""
+    sink = await sinks()
+    for start in range(0, 1_000, 100):
+        await sink.write(make_rows(np.arange(start, start + 100)))
+    await sink.commit()
+    [whole] = _data_files(root)
+    assert pq.ParquetFile(whole).metadata.num_row_groups == 1
+    assert sink.fit_buffers(16 * 1024 * KIB) == held_bytes(256 * KIB)
+    for start in range(1_000, 2_000, 100):
+        await sink.write(make_rows(np.arange(start, start + 100)))
+    await sink.commit()
+    [small] = [f for f in _data_files(root) if f != whole]
+    assert pq.ParquetFile(small).metadata.num_row_groups >= 5
