@@ -41,8 +41,9 @@ def use_emulator(pubsub: PubSubEndpoint, monkeypatch: pytest.MonkeyPatch) -> Non
 
 @dataclass
 class PubSubBench(Generic[S]):
-    """Fresh topics on the emulator and sources of one kind on them, built on each topic's own
-    clients; ``close`` closes every source, then every topic's clients."""
+    """Fresh topics on the emulator and sources of one kind on them: streaming sources on each
+    topic's own clients, pull sources on their own channel to the emulator (from the
+    environment); ``close`` closes every source, then every topic's clients."""
 
     endpoint: PubSubEndpoint
     kind: type[S]
@@ -76,12 +77,11 @@ class PubSubBench(Generic[S]):
             "dead_letter_topic": topics.dlq_topic,
             **overrides,
         }
+        clients: dict[str, Any] = {}
+        if self.kind is PubSubSource:  # the pull source builds its own channel, as in production
+            clients = {"publisher": topics.publisher, "subscriber": topics.subscriber}
         source = self.kind(
-            PubSubSettings(**settings),
-            consumer_version=VERSION,
-            publisher=topics.publisher,
-            subscriber=topics.subscriber,
-            host=self.endpoint.host,
+            PubSubSettings(**settings), consumer_version=VERSION, host=self.endpoint.host, **clients
         )
         self._sources.append(source)
         return source

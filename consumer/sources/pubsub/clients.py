@@ -6,26 +6,24 @@ set, instead of google-auth's exception."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 from google.auth.exceptions import DefaultCredentialsError
-from google.cloud import pubsub_v1
-from google.pubsub_v1.services.publisher.transports import PublisherGrpcTransport
-from google.pubsub_v1.services.subscriber import SubscriberAsyncClient
-from google.pubsub_v1.services.subscriber.transports import (
-    SubscriberGrpcAsyncIOTransport,
-    SubscriberGrpcTransport,
-)
 
 from rowbatch.consumer.sources.pubsub.errors import PubSubCredentialsError
 from rowbatch.wire.pubsub_env import (
+    GOOGLE_PUBSUB_ADDRESS,
     CredentialsLookup,
     credentials_message,
     emulator_host,
     google_default_credentials,
     missing_credentials,
 )
+
+if TYPE_CHECKING:
+    from google.cloud import pubsub_v1
+    from google.pubsub_v1.services.subscriber import SubscriberAsyncClient
 
 # Streaming-pull responses carry up to ~10 MB of messages (more with attributes): gRPC's
 # default 4 MiB receive limit would make the stream fail and reopen forever, silently.
@@ -49,10 +47,13 @@ def check_credentials(
         raise PubSubCredentialsError(problem)
 
 
-def client_address(client: Any) -> str:
-    """Where a client talks to, for messages: the emulator's host:port when
-    PUBSUB_EMULATOR_HOST is set (a client on an emulator channel still reports Google's
-    endpoint as its target), else the client's target."""
+def client_address(client: Any | None = None) -> str:
+    """Where a client (or, without one, the pull source's own channel) talks to, for
+    messages: the emulator's host:port when PUBSUB_EMULATOR_HOST is set (a client on an
+    emulator channel still reports Google's endpoint as its target), else the client's
+    target (Google Cloud's endpoint)."""
+    if client is None:
+        return emulator_host() or f"{GOOGLE_PUBSUB_ADDRESS}:443"
     return emulator_host() or str(client.target)
 
 
@@ -67,6 +68,11 @@ def default_subscriber(project: str | None = None) -> pubsub_v1.SubscriberClient
     """A subscriber from the environment (PUBSUB_EMULATOR_HOST selects an emulator, with
     no message size limit; otherwise Google's defaults, which have none either). ``project``
     is named in the error when there are no credentials."""
+    from google.cloud import pubsub_v1  # noqa: PLC0415 (the library: ~22 MiB)
+    from google.pubsub_v1.services.subscriber.transports import (  # noqa: PLC0415
+        SubscriberGrpcTransport,
+    )
+
     channel = emulator_channel()
     if channel is None:
         return _made(pubsub_v1.SubscriberClient, project)
@@ -74,6 +80,11 @@ def default_subscriber(project: str | None = None) -> pubsub_v1.SubscriberClient
 
 
 def default_publisher(project: str | None = None) -> pubsub_v1.PublisherClient:
+    from google.cloud import pubsub_v1  # noqa: PLC0415 (the library: ~22 MiB)
+    from google.pubsub_v1.services.publisher.transports import (  # noqa: PLC0415
+        PublisherGrpcTransport,
+    )
+
     channel = emulator_channel()
     if channel is None:
         return _made(pubsub_v1.PublisherClient, project)
@@ -82,6 +93,11 @@ def default_publisher(project: str | None = None) -> pubsub_v1.PublisherClient:
 
 def default_async_subscriber(project: str | None = None) -> SubscriberAsyncClient:
     """From the environment, like ``default_subscriber``; call it in the event loop."""
+    from google.pubsub_v1.services.subscriber import SubscriberAsyncClient  # noqa: PLC0415
+    from google.pubsub_v1.services.subscriber.transports import (  # noqa: PLC0415
+        SubscriberGrpcAsyncIOTransport,
+    )
+
     host = emulator_host()
     if not host:
         return _made(SubscriberAsyncClient, project)

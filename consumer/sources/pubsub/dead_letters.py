@@ -10,13 +10,9 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
 from google.api_core import exceptions as gexc
-from google.api_core.retry import Retry, if_exception_type
-from google.cloud import pubsub_v1
-from google.pubsub_v1 import types as pubsub_types
-from google.pubsub_v1.services.publisher import PublisherClient as GapicPublisherClient
 
 from rowbatch.consumer.sources.base import DeadLetterReason, Delivery
-from rowbatch.consumer.sources.pubsub.clients import default_publisher
+from rowbatch.consumer.sources.pubsub.calls import PubSubCalls, retried
 from rowbatch.consumer.sources.pubsub.errors import DeadLetterFailed
 from rowbatch.wire.dead_letter import (
     ATTR_CODE,
@@ -28,7 +24,6 @@ from rowbatch.wire.dead_letter import (
     ATTR_SOURCE,
     ATTR_TIME,
 )
-from rowbatch.wire.pubsub_env import project_of
 
 _LOG = logging.getLogger(__name__)
 
@@ -55,24 +50,14 @@ def dead_letter_attributes(
     }
 
 
-def _publish(
-    dlq_api: GapicPublisherClient, request: pubsub_types.PublishRequest, timeout: float
-) -> None:
-    """Blocking; runs in a worker thread. Retries transient errors until the timeout."""
-    retry = Retry(
-        predicate=if_exception_type(
-            gexc.Aborted,
-            gexc.DeadlineExceeded,
-            gexc.InternalServerError,
-            gexc.ResourceExhausted,
-            gexc.ServiceUnavailable,
-        ),
-        initial=0.1,
-        maximum=2.0,
-        multiplier=2.0,
-        timeout=timeout,
-    )
-    dlq_api.publish(request=request, retry=retry, timeout=min(timeout, 10.0))
+_RETRY_ON = (
+    gexc.Aborted,
+    gexc.DeadlineExceeded,
+    gexc.InternalServerError,
+    gexc.ResourceExhausted,
+    gexc.ServiceUnavailable,
+)
+"""Publish outcomes worth retrying until the dead letter's timeout."""
 
 
 def warn_no_dead_letter_topic(delivery: Delivery, reason: DeadLetterReason) -> None:
@@ -88,7 +73,7 @@ def warn_no_dead_letter_topic(delivery: Delivery, reason: DeadLetterReason) -> N
 
 
 async def publish_dead_letter(
-    dlq_api: GapicPublisherClient,
+    calls: PubSubCalls,
     *,
     topic: str,
     delivery: Delivery,
@@ -97,18 +82,19 @@ async def publish_dead_letter(
     timeout_s: float,
 ) -> None:
     """Publish the original payload and attributes plus ``rowbatch-dlq-*`` attributes to
-    ``topic`` and wait for the confirmation; raises ``DeadLetterFailed`` when it is not
-    confirmed within ``timeout_s``. Through the plain GAPIC Publish RPC: the high-level
-    ``publish(topic, data, **attrs)`` takes attributes as keyword arguments, so a poison
-    message with an attribute named e.g. "data" or "timeout" could not be forwarded; and
-    batching buys nothing for rare, individually confirmed messages."""
+    ``topic`` and wait for the confirmation (transient errors retried, 0.1 s doubling up to
+    2 s); raises ``DeadLetterFailed`` when it is not confirmed within ``timeout_s``. One
+    Publish call a message: batching buys nothing for rare, individually confirmed ones."""
     attributes = dead_letter_attributes(delivery, reason, consumer_version)
-    request = pubsub_types.PublishRequest(
-        topic=topic,
-        messages=[pubsub_types.PubsubMessage(data=delivery.payload, attributes=attributes)],
-    )
+    per_call = min(timeout_s, 10.0)
+
+    def publish() -> Awaitable[None]:
+        return calls.publish(topic, delivery.payload, attributes, per_call)
+
     try:
-        await asyncio.wait_for(asyncio.to_thread(_publish, dlq_api, request, timeout_s), timeout_s)
+        await asyncio.wait_for(
+            retried(publish, retry_on=_RETRY_ON, timeout_s=timeout_s, max_wait_s=2.0), timeout_s
+        )
     except (TimeoutError, gexc.GoogleAPIError) as exc:
         raise DeadLetterFailed(
             f"dead-letter publish of message {delivery.message_id} to {topic} failed: "
@@ -117,13 +103,12 @@ async def publish_dead_letter(
 
 
 class DeadLetters:
-    """A source's way to its dead-letter topic: the publisher (built from the environment when
-    none is given and a topic is configured; only that one is closed by ``close``) and the
-    publish-then-ack sequence of ``Source.dead_letter``."""
+    """A source's way to its dead-letter topic: the publish-then-ack sequence of
+    ``Source.dead_letter`` on the source's ``PubSubCalls`` (which the source closes)."""
 
     def __init__(
         self,
-        publisher: pubsub_v1.PublisherClient | None,
+        calls: PubSubCalls | None,
         *,
         topic: str | None,
         consumer_version: str,
@@ -132,15 +117,9 @@ class DeadLetters:
         self.topic = topic
         self._consumer_version = consumer_version
         self._timeout_s = timeout_s
-        self._owned = publisher is None and topic is not None
-        if self._owned:
-            publisher = default_publisher(project_of(topic))
-        self._publisher = publisher
-        self.api: GapicPublisherClient | None = (
-            GapicPublisherClient(transport=publisher.transport) if publisher is not None else None
-        )
-        """The plain GAPIC client on the publisher's channel (also used by the start-up
-        check to look the topic up)."""
+        self.calls = calls
+        """Publish (and the start-up check's topic lookup); None: no topic is checked and
+        a dead letter is nacked instead."""
 
     async def forward(
         self,
@@ -157,12 +136,12 @@ class DeadLetters:
         ``nack`` instead: the subscription's policy moves the message after its max
         delivery attempts, without the reason."""
         topic = self.topic
-        if topic is None or self.api is None:
+        if topic is None or self.calls is None:
             warn_no_dead_letter_topic(delivery, reason)
             await nack(delivery)
             return
         await publish_dead_letter(
-            self.api,
+            self.calls,
             topic=topic,
             delivery=delivery,
             reason=reason,
@@ -175,8 +154,3 @@ class DeadLetters:
                 delivery.message_id,
                 topic,
             )
-
-    def close(self) -> None:
-        """Close the publisher's channel if this object built the publisher."""
-        if self._owned and self._publisher is not None:
-            self._publisher.transport.close()

@@ -9,9 +9,11 @@ dict operations; the RPCs are per batch. See README "Pub/Sub pull mode" and
 
 How it works, one concern a module:
 
-* **Pulling** (``pulling.py``): ``pull_concurrency`` tasks call Pull (``SubscriberAsyncClient``
-  on a grpc.aio channel, or ``SubscriberClient`` in worker threads with ``client="threads"``:
-  ``pull_rpc.py``) within flow control by messages and bytes; ``pause()`` stops them.
+* **Pulling** (``pull_flow.py``): ``pull_concurrency`` tasks call Pull (on the source's own
+  grpc.aio channel with protobuf messages of its own, ``grpc_calls.py``, which also serves the
+  start-up check and dead letters without google-cloud-pubsub's client layers; or
+  ``SubscriberClient`` in worker threads with ``client="threads"``: ``pull_rpc.py``) within
+  flow control by messages and bytes; ``pause()`` stops them.
 * **Holding** (``held.py``): received deliveries wait to be yielded; a message with an ordering
   key only after the key's previous one was settled.
 * **Acks and nacks** (``id_batcher.py``) are local at once (flow control frees the room) and
@@ -31,9 +33,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
-
-from google.cloud import pubsub_v1
-from google.pubsub_v1.services.subscriber import SubscriberAsyncClient
+from typing import TYPE_CHECKING
 
 from rowbatch.consumer.sources.base import (
     VECTOR_MAX,
@@ -44,12 +44,20 @@ from rowbatch.consumer.sources.base import (
     VectorIterator,
     package_version,
 )
-from rowbatch.consumer.sources.pubsub.clients import client_address, default_subscriber
+from rowbatch.consumer.sources.pubsub.calls import PubSubCalls
+from rowbatch.consumer.sources.pubsub.clients import (
+    check_credentials,
+    client_address,
+    default_publisher,
+    default_subscriber,
+)
 from rowbatch.consumer.sources.pubsub.dead_letters import DeadLetters
 from rowbatch.consumer.sources.pubsub.errors import PubSubPullError, not_held, warn_lease_lapsed
+from rowbatch.consumer.sources.pubsub.grpc_calls import GrpcCalls
 from rowbatch.consumer.sources.pubsub.held import HeldDeliveries
 from rowbatch.consumer.sources.pubsub.id_batcher import AckNackBatches
 from rowbatch.consumer.sources.pubsub.leases import MIN_ACK_DEADLINE_S, LeaseKeeper
+from rowbatch.consumer.sources.pubsub.library_calls import LibraryCalls
 from rowbatch.consumer.sources.pubsub.pull_flow import PullFlow, pull_loop
 from rowbatch.consumer.sources.pubsub.pull_rpc import (
     RPC_TIMEOUT_S,
@@ -63,6 +71,10 @@ from rowbatch.consumer.sources.pubsub.tasks import stop_tasks
 from rowbatch.timing import Clock, Sleep
 from rowbatch.wire.pubsub_env import project_of
 
+if TYPE_CHECKING:
+    from google.cloud import pubsub_v1
+    from google.pubsub_v1.services.subscriber import SubscriberAsyncClient
+
 _LOG = logging.getLogger(__name__)
 
 _STOP_WAIT_S = 5.0
@@ -72,8 +84,13 @@ _STOP_WAIT_S = 5.0
 class PubSubPullSource(PubSubSourceBase):
     """``Source`` over one Pub/Sub subscription, on unary Pull (see the module docstring).
 
-    Clients are built from the environment when not given; clients passed in are not closed
-    by ``close``. ``rpc`` replaces the Pull/Acknowledge/ModifyAckDeadline client (tests);
+    Without clients, it talks to Pub/Sub on a grpc.aio channel of its own (``GrpcCalls``,
+    from the environment: ``PUBSUB_EMULATOR_HOST`` selects the emulator). Given
+    google-cloud-pubsub clients, it uses those instead (``subscriber`` for the start-up check,
+    ``publisher`` for dead letters, ``async_subscriber`` for Pull, Acknowledge and
+    ModifyAckDeadline; with ``client="threads"``, ``subscriber`` for those in worker threads)
+    and does not close them. ``rpc`` replaces the Pull/Acknowledge/ModifyAckDeadline client
+    and, with no clients given, leaves nothing to check or dead-letter to (unit tests);
     ``clock`` (monotonic seconds) and ``sleep`` drive all lease and batching timing.
     Everything runs on the event loop's thread."""
 
@@ -99,19 +116,37 @@ class PubSubPullSource(PubSubSourceBase):
         """Same hook as the other sources'; this source sends no dead letter on its own."""
         self._clock = clock
         self._sleep = sleep
-        self._owns_subscriber = subscriber is None and rpc is None
+        if publisher is not None and subscriber is None:
+            raise ValueError("a publisher is used beside a subscriber: pass both or neither")
+        project = project_of(config.subscription)
+        self._grpc: GrpcCalls | None = None
+        """The source's own channel (closed by ``close``); None when given clients or ``rpc``."""
+        self._closers: list[Callable[[], object]] = []
+        """Close the library clients this source built (``client="threads"`` without a
+        subscriber, or a publisher beside a given subscriber)."""
+        if config.client == "threads" and subscriber is None and rpc is None:
+            subscriber = default_subscriber(project)
+            self._closers.append(subscriber.close)
         self._subscriber = subscriber
-        if subscriber is None and rpc is None:
-            self._subscriber = default_subscriber(project_of(config.subscription))
+        self._calls: PubSubCalls | None = None
+        if subscriber is not None:
+            if publisher is None and config.dead_letter_topic is not None:
+                publisher = default_publisher(project_of(config.dead_letter_topic))
+                self._closers.append(publisher.transport.close)
+            self._calls = LibraryCalls(subscriber, publisher)
+        elif rpc is None:
+            check_credentials(project)
+            self._grpc = GrpcCalls(project)
+            self._calls = self._grpc
         self._async_subscriber = async_subscriber
         self._rpc: PullRpc | None = rpc
         self._dead_letters = DeadLetters(
-            publisher,
+            self._calls,
             topic=config.dead_letter_topic,
             consumer_version=self.consumer_version,
             timeout_s=config.dead_letter_timeout_s,
         )
-        target = client_address(self._subscriber) if self._subscriber is not None else "(test)"
+        target = client_address(subscriber) if self._calls is not None else "(test)"
         self.host = host if host is not None else target
 
         self._changed = asyncio.Event()
@@ -230,16 +265,20 @@ class PubSubPullSource(PubSubSourceBase):
                 _LOG.warning(
                     "the Pull client of %s did not close within %g s", self._sub, _STOP_WAIT_S
                 )
-        self._dead_letters.close()
-        if self._owns_subscriber and self._subscriber is not None:
-            self._subscriber.close()
+        if self._grpc is not None:
+            try:
+                await asyncio.wait_for(self._grpc.close(), _STOP_WAIT_S)
+            except TimeoutError:
+                _LOG.warning("the channel to %s did not close within %g s", self.host, _STOP_WAIT_S)
+        for close in self._closers:
+            close()
 
     async def check(self) -> None:
         """Start-up check as for the streaming source (server, subscription, dead-letter
         topic or policy); also reads the subscription's ack deadline for lease timing."""
-        if self._subscriber is None:
+        subscription = await self._check_subscription()
+        if subscription is None:
             return
-        subscription = await asyncio.to_thread(self._check_subscription)
         deadline = float(subscription.ack_deadline_seconds or 0)
         self._leases.receipt_deadline_s = max(MIN_ACK_DEADLINE_S, deadline)
         if subscription.enable_message_ordering:
@@ -297,6 +336,7 @@ class PubSubPullSource(PubSubSourceBase):
             self._rpc = open_rpc(
                 self.config.client,
                 self._sub,
+                calls=self._grpc,
                 subscriber=self._subscriber,
                 async_subscriber=self._async_subscriber,
             )

@@ -4,11 +4,8 @@ its dead-letter attributes, and the start-up check of the subscription."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from google.cloud import pubsub_v1
-
 from rowbatch.consumer.sources.base import DeadLetterReason, Delivery
+from rowbatch.consumer.sources.pubsub.calls import PubSubCalls, SubscriptionInfo
 from rowbatch.consumer.sources.pubsub.dead_letters import DeadLetters, dead_letter_attributes
 from rowbatch.consumer.sources.pubsub.settings import PubSubSettings
 from rowbatch.consumer.sources.pubsub.startup_check import check_subscription
@@ -22,7 +19,9 @@ class PubSubSourceBase:
     """Written to ``rowbatch-dlq-consumer-version``."""
     host: str
     """Where the service is, for error messages."""
-    _subscriber: pubsub_v1.SubscriberClient | None
+    _calls: PubSubCalls | None
+    """The start-up check's lookups and the dead letters' Publish; None (tests with a fake
+    Pull client only): nothing is checked."""
     _dead_letters: DeadLetters
 
     def exceeded_attempts(self, delivery: Delivery) -> bool:
@@ -40,13 +39,13 @@ class PubSubSourceBase:
     def _sub(self) -> str:
         return self.config.subscription
 
-    def _check_subscription(self) -> Any:
-        """Blocking start-up check (``check_subscription``) of the subscription and the
-        dead-letter topic; returns the subscription (``google.pubsub_v1.types.Subscription``).
-        Needs the subscriber."""
-        return check_subscription(
-            self._subscriber,
-            self._dead_letters.api,
+    async def _check_subscription(self) -> SubscriptionInfo | None:
+        """Start-up check (``check_subscription``) of the subscription and the dead-letter
+        topic; returns the subscription (None without calls)."""
+        if self._calls is None:
+            return None
+        return await check_subscription(
+            self._calls,
             subscription=self._sub,
             dead_letter_topic=self.config.dead_letter_topic,
             max_delivery_attempts=self.config.max_delivery_attempts,

@@ -4,13 +4,10 @@ subscription exists, and poison messages have somewhere to go."""
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from google.api_core import exceptions as gexc
-from google.api_core.retry import Retry, if_exception_type
-from google.cloud import pubsub_v1
-from google.pubsub_v1.services.publisher import PublisherClient as GapicPublisherClient
 
+from rowbatch.consumer.sources.pubsub.calls import PubSubCalls, SubscriptionInfo, retried
 from rowbatch.consumer.sources.pubsub.errors import (
     PubSubConfigError,
     PubSubSourceError,
@@ -19,50 +16,48 @@ from rowbatch.consumer.sources.pubsub.errors import (
 
 _LOG = logging.getLogger(__name__)
 
+_RETRY_ON = (gexc.ServiceUnavailable, gexc.DeadlineExceeded)
+
 
 def _lookup_error(exc: Exception, what: str, timeout: float, host: str) -> PubSubSourceError:
     """The start-up check's error for a failed lookup of ``what``."""
     if isinstance(exc, gexc.NotFound):
         return PubSubConfigError(f"{what} does not exist on {host}")
-    if isinstance(exc, gexc.RetryError | gexc.ServiceUnavailable | gexc.DeadlineExceeded):
+    if isinstance(exc, gexc.ServiceUnavailable | gexc.DeadlineExceeded | TimeoutError):
         return PubSubUnreachable(
             f"Pub/Sub at {host} did not answer within {timeout:g} s (checking {what}): {exc}"
         )
     return PubSubConfigError(f"cannot read {what} on {host}: {exc}")
 
 
-def check_subscription(
-    subscriber: pubsub_v1.SubscriberClient,
-    dlq_api: GapicPublisherClient | None,
+async def check_subscription(
+    calls: PubSubCalls,
     *,
     subscription: str,
     dead_letter_topic: str | None,
     max_delivery_attempts: int | None,
     host: str,
-    timeout: float,
-) -> Any:
-    """Blocking start-up check: the server answers, the subscription exists, the dead-letter
-    topic exists (or, without one, the subscription has a dead-letter policy). Raises
+    timeout: float,  # noqa: ASYNC109 (the whole check's limit, retries included)
+) -> SubscriptionInfo:
+    """Start-up check: the server answers, the subscription exists, the dead-letter topic
+    exists (or, without one, the subscription has a dead-letter policy). Raises
     ``PubSubUnreachable`` or ``PubSubConfigError`` naming what is wrong; returns the
-    subscription (``google.pubsub_v1.types.Subscription``)."""
-    retry = Retry(
-        predicate=if_exception_type(gexc.ServiceUnavailable, gexc.DeadlineExceeded),
-        initial=0.1,
-        maximum=1.0,
-        multiplier=2.0,
-        timeout=timeout,
-    )
+    subscription. An unanswered lookup is retried (0.1 s doubling up to 1 s) until
+    ``timeout``."""
     per_call = min(timeout, 5.0)
+    what = f"Pub/Sub subscription {subscription}"
     try:
-        found = subscriber.get_subscription(
-            request={"subscription": subscription}, retry=retry, timeout=per_call
+        found = await retried(
+            lambda: calls.get_subscription(subscription, per_call),
+            retry_on=_RETRY_ON,
+            timeout_s=timeout,
+            max_wait_s=1.0,
         )
-    except (gexc.GoogleAPICallError, gexc.RetryError) as exc:
-        raise _lookup_error(exc, f"Pub/Sub subscription {subscription}", timeout, host) from exc
+    except gexc.GoogleAPICallError as exc:
+        raise _lookup_error(exc, what, timeout, host) from exc
 
-    policy = found.dead_letter_policy
-    policy_topic = str(policy.dead_letter_topic) if policy else ""
-    policy_attempts = int(policy.max_delivery_attempts) if policy_topic else 0
+    policy_topic = found.dead_letter_topic
+    policy_attempts = found.max_delivery_attempts
     if dead_letter_topic is None:
         if not policy_topic:
             raise PubSubConfigError(
@@ -77,12 +72,17 @@ def check_subscription(
             policy_topic,
             policy_attempts,
         )
-    elif dlq_api is not None:
+    else:
+        topic = dead_letter_topic
         try:
-            dlq_api.get_topic(request={"topic": dead_letter_topic}, retry=retry, timeout=per_call)
-        except (gexc.GoogleAPICallError, gexc.RetryError) as exc:
-            what = f"dead-letter topic {dead_letter_topic}"
-            raise _lookup_error(exc, what, timeout, host) from exc
+            await retried(
+                lambda: calls.get_topic(topic, per_call),
+                retry_on=_RETRY_ON,
+                timeout_s=timeout,
+                max_wait_s=1.0,
+            )
+        except gexc.GoogleAPICallError as exc:
+            raise _lookup_error(exc, f"dead-letter topic {topic}", timeout, host) from exc
 
     if max_delivery_attempts is not None:
         if not policy_topic:

@@ -70,9 +70,14 @@ from rowbatch.consumer.sources.base import (
     DeliveryIterator,
     package_version,
 )
-from rowbatch.consumer.sources.pubsub.clients import client_address, default_subscriber
+from rowbatch.consumer.sources.pubsub.clients import (
+    client_address,
+    default_publisher,
+    default_subscriber,
+)
 from rowbatch.consumer.sources.pubsub.dead_letters import DeadLetters
 from rowbatch.consumer.sources.pubsub.errors import PubSubStreamError, not_held, warn_lease_lapsed
+from rowbatch.consumer.sources.pubsub.library_calls import LibraryCalls
 from rowbatch.consumer.sources.pubsub.settings import PubSubSettings
 from rowbatch.consumer.sources.pubsub.source_base import PubSubSourceBase
 from rowbatch.consumer.sources.pubsub.streaming_shutdown import (
@@ -105,6 +110,7 @@ class PubSubSource(PubSubSourceBase):
 
     config: PubSubSettings
     _subscriber: pubsub_v1.SubscriberClient
+    _calls: LibraryCalls
 
     def __init__(
         self,
@@ -128,9 +134,14 @@ class PubSubSource(PubSubSourceBase):
             if subscriber is not None
             else default_subscriber(project_of(config.subscription))
         )
+        topic = config.dead_letter_topic
+        owns_publisher = publisher is None and topic is not None
+        if owns_publisher:
+            publisher = default_publisher(project_of(topic))
+        self._calls = LibraryCalls(self._subscriber, publisher, owns_publisher=owns_publisher)
         self._dead_letters = DeadLetters(
-            publisher,
-            topic=config.dead_letter_topic,
+            self._calls,
+            topic=topic,
             consumer_version=self.consumer_version,
             timeout_s=config.dead_letter_timeout_s,
         )
@@ -242,7 +253,7 @@ class PubSubSource(PubSubSourceBase):
         if unsettled:
             ack_ids = [str(m.ack_id) for m in unsettled]
             await asyncio.to_thread(nack_after_close, self._subscriber, self._sub, ack_ids)
-        self._dead_letters.close()
+        await self._calls.close()
         if self._owns_subscriber:
             self._subscriber.close()
 
@@ -268,7 +279,7 @@ class PubSubSource(PubSubSourceBase):
         """Start-up check: the server answers, the subscription exists, the dead-letter topic
         exists (or, without one, the subscription has a dead-letter policy). Raises
         ``PubSubUnreachable`` or ``PubSubConfigError`` naming what is wrong."""
-        await asyncio.to_thread(self._check_subscription)
+        await self._check_subscription()
 
     # -- internals ---------------------------------------------------------------------------
 
