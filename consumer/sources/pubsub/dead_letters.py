@@ -118,8 +118,8 @@ class DeadLetters:
         self._consumer_version = consumer_version
         self._timeout_s = timeout_s
         self.calls = calls
-        """Publish (and the start-up check's topic lookup); None: no topic is checked and
-        a dead letter is nacked instead."""
+        """Where Publish goes; None (unit tests with a fake Pull client only): a dead letter
+        is nacked instead."""
 
     async def forward(
         self,

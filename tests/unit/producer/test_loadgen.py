@@ -3,7 +3,6 @@ pacing to a rate with an injected clock (no sleeping), and the manifest tests re
 
 from __future__ import annotations
 
-import asyncio
 import io
 import json
 from pathlib import Path
@@ -21,6 +20,7 @@ from rowbatch.wire.columns.column_type import INT64, STRING, ColumnType
 from rowbatch.wire.errors import WireError
 from rowbatch.wire.headers.fields import H_CHUNK_ID, H_PRODUCED_AT, H_ROW_COUNT, Encoding
 from tests.unit.producer.publish_fakes import FakePublisher, reassemble
+from tests.virtual_time import VirtualTime
 
 BROKER = ["--broker", "kafka", "--bootstrap", "fake:9092", "--topic", "load"]
 
@@ -135,22 +135,6 @@ def test_spec_validation() -> None:
         LoadSpec(rows=10, reject_marker="")
     default = LoadSpec(rows=10, malformed=0.5, malformed_kinds=(MalformedKind.REJECT_MARKER,))
     assert default.reject_marker == "rowbatch-reject-me"
-
-
-class VirtualTime:
-    """A clock and a sleep that advances it: pacing is tested without waiting."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-        self.slept: list[float] = []
-
-    def clock(self) -> float:
-        return self.now
-
-    async def sleep(self, seconds: float) -> None:
-        self.slept.append(seconds)
-        self.now += seconds
-        await asyncio.sleep(0)
 
 
 async def test_rate_limiter_paces_rows() -> None:

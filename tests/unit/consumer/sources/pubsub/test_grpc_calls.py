@@ -25,6 +25,7 @@ from rowbatch.consumer.sources.pubsub.errors import (
 )
 from rowbatch.consumer.sources.pubsub.grpc_calls import GrpcCalls, open_channel
 from rowbatch.consumer.sources.pubsub.startup_check import check_subscription
+from tests.virtual_time import VirtualTime
 
 SUB = "projects/p/subscriptions/s-1"
 
@@ -223,21 +224,6 @@ async def test_a_status_becomes_the_google_api_core_exception(
 # -- retries and the start-up check ----------------------------------------------------------
 
 
-class Ticks:
-    """A clock that only the sleeps advance."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        self.slept: list[float] = []
-
-    def clock(self) -> float:
-        return self.now
-
-    async def sleep(self, seconds: float) -> None:
-        self.slept.append(seconds)
-        self.now += seconds
-
-
 def failing(errors: list[Exception], result: str = "ok") -> Callable[[], Any]:
     async def call() -> str:
         if errors:
@@ -248,7 +234,7 @@ def failing(errors: list[Exception], result: str = "ok") -> Callable[[], Any]:
 
 
 async def test_retried_waits_doubling_and_returns_once_the_call_answers() -> None:
-    ticks = Ticks()
+    ticks = VirtualTime()
     errors: list[Exception] = [err(gexc.ServiceUnavailable, "a"), err(gexc.ServiceUnavailable, "b")]
     got = await retried(
         failing(errors),
@@ -263,7 +249,7 @@ async def test_retried_waits_doubling_and_returns_once_the_call_answers() -> Non
 
 
 async def test_retried_gives_up_with_the_last_error_at_the_timeout() -> None:
-    ticks = Ticks()
+    ticks = VirtualTime()
     errors: list[Exception] = [err(gexc.ServiceUnavailable, str(i)) for i in range(100)]
     with pytest.raises(gexc.ServiceUnavailable) as raised:
         await retried(
@@ -279,7 +265,7 @@ async def test_retried_gives_up_with_the_last_error_at_the_timeout() -> None:
 
 
 async def test_retried_does_not_retry_other_errors() -> None:
-    ticks = Ticks()
+    ticks = VirtualTime()
     with pytest.raises(gexc.PermissionDenied):
         await retried(
             failing([err(gexc.PermissionDenied, "no")]),
