@@ -23,19 +23,7 @@ from rowbatch.consumer.service.build_model import (
 )
 from rowbatch.consumer.service.startup import StartupError
 from tests.unit.consumer.model.test_balancer import SPEC, FakeServer
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-        self.waits: list[float] = []
-
-    def __call__(self) -> float:
-        return self.now
-
-    async def sleep(self, seconds: float) -> None:
-        self.waits.append(seconds)
-        self.now += seconds
+from tests.virtual_time import VirtualTime
 
 
 class Servers:
@@ -51,13 +39,13 @@ def settings(url: str, **extra: Any) -> ModelSettings:
 
 
 async def discover(
-    url: str, servers: Servers, clock: Clock, **extra: Any
+    url: str, servers: Servers, clock: VirtualTime, **extra: Any
 ) -> tuple[dict[str, ModelSpec], Balancer]:
     balancer = Balancer("m", servers.connect, rng=random.Random(0))
     config = settings(url, **extra)
     membership = Membership(parse_endpoints(url))
     found = await discover_endpoints_waiting(
-        balancer, membership, config, sleep=clock.sleep, clock=clock
+        balancer, membership, config, sleep=clock.sleep, clock=clock.clock
     )
     return found, balancer
 
@@ -65,7 +53,7 @@ async def discover(
 async def test_endpoints_down_at_start_do_not_hold_it_up() -> None:
     servers = Servers("a:1", "b:2")
     servers.servers["a:1"].up = False
-    found, balancer = await discover("a:1,b:2", servers, Clock())
+    found, balancer = await discover("a:1,b:2", servers, VirtualTime(0.0))
     assert found == {"b:2": SPEC}
     assert [e.address for e in balancer.endpoints] == ["a:1", "b:2"]
     balancer.start(SPEC, per_endpoint_limit(settings("a:1,b:2"), 8), found)
@@ -77,7 +65,7 @@ async def test_start_up_waits_while_no_endpoint_answers() -> None:
     servers = Servers("a:1", "b:2")
     for server in servers.servers.values():
         server.up = False
-    clock = Clock()
+    clock = VirtualTime(0.0)
     attempts: list[int] = []
     original = servers.servers["b:2"].discover
 
@@ -90,7 +78,7 @@ async def test_start_up_waits_while_no_endpoint_answers() -> None:
     servers.servers["b:2"].discover = comes_up  # type: ignore[method-assign]
     found, balancer = await discover("a:1,b:2", servers, clock)
     assert found == {"b:2": SPEC}
-    assert len(clock.waits) == 2
+    assert len(clock.slept) == 2
     await balancer.close()
 
 
@@ -99,7 +87,7 @@ async def test_nobody_answering_for_the_whole_wait_names_the_setting() -> None:
     for server in servers.servers.values():
         server.up = False
     with pytest.raises(StartupError, match=r"model.startup_wait_s.*cannot reach a:1.*b:2"):
-        await discover("a:1,b:2", servers, Clock(), startup_wait_s=3)
+        await discover("a:1,b:2", servers, VirtualTime(0.0), startup_wait_s=3)
 
 
 async def test_an_endpoint_without_the_model_fails_start_up_at_once() -> None:
@@ -109,10 +97,10 @@ async def test_an_endpoint_without_the_model_fails_start_up_at_once() -> None:
         raise ModelNotFound("inference server b:2 does not serve model 'm'")
 
     servers.servers["b:2"].discover = not_found  # type: ignore[method-assign]
-    clock = Clock()
+    clock = VirtualTime(0.0)
     with pytest.raises(ModelNotFound, match="b:2"):
         await discover("a:1,b:2", servers, clock)
-    assert clock.waits == []
+    assert clock.slept == []
 
 
 class Resolver:

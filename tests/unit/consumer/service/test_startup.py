@@ -14,23 +14,11 @@ from rowbatch.consumer.service.startup import StillUnavailable, wait_for
 from rowbatch.consumer.sources.base import SourceConfigError, SourceUnreachable
 from rowbatch.consumer.sources.kafka.settings import KafkaSettings
 from rowbatch.timing import Backoff
+from tests.virtual_time import VirtualTime
 
 
 class Down(Exception):
     pass
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-        self.waits: list[float] = []
-
-    def __call__(self) -> float:
-        return self.now
-
-    async def sleep(self, seconds: float) -> None:
-        self.waits.append(seconds)
-        self.now += seconds
 
 
 Op = Callable[[], Awaitable[str]]
@@ -48,7 +36,7 @@ def flaky(failures: int, error: Exception) -> tuple[list[int], Op]:
     return calls, op
 
 
-async def wait(op: Op, clock: Clock, wait_s: float = 10.0) -> str:
+async def wait(op: Op, clock: VirtualTime, wait_s: float = 10.0) -> str:
     return await wait_for(
         op,
         what="inference server h:1",
@@ -57,30 +45,30 @@ async def wait(op: Op, clock: Clock, wait_s: float = 10.0) -> str:
         backoff=Backoff(0.5, 2.0, jitter=0.0),
         setting="model.startup_wait_s",
         sleep=clock.sleep,
-        clock=clock,
+        clock=clock.clock,
         rng=random.Random(0),
     )
 
 
 async def test_an_unavailable_dependency_is_waited_for_with_backoff() -> None:
-    clock = Clock()
+    clock = VirtualTime(0.0)
     calls, op = flaky(4, Down("connection refused"))
     assert await wait(op, clock) == "up"
     assert len(calls) == 5
-    assert clock.waits == [0.5, 1.0, 2.0, 2.0]
+    assert clock.slept == [0.5, 1.0, 2.0, 2.0]
 
 
 async def test_other_errors_fail_at_once() -> None:
-    clock = Clock()
+    clock = VirtualTime(0.0)
     calls, op = flaky(1, ValueError("unknown model"))
     with pytest.raises(ValueError, match="unknown model"):
         await wait(op, clock)
     assert len(calls) == 1
-    assert clock.waits == []
+    assert clock.slept == []
 
 
 async def test_gives_up_after_the_wait_naming_the_setting() -> None:
-    clock = Clock()
+    clock = VirtualTime(0.0)
     calls, op = flaky(1000, Down("connection refused"))
     with pytest.raises(StillUnavailable) as caught:
         await wait(op, clock, wait_s=5.0)
@@ -89,7 +77,7 @@ async def test_gives_up_after_the_wait_naming_the_setting() -> None:
     )
     assert "connection refused" in str(caught.value)
     assert clock.now <= 5.0
-    assert len(calls) == len(clock.waits) + 1  # one last try, then no sleep past the deadline
+    assert len(calls) == len(clock.slept) + 1  # one last try, then no sleep past the deadline
 
 
 # --- the broker at start-up (open_source) -------------------------------------------------------
@@ -119,24 +107,24 @@ def kafka_settings(**fields: object) -> KafkaSettings:
 
 
 async def test_a_broker_that_does_not_answer_at_start_up_is_waited_for() -> None:
-    clock = Clock()
+    clock = VirtualTime(0.0)
     source = FlakySource(SourceUnreachable("no answer"), SourceUnreachable("no answer"))
-    await open_source(source, kafka_settings(), sleep=clock.sleep, clock=clock)  # type: ignore[arg-type]
+    await open_source(source, kafka_settings(), sleep=clock.sleep, clock=clock.clock)  # type: ignore[arg-type]
     assert source.checks == 3
-    assert len(clock.waits) == 2
-    assert all(0 < w <= SOURCE_STARTUP_BACKOFF.max_s for w in clock.waits)
+    assert len(clock.slept) == 2
+    assert all(0 < w <= SOURCE_STARTUP_BACKOFF.max_s for w in clock.slept)
     assert not source.closed
 
 
 async def test_a_broker_down_past_the_start_up_wait_is_named_and_the_source_closed() -> None:
-    clock = Clock()
+    clock = VirtualTime(0.0)
     source = FlakySource(*[SourceUnreachable("cannot reach Kafka at b:9092")] * 50)
     with pytest.raises(StillUnavailable, match=r"source \(kafka\).*source\.startup_wait_s.*b:9092"):
         await open_source(
             source,  # type: ignore[arg-type]
             kafka_settings(startup_wait_s=20),
             sleep=clock.sleep,
-            clock=clock,
+            clock=clock.clock,
         )
     assert clock.now <= 20
     assert source.checks > 1
@@ -144,10 +132,10 @@ async def test_a_broker_down_past_the_start_up_wait_is_named_and_the_source_clos
 
 
 async def test_a_wrong_source_config_is_not_waited_for() -> None:
-    clock = Clock()
+    clock = VirtualTime(0.0)
     source = FlakySource(SourceConfigError("no topic 't'"))
     with pytest.raises(SourceConfigError, match="no topic"):
-        await open_source(source, kafka_settings(), sleep=clock.sleep, clock=clock)  # type: ignore[arg-type]
+        await open_source(source, kafka_settings(), sleep=clock.sleep, clock=clock.clock)  # type: ignore[arg-type]
     assert source.checks == 1
-    assert clock.waits == []
+    assert clock.slept == []
     assert source.closed
