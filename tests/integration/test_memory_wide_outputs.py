@@ -46,10 +46,10 @@ thread buffers, PostgreSQL's COPY buffer in libpq, the Parquet writer's state) a
 source's pulled messages. Measured: 24-40 MiB (docs/memory.md)."""
 LIMIT = BUDGET + 150 * 1000**2
 """Peak RSS all told (VmHWM, the libraries' file pages included): the budget plus 150 MB.
-RSS once ready was 106-117 MiB in the memory bench's runs of these cases once the Pub/Sub
-pull source stopped loading google-cloud-pubsub's client layers (122-139 before, which left
-4-6 MiB under this limit or missed it), so a full budget plus the overhead above fits with
-room (peaks 174-194 MiB against 207 in 200,000-row runs: docs/memory.md)."""
+RSS once ready was 101-124 MiB in the recorded memory bench runs (2026-12-05, -05b) once the
+Pub/Sub pull source stopped loading google-cloud-pubsub's client layers (122-139 before, which
+left 4-23 MiB under this limit or missed it by 6), so a full budget plus the overhead above
+fits with room (peaks 174-194 MiB against 207 in those 200,000-row runs: docs/memory.md)."""
 COLD_FILE_PAGES = 66 * MiB
 """The libraries' mapped file pages (``RssFile``) that ``LIMIT`` counts: 55-66 MiB once ready
 in the memory bench's runs. How many pages a process maps of a library is the kernel's choice:
