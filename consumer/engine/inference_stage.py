@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import logging
 
+from rowbatch.consumer.engine.answered_queue import AnsweredQueue
 from rowbatch.consumer.engine.batcher import Batch, Segment
 from rowbatch.consumer.engine.poison import isolate
 from rowbatch.consumer.engine.results import Answered
@@ -24,16 +25,16 @@ log = logging.getLogger(__name__)
 
 class InferenceStage:
     """Batches from the batcher (``flush``) through the model handler (``work``, one task per
-    request in flight) into ``answered``; a batch that fails is isolated (bisected by
-    :func:`rowbatch.consumer.engine.poison.isolate`, one isolation at a time), and the messages
-    failing for good are nacked."""
+    request in flight) into ``answered`` (waiting for room there: it is bounded in rows); a
+    batch that fails is isolated (bisected by :func:`rowbatch.consumer.engine.poison.isolate`,
+    one isolation at a time), and the messages failing for good are nacked."""
 
     def __init__(
         self,
         context: StageContext,
         *,
         batches: asyncio.Queue[Batch | None],
-        answered: asyncio.Queue[Answered | None],
+        answered: AnsweredQueue,
         model: ModelHandler,
         intake_done: asyncio.Event,
     ) -> None:
@@ -82,7 +83,8 @@ class InferenceStage:
                 self._metrics.inflight_batches.dec()
             for item in answered:
                 self._metrics.write_queue_batches.inc()
-                self._answered.put_nowait(item)
+                # Waits while the writers are a queue's worth behind (the sink is slower).
+                await self._answered.put(item)
 
     async def _infer(self, batch: Batch) -> list[Answered]:
         """The batch's answers, as parts for the writer (several when a failure was isolated);

@@ -26,8 +26,11 @@ batches per request in flight), and tells a source that reads ahead to hold no m
 ``WithdrawsDeliveries``), the messages none of whose rows was sent to the model are dropped at
 once, so what is in hand at a rebalance is a few batches and no row is inferred twice.
 
-A slow sink slows intake through the byte budget (answered rows stay reserved until written),
-never by holding inference slots. Sink faults are handled by
+A slow sink slows inference: the answered batches waiting for the writers are bounded in rows
+(:class:`rowbatch.consumer.engine.answered_queue.AnsweredQueue`, one write's worth per writer),
+so a worker with an answer waits for room before it takes another batch, and intake waits in
+turn (its work bound, the byte budget). What a kill can throw away of the model's work is then
+:attr:`PipelineSettings.model_work_at_risk` rows, whatever the budget. Sink faults are handled by
 :class:`rowbatch.consumer.engine.sink_writer.SinkWriter`.
 
 What the pipeline holds on top of each message's charge is set aside in the same budget
@@ -45,6 +48,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from rowbatch.consumer.engine.answered_queue import AnsweredQueue
 from rowbatch.consumer.engine.batcher import Batch, Batcher
 from rowbatch.consumer.engine.budget import ByteBudget
 from rowbatch.consumer.engine.commit_stage import CommitStage
@@ -128,6 +132,28 @@ class PipelineSettings:
             self.target_batch_size, self.max_in_flight, max(rows, self.target_batch_size)
         )
 
+    @property
+    def write_rows(self) -> int:
+        """Most rows of one sink write (``max_write_rows``, or four target batches)."""
+        return self.max_write_rows or 4 * self.target_batch_size
+
+    @property
+    def answered_rows(self) -> int:
+        """Most answered rows queued for the writers (:class:`AnsweredQueue`): one write's
+        worth per writer, so each finds a full write ready when its last one ends, and
+        inference waits for the sink instead of running ahead of it."""
+        return self.write_concurrency * max(self.write_rows, self.target_batch_size)
+
+    @property
+    def model_work_at_risk(self) -> int:
+        """Most rows the model has answered (or is answering) that no write has made durable:
+        what a kill can make a restart send to the model again. A batch per request in flight
+        (at the server, or answered and waiting for room in the queue), the queue, and the
+        writes under way."""
+        # A write holds at most write_rows (one batch when a batch is larger): as many rows as
+        # the queue holds, all writers together.
+        return self.max_in_flight * self.target_batch_size + 2 * self.answered_rows
+
 
 @dataclass(frozen=True)
 class PipelineShare:
@@ -155,7 +181,7 @@ def pipeline_share(settings: PipelineSettings, limit: int) -> PipelineShare:
     per_row = settings.output_bytes_per_row
     answers = settings.max_in_flight * settings.target_batch_size * per_row
     writes = settings.write_concurrency * largest_write_cost(
-        settings.max_write_rows or 4 * settings.target_batch_size,
+        settings.write_rows,
         settings.max_write_bytes,
         settings.target_batch_size,
         per_row + INPUT_ROW_BYTES,
@@ -207,8 +233,8 @@ class Pipeline:
         self._rows_queued = rows_queued
         self._intake_done = asyncio.Event()
         self._batches: asyncio.Queue[Batch | None] = asyncio.Queue(maxsize=settings.max_in_flight)
-        # Unbounded: what waits here is already reserved in the byte budget.
-        self._answered: asyncio.Queue[Answered | None] = asyncio.Queue()
+        # Bounded in rows, so inference waits for the sink instead of running ahead of it.
+        self._answered = AnsweredQueue(settings.answered_rows)
         results = ResultBuilder(
             self._ledger,
             outputs=settings.outputs,
@@ -294,7 +320,7 @@ class Pipeline:
             context,
             answered=self._answered,
             writer=writer,
-            max_write_rows=settings.max_write_rows or 4 * settings.target_batch_size,
+            max_write_rows=settings.write_rows,
             max_write_bytes=settings.max_write_bytes,
             output_bytes_per_row=settings.output_bytes_per_row,
             allowance=ByteBudget(share.writes),
@@ -403,7 +429,7 @@ class Pipeline:
                     await self._batches.put(None)
                 await asyncio.gather(*workers)
                 for _ in writers:
-                    self._answered.put_nowait(None)
+                    await self._answered.put(None)
                 await asyncio.gather(*writers)
                 if self._commits is not None:
                     await self._commits.commit()

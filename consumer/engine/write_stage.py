@@ -1,5 +1,6 @@
 """The write stage: each writer takes every answered batch that is waiting (up to
-``max_write_rows`` rows and ``max_write_bytes`` of outputs) and writes them in one sink write
+``max_write_rows`` rows, never past it unless one batch is larger, and ``max_write_bytes`` of
+outputs) and writes them in one sink write
 (group commit), then settles the messages whose rows are all written.
 
 What a write holds besides the rows' values (the joined batch, its encode buffers:
@@ -9,10 +10,10 @@ than the whole share is split (written a part at a time)."""
 
 from __future__ import annotations
 
-import asyncio
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 
+from rowbatch.consumer.engine.answered_queue import AnsweredQueue
 from rowbatch.consumer.engine.budget import ByteBudget
 from rowbatch.consumer.engine.ledger import Entry
 from rowbatch.consumer.engine.results import Answered, write_cost
@@ -30,7 +31,7 @@ class WriteStage:
         self,
         context: StageContext,
         *,
-        answered: asyncio.Queue[Answered | None],
+        answered: AnsweredQueue,
         writer: SinkWriter[Answered],
         max_write_rows: int,
         max_write_bytes: int,
@@ -69,9 +70,9 @@ class WriteStage:
         while (first := held.popleft() if held else await self._answered.get()) is not None:
             parts, rows = [first], len(first.batch)
             while (
-                rows < self._max_write_rows
-                and rows * self._per_row < self._max_write_bytes
+                rows * self._per_row < self._max_write_bytes
                 and (held or not self._answered.empty())
+                and rows + self._next_rows(held) <= self._max_write_rows
             ):
                 item = held.popleft() if held else self._answered.get_nowait()
                 if item is None:  # shutdown: write what we hold, then stop
@@ -86,6 +87,9 @@ class WriteStage:
                 await self._counted_write(parts, held)
             finally:
                 self._metrics.write_queue_batches.dec(len(parts))
+
+    def _next_rows(self, held: deque[Answered]) -> int:
+        return len(held[0].batch) if held else self._answered.next_rows()
 
     async def _counted_write(self, parts: list[Answered], held: deque[Answered]) -> None:
         """``parts`` written, holding their cost in the allowance; parts past the whole

@@ -271,10 +271,11 @@ def _run_table(config: ConsumerConfig, summary_path: Path | None) -> int:
     assert isinstance(running.source, TableSource)
     summary = summarize(
         running.source,
-        running.metrics,
-        running.target_batch_size,
-        slots[0],
-        time.monotonic() - started,
+        metrics=running.metrics,
+        target_batch_size=running.target_batch_size,
+        in_flight=slots[0],
+        wall_s=time.monotonic() - started,
+        model_work_at_risk=running.model_work_at_risk,
     )
     write_summary(summary, summary_path, sys.stderr)
     if summary.complete:

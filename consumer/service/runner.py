@@ -88,6 +88,9 @@ class Running:
     """The model-server endpoints and their state."""
     source: Source | None = None
     """Set once built (a table run's counts are on its ``TableSource``)."""
+    model_work_at_risk: int = 0
+    """Most rows of model work a kill can throw away (answered, not yet made durable): set
+    once the pipeline is built (:attr:`PipelineSettings.model_work_at_risk`)."""
 
 
 async def _checked_source(
@@ -187,33 +190,35 @@ async def run_consumer(
             config, source, spec=spec, decoder=decoder, metrics=metrics, signal=signal, stop=stop
         )
         running.source = source
+        settings = PipelineSettings(
+            target_batch_size=handler.target_batch_size,
+            max_wait_s=config.model.max_wait_ms / 1000,
+            max_in_flight=in_flight,
+            output_bytes_per_row=handler.output_bytes_per_row,
+            outputs=binding.outputs,
+            passthrough=binding.passthrough,
+            model_name=spec.name,
+            model_version=spec.version,
+            grace_s=config.shutdown_grace_s,
+            write_concurrency=config.sink.write_concurrency,
+            max_write_rows=config.sink.max_write_rows
+            or (
+                table_write_rows(
+                    handler.target_batch_size, in_flight, config.sink.write_concurrency
+                )
+                if isinstance(config.source, TableSettings)
+                else 0
+            ),
+            sink_backoff=config.sink.backoff,
+            commit_interval_s=getattr(config.sink, "commit_interval_s", 60.0),
+        )
+        running.model_work_at_risk = settings.model_work_at_risk
         pipeline = Pipeline(
             source=source,
             sink=sink,
             decoder=decoder,
             model=handler,
-            settings=PipelineSettings(
-                target_batch_size=handler.target_batch_size,
-                max_wait_s=config.model.max_wait_ms / 1000,
-                max_in_flight=in_flight,
-                output_bytes_per_row=handler.output_bytes_per_row,
-                outputs=binding.outputs,
-                passthrough=binding.passthrough,
-                model_name=spec.name,
-                model_version=spec.version,
-                grace_s=config.shutdown_grace_s,
-                write_concurrency=config.sink.write_concurrency,
-                max_write_rows=config.sink.max_write_rows
-                or (
-                    table_write_rows(
-                        handler.target_batch_size, in_flight, config.sink.write_concurrency
-                    )
-                    if isinstance(config.source, TableSettings)
-                    else 0
-                ),
-                sink_backoff=config.sink.backoff,
-                commit_interval_s=getattr(config.sink, "commit_interval_s", 60.0),
-            ),
+            settings=settings,
             budget=ByteBudget(config.budget_bytes),
             metrics=metrics,
             signal=signal,
@@ -222,7 +227,7 @@ async def run_consumer(
         )
         log.info(
             "consuming: model %s v%s on %s (spec from %s), batch size %d, %d in flight (%s), "
-            "budget %d bytes",
+            "budget %d bytes; a kill costs at most %d rows of model work",
             spec.name,
             spec.version or " as each answer names it",
             spec.server,
@@ -231,6 +236,7 @@ async def run_consumer(
             in_flight,
             ", ".join(f"{ep.address}: {ep.limit}" for ep in balancer.endpoints),
             config.budget_bytes,
+            settings.model_work_at_risk,
         )
         tune_gc()
         running.ready = True

@@ -49,6 +49,8 @@ class TableSummary:
     window_cpu_s: float
     """User + system CPU of the process from the first write to the last."""
     peak_rss_mib: float
+    model_work_at_risk: int = 0
+    """Most rows of model work a kill could have thrown away (answered, not yet durable)."""
     unreadable: tuple[str, ...] = ()
     """The parts of the input that could not be read, with where and why (the run is then
     not complete: a rerun reads them again)."""
@@ -101,7 +103,13 @@ def _histogram_totals(metrics: Metrics) -> tuple[float, float]:
 
 
 def summarize(
-    source: TableSource, metrics: Metrics, target_batch_size: int, in_flight: int, wall_s: float
+    source: TableSource,
+    *,
+    metrics: Metrics,
+    target_batch_size: int,
+    in_flight: int,
+    wall_s: float,
+    model_work_at_risk: int = 0,
 ) -> TableSummary:
     counts = source.counts
     batches, rows = _histogram_totals(metrics)
@@ -126,6 +134,7 @@ def summarize(
         cpu_s=usage.ru_utime + usage.ru_stime,
         window_cpu_s=counts.last_write_cpu - counts.first_write_cpu,
         peak_rss_mib=usage.ru_maxrss / 1024,
+        model_work_at_risk=model_work_at_risk,
         unreadable=tuple(counts.unreadable),
     )
 

@@ -25,8 +25,9 @@ class _SinkSection(Section):
     """How long start-up waits for an unreachable sink (retrying with backoff) before giving
     up with an error."""
     write_concurrency: int = Field(default=2, ge=1)
-    """Sink writes at once. Inference does not wait for writes: answered batches queue for
-    the writers (bounded by ``budget_bytes``) and are coalesced into one write."""
+    """Sink writes at once. Answered batches queue for the writers (one write's worth per
+    writer; inference waits for room when the sink is slower than the model) and are coalesced
+    into one write."""
     max_write_rows: int = Field(default=0, ge=0)
     """Most rows coalesced into one sink write; 0: four target batches."""
 

@@ -278,9 +278,15 @@ def test_kill_9_at_half_way_and_the_rerun_redoes_nothing(
     written row range (recorded after each sink write, before any ack), so a chunk the kill
     found partly written is read again only for its rows not yet written; what is redone is
     the rows of the write under way (committed, not yet recorded). Without the resume the
-    rerun would execute every row again."""
+    rerun would execute every row again.
+
+    Across both runs Triton executed at most ``model_work_at_risk`` rows more than the table
+    holds: PostgreSQL writes slower than the model answers here, and inference waits for the
+    writers instead of running ahead of them (with the answered batches bounded only by the
+    byte budget, 1.7-2.3x the table's rows were executed)."""
     root, total = small_dataset
     table_run.config = config(str(root), str(tmp_path / "state"), triton, postgres, "tm_kill")
+    executed_at_start = scorer_rows_executed(triton)
     first = table_run.start("first")
     wait_until(lambda: count_rows(postgres, "tm_kill"), total // 2, first)
     os.kill(first.pid, signal.SIGKILL)
@@ -291,15 +297,20 @@ def test_kill_9_at_half_way_and_the_rerun_redoes_nothing(
     executed = scorer_rows_executed(triton) - executed_before
     remaining = total - written
     allowance = summary["in_flight"] * summary["target_batch_size"]
+    at_risk = summary["model_work_at_risk"]
+    thrown_away = executed_before + executed - executed_at_start - total
     print(
         f"\nkilled with {written:,} of {total:,} rows written; the rerun skipped "
         f"{summary['skipped_rows']:,} and Triton executed {executed:,} rows "
-        f"(remaining {remaining:,}, allowance {allowance:,})"
+        f"(remaining {remaining:,}, allowance {allowance:,}); both runs executed "
+        f"{thrown_away:,} rows more than the table holds (bound {at_risk:,})"
     )
     assert summary["complete"]
     assert written < total
     assert executed <= remaining + allowance
     assert summary["skipped_rows"] >= written - allowance
+    assert 0 < at_risk <= total // 20  # a few batches, whatever the budget
+    assert thrown_away <= at_risk
     assert_every_row_once(postgres, "tm_kill", total)
 
 

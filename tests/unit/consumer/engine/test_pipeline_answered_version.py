@@ -152,6 +152,7 @@ def run_pipeline(source: FakeSource, sink: FakeSink, run: Any, fixed_version: st
             model_name="m",
             model_version=fixed_version,
             write_concurrency=1,
+            max_write_rows=48,  # the writers' queue holds all 12 answered batches
         ),
         budget=ByteBudget(10_000_000),
         metrics=Metrics(),

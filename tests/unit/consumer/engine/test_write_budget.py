@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from prometheus_client import generate_latest
 
+from rowbatch.consumer.engine.answered_queue import AnsweredQueue
 from rowbatch.consumer.engine.batcher import Batch, Batcher, Segment
 from rowbatch.consumer.engine.budget import ByteBudget
 from rowbatch.consumer.engine.ledger import Entry, Ledger
@@ -70,7 +71,7 @@ class RecordingWriter:
 
 
 def stage(
-    answered_q: asyncio.Queue[Answered | None],
+    answered_q: AnsweredQueue,
     writer: RecordingWriter,
     ledger: Ledger,
     allowance: ByteBudget | None,
@@ -124,7 +125,7 @@ def test_write_cost_counts_the_joined_copy_rows_and_encode_slices() -> None:
 
 async def test_a_coalesced_write_larger_than_the_writers_share_is_split() -> None:
     ledger = Ledger()
-    q: asyncio.Queue[Answered | None] = asyncio.Queue()
+    q = AnsweredQueue(1_000_000)
     parts = [answered(ledger, 100) for _ in range(4)]
     for part in parts:
         q.put_nowait(part)
@@ -140,7 +141,7 @@ async def test_a_coalesced_write_larger_than_the_writers_share_is_split() -> Non
 
 async def test_a_write_waits_while_another_holds_the_writers_share() -> None:
     ledger = Ledger()
-    q: asyncio.Queue[Answered | None] = asyncio.Queue()
+    q = AnsweredQueue(1_000_000)
     release = asyncio.Event()
     writer = RecordingWriter(release)
     allowance = ByteBudget(write_cost([answered(Ledger(), 100)]) + 1)  # one write at a time

@@ -193,7 +193,7 @@ async def summary_of(tmp_path: Path, *, complete: bool, planned: int | None) -> 
     metrics = Metrics()
     for rows in (100, 300):
         metrics.batch_size.observe(rows)
-    return summarize(source, metrics, target_batch_size=400, in_flight=3, wall_s=100.0)
+    return summarize(source, metrics=metrics, target_batch_size=400, in_flight=3, wall_s=100.0)
 
 
 async def test_the_summary_lines_hold_the_figures(tmp_path: Path) -> None:
@@ -228,7 +228,7 @@ async def test_an_incomplete_run_with_unknown_rows_says_so(tmp_path: Path) -> No
 async def test_an_unreadable_part_makes_the_run_incomplete_and_is_named(tmp_path: Path) -> None:
     source = await finished_source(tmp_path)
     source.counts.unreadable.append("a.parquet rows 0-2: cannot read it: corrupt")
-    summary = summarize(source, Metrics(), target_batch_size=400, in_flight=3, wall_s=1.0)
+    summary = summarize(source, metrics=Metrics(), target_batch_size=400, in_flight=3, wall_s=1.0)
     lines = summary.lines()
     assert lines[0] == "table run NOT complete (1 part(s) of the input could not be read)"
     assert lines[-1] == "  unreadable: a.parquet rows 0-2: cannot read it: corrupt"
