@@ -93,7 +93,13 @@ class Stats:
 
 
 def _rows(group: Group) -> str:
-    return str(group.rows) + ("+?" if group.unknown_rows else "")
+    """The rows column: the sum, and how many letters it leaves out when some carry no row
+    count (a message without a readable ``rowbatch-row-count``, a table run's unreadable
+    part of a file whose rows were never counted)."""
+    if not group.unknown_rows:
+        return str(group.rows)
+    letters = "letter" if group.unknown_rows == 1 else "letters"
+    return f"{group.rows} known + {group.unknown_rows} {letters} of unknown size"
 
 
 def _iso(moment: datetime | None) -> str | None:

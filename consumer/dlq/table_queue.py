@@ -97,6 +97,11 @@ def _moment(value: object) -> datetime | None:
         return None
 
 
+def _is_row(record: dict[str, Any]) -> bool:
+    """One row's record (its values, possibly of no column), not an unreadable part."""
+    return isinstance(record.get("row"), dict)
+
+
 def _letter(shard: str, record: dict[str, Any], table: str) -> DeadLetter:
     rows = record.get("rows")
     attributes = {
@@ -108,7 +113,8 @@ def _letter(shard: str, record: dict[str, Any], table: str) -> DeadLetter:
         ATTR_TIME: str(record.get("at") or ""),
         H_TABLE: table,
         H_CHUNK_ID: str(record.get("chunk_id") or ""),
-        H_ROW_COUNT: str(rows) if rows is not None else ("1" if record.get("row") else ""),
+        # a row's record is one row; an unreadable part of a file says how many, if known
+        H_ROW_COUNT: str(rows) if rows is not None else ("1" if _is_row(record) else ""),
     }
     return DeadLetter(
         ref=f"{shard}/{record.get('file')}#{record.get('file_row')}",

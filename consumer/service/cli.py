@@ -1,6 +1,7 @@
 """The rowbatch-consumer command (also python -m rowbatch.consumer): run the subscriber service,
-check its configuration, or create what it needs on the broker. The help text (DESCRIPTION, EPILOG)
-says how; the exit codes of admin ensure are consumer/service/admin.py's."""
+check its configuration, or create what it needs on the broker. The help text (DESCRIPTION, EPILOG;
+each command's own, ``rowbatch-consumer table --help``, in COMMANDS) says how; the exit codes of
+admin ensure are consumer/service/admin.py's."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ import logging
 import re
 import signal
 import sys
+import textwrap
 import time
 import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -42,7 +45,7 @@ from rowbatch.consumer.service.shutdown import (
 from rowbatch.consumer.service.startup import StartupError
 from rowbatch.consumer.sinks.base import SinkError
 from rowbatch.consumer.sources.base import SourceConfigError, SourceUnreachable
-from rowbatch.consumer.sources.table.settings import TableSettings
+from rowbatch.consumer.sources.table.settings import JOB_INDEX_VARIABLE, TableSettings
 from rowbatch.tracing import TracingError
 
 log = logging.getLogger("rowbatch.consumer")
@@ -50,7 +53,27 @@ log = logging.getLogger("rowbatch.consumer")
 DESCRIPTION = """\
 Run the rowbatch consumer: read row chunks from Pub/Sub or Kafka (or a stored table), run them
 through a model on an inference server, and write the results to a table."""
-EPILOG = """\
+ENVIRONMENT = """\
+Every configuration field can also come from the environment, ROWBATCH_<SECTION>__<FIELD>
+(e.g. ROWBATCH_SOURCE__SUBSCRIPTION), which overrides the file. Pub/Sub needs Google
+credentials (GOOGLE_APPLICATION_CREDENTIALS, or gcloud auth application-default login) unless
+PUBSUB_EMULATOR_HOST=host:port names an emulator."""
+EXIT_CODES = {
+    "run": """\
+  run, check    0 clean stop; 1 failed while running; 2 bad configuration or a failed
+                start-up check""",
+    "table": """\
+  table         0 every row of the shard written or dead-lettered; 1 failed while running;
+                2 bad configuration or a failed start-up check; 3 stopped (SIGTERM) before
+                the shard was done: run it again to resume; 4 the end was reached but a part
+                of the input could not be read (named in the summary): mend the file, then
+                run it again""",
+    "admin": """\
+  admin ensure  0 everything exists as configured (or was created); 1 the broker refused a
+                call; 2 bad configuration; 3 something exists but differs; 4 the broker did
+                not answer""",
+}
+EPILOG = f"""\
 commands:
   run --config FILE           consume until SIGTERM or SIGINT
   table --config FILE [--input PATH_OR_URL] [--shard K/N] [--new-run] [--summary FILE]
@@ -65,22 +88,139 @@ commands:
   dlq stats|show|replay --config FILE [filters]
                               count, inspect or replay the dead letters (dlq --help)
 
-Every configuration field can also come from the environment, ROWBATCH_<SECTION>__<FIELD>
-(e.g. ROWBATCH_SOURCE__SUBSCRIPTION), which overrides the file. Pub/Sub needs Google
-credentials (GOOGLE_APPLICATION_CREDENTIALS, or gcloud auth application-default login) unless
-PUBSUB_EMULATOR_HOST=host:port names an emulator.
+rowbatch-consumer COMMAND --help shows one command's usage, options and exit codes.
+
+{ENVIRONMENT}
 
 exit codes:
-  run, check    0 clean stop; 1 failed while running; 2 bad configuration or a failed
-                start-up check
-  table         0 every row of the shard written or dead-lettered; 1, 2 as run; 3 stopped
-                (SIGTERM) before the shard was done: run it again to resume; 4 the end was
-                reached but a part of the input could not be read (named in the summary):
-                mend the file, then run it again
-  admin ensure  0 everything exists as configured (or was created); 1 the broker refused a
-                call; 2 bad configuration; 3 something exists but differs; 4 the broker did
-                not answer
+{EXIT_CODES["run"]}
+{EXIT_CODES["table"]}
+{EXIT_CODES["admin"]}
 """
+
+_OPTIONS: dict[str, tuple[str, str, dict[str, Any]]] = {
+    # flag: (the command it belongs to, "" for every one; its help; argparse's keywords)
+    "--config": (
+        "",
+        "the TOML configuration file (ROWBATCH_* environment variables override it)",
+        {"type": Path, "metavar": "FILE"},
+    ),
+    "--input": (
+        "table",
+        "the table to read ([source] input; replaces a broker [source])",
+        {"metavar": "PATH_OR_URL"},
+    ),
+    "--shard": (
+        "table",
+        "this worker's shard K of N ([source] shard and shards)",
+        {"metavar": "K/N"},
+    ),
+    "--new-run": (
+        "table",
+        "forget this shard's progress and start over ([source] new_run)",
+        {"action": "store_true"},
+    ),
+    "--summary": (
+        "table",
+        "also write the final summary as JSON to FILE",
+        {"type": Path, "metavar": "FILE"},
+    ),
+    "--dry-run": (
+        "admin ensure",
+        "show what would be created, change nothing",
+        {"action": "store_true"},
+    ),
+    "--timeout": (
+        "admin ensure",
+        "how long to wait for the broker to answer (default 30)",
+        {"type": float, "default": 30.0, "metavar": "SECONDS"},
+    ),
+}
+
+_TABLE_FIELDS = ", ".join(
+    field.alias or name for name, field in TableSettings.model_fields.items() if name != "kind"
+)
+
+
+def _paragraphs(*texts: str) -> str:
+    """``texts`` wrapped as the general help is (the formatter keeps line breaks as they are)."""
+    return "\n\n".join(textwrap.fill(text, 95) for text in texts)
+
+
+def _exits(lines: str) -> str:
+    return f"{ENVIRONMENT}\n\nexit codes:\n{lines}\n"
+
+
+COMMANDS: dict[str, tuple[str, tuple[str, ...], str]] = {
+    # command: (its description, its options, its epilog)
+    "run": (
+        _paragraphs(
+            "Consume the configuration's [source] (Pub/Sub or Kafka): read row chunks, run "
+            "them through the model and write the results to [sink], until SIGTERM or SIGINT "
+            '(which finish the work in flight). A [source] of kind = "table" runs as the table '
+            "command does."
+        ),
+        ("--config",),
+        _exits(
+            "  run           0 clean stop; 1 failed while running; 2 bad configuration or a "
+            "failed\n                start-up check"
+        ),
+    ),
+    "table": (
+        _paragraphs(
+            "Run the model over a stored table once (Parquet, CSV or JSON Lines: a file, a "
+            "directory, a hive-partitioned dataset or an object-store URL such as "
+            "s3://bucket/prefix/) and write the results to [sink]. Progress and dead letters "
+            "are kept under [source] state, one folder per shard, so a rerun of the same shard "
+            "resumes what an earlier run left.",
+            'The configuration\'s [source] is kind = "table" (its fields: '
+            f"{_TABLE_FIELDS}), or --input replaces a broker [source]; the options override "
+            "the file.",
+        ),
+        ("--config", "--input", "--shard", "--new-run", "--summary"),
+        "examples:\n"
+        "  rowbatch-consumer table --config consumer.toml --input data/events/\n"
+        "  rowbatch-consumer table --config consumer.toml --input s3://lake/events/ "
+        "--shard 2/8\n\n"
+        + _paragraphs(
+            "Without --shard, a [source] with shards = N takes this worker's shard from "
+            f"${JOB_INDEX_VARIABLE} (a Kubernetes Indexed Job)."
+        )
+        + "\n\n"
+        + _exits(EXIT_CODES["table"]),
+    ),
+    "check": (
+        _paragraphs(
+            "Validate the configuration, reach every model server it names and print the "
+            "model's inputs, outputs and batch size, and whether the binding fits them."
+        ),
+        ("--config",),
+        _exits(
+            "  check         0 the model was reached and the binding fits; 2 bad "
+            "configuration,\n                a server that does not answer, or a binding that "
+            "does not fit"
+        ),
+    ),
+    "admin": (
+        _paragraphs(
+            "admin ensure: create on the broker what the configuration needs when it is "
+            "absent, and check it when it is present, naming every difference (nothing that "
+            "exists is changed). Pub/Sub: the topic, the dead-letter topic, a subscription on "
+            "it that keeps the dead letters, and the subscription with its ack deadline, retry "
+            "policy and dead-letter policy. Kafka: the topic and its dead-letter topic."
+        ),
+        ("--config", "--dry-run", "--timeout"),
+        _exits(EXIT_CODES["admin"]),
+    ),
+}
+
+
+def _add_options(parser: argparse.ArgumentParser, flags: tuple[str, ...], *, scoped: bool) -> None:
+    """``flags`` from ``_OPTIONS``; ``scoped``: each help says its command (``table: ...``)."""
+    for flag in flags:
+        command, text, keywords = _OPTIONS[flag]
+        say = f"{command}: {text}" if scoped and command else text
+        parser.add_argument(flag, help=say, **keywords)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -93,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "command",
-        choices=["run", "table", "check", "admin", "dlq"],
+        choices=[*COMMANDS, "dlq"],
         help="run: consume; table: run over a stored table; check: validate and print the "
         "model spec; admin: see ACTION; dlq: the dead-letter tools (dlq --help)",
     )
@@ -103,46 +243,47 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["ensure"],
         help="with admin only: ensure (create or check the broker's topics and subscriptions)",
     )
-    parser.add_argument(
-        "--config",
-        type=Path,
-        metavar="FILE",
-        help="the TOML configuration file (ROWBATCH_* environment variables override it)",
-    )
-    parser.add_argument(
-        "--input",
-        metavar="PATH_OR_URL",
-        help="table: the table to read ([source] input; replaces a broker [source])",
-    )
-    parser.add_argument(
-        "--shard",
-        metavar="K/N",
-        help="table: this worker's shard K of N ([source] shard and shards)",
-    )
-    parser.add_argument(
-        "--new-run",
-        action="store_true",
-        help="table: forget this shard's progress and start over ([source] new_run)",
-    )
-    parser.add_argument(
-        "--summary",
-        type=Path,
-        metavar="FILE",
-        help="table: also write the final summary as JSON to FILE",
-    )
-    parser.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="admin ensure: show what would be created, change nothing",
-    )
-    parser.add_argument(
-        "--timeout",
-        type=float,
-        default=30.0,
-        metavar="SECONDS",
-        help="admin ensure: how long to wait for the broker to answer (default 30)",
-    )
+    _add_options(parser, tuple(_OPTIONS), scoped=True)
     return parser
+
+
+def command_parser(command: str) -> argparse.ArgumentParser:
+    """The help of one command (``rowbatch-consumer table --help``): its usage, what it does,
+    the options it accepts and its exit codes. The command line itself is read by
+    :func:`build_parser`'s parser, which holds the same options."""
+    description, flags, epilog = COMMANDS[command]
+    parser = argparse.ArgumentParser(
+        prog=f"rowbatch-consumer {command}",
+        description=description,
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    if command == "admin":
+        parser.add_argument(
+            "action",
+            choices=["ensure"],
+            help="ensure: create or check the broker's topics and subscriptions",
+        )
+    _add_options(parser, flags, scoped=False)
+    return parser
+
+
+_HELP = ("-h", "--help")
+
+
+def help_command(argv: list[str]) -> str | None:
+    """The command whose own help ``argv`` asks for (``table --help``, ``--help table``), or
+    None (no --help, or no command: the general help)."""
+    if not any(arg in _HELP for arg in argv):
+        return None
+    takes_value = {flag for flag, (_, _, kw) in _OPTIONS.items() if "action" not in kw}
+    args = iter(argv)
+    for arg in args:
+        if arg in takes_value:
+            next(args, None)  # its value
+        elif not arg.startswith("-"):
+            return arg if arg in COMMANDS else None
+    return None
 
 
 _STARTUP_ERRORS = (
@@ -311,6 +452,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _command(argv: list[str]) -> int:
+    command = help_command(argv)
+    if command is not None:  # prints the command's own help and exits 0
+        command_parser(command).parse_args(["--help"])
     parser = build_parser()
     args = parser.parse_args(argv)
     if (args.command == "admin") != (args.action is not None) or (

@@ -529,6 +529,49 @@ def test_a_corrupt_row_group_is_named_and_skipped_and_the_mended_file_resumes_it
     assert_every_row_once(postgres, "tm_corrupt", total)
 
 
+def test_a_parquet_file_that_cannot_be_opened_is_named_and_skipped_and_read_once_mended(
+    triton: TritonEndpoint,
+    postgres: PostgresEndpoint,
+    table_run: TableRun,
+    tmp_path: Path,
+) -> None:
+    """Four good files and one truncated to 60 % of its bytes (no footer): the run does not
+    refuse at start; it writes every good row once, names the file in the dead-letter file
+    (rows unknown) and its summary, and exits 4; once the file is restored the rerun reads
+    it (the earlier record does not block it) and completes, every row once."""
+    root = tmp_path / "in"
+    total = write_dataset(pafs.LocalFileSystem(), str(root), 5, 20_000, 5_000)
+    [path] = root.glob("day=2024-01-03/*.parquet")
+    good = path.read_bytes()
+    path.write_bytes(good[: len(good) * 6 // 10])
+    state = tmp_path / "state"
+    table_run.config = config(str(root), str(state), triton, postgres, "tm_truncated")
+    summary = table_run.finish(table_run.start("truncated"), code=4)
+    lost = range(40_000, 60_000)  # the third file's rows
+    assert not summary["complete"]
+    [what] = summary["unreadable"]
+    assert what.startswith("day=2024-01-03/part-2.parquet rows 0 to its end: ")
+    assert "cannot read it as Parquet" in what
+    assert summary["written_rows"] == total - len(lost) == 80_000
+    [record] = read_dead_letters(StateFolder(str(state), "shard-0-of-1"))
+    assert (record["file"], record["file_row"], record["rows"], record["code"]) == (
+        "day=2024-01-03/part-2.parquet",
+        0,
+        None,
+        "unreadable_input",
+    )
+    assert "cannot read it as Parquet" in record["message"]
+    ids, _, _, keys = result_rows(postgres, "tm_truncated")
+    np.testing.assert_array_equal(ids, [i for i in range(total) if i not in lost])
+    assert len(set(keys.tolist())) == len(ids)
+    path.write_bytes(good)
+    mended = table_run.finish(table_run.start("mended"))
+    assert mended["complete"] and not mended["unreadable"]
+    assert mended["read_rows"] == len(lost)
+    assert mended["skipped_rows"] == total - len(lost)
+    assert_every_row_once(postgres, "tm_truncated", total)
+
+
 @pytest.mark.parametrize("name", ["rows.csv", "rows.jsonl.gz"])
 def test_text_formats(
     name: str,
@@ -575,3 +618,60 @@ def test_text_formats(
     assert summary["complete"] and summary["written_rows"] == total
     assert summary["planned_rows"] is None  # a text file's rows are known once read
     assert_every_row_once(postgres, table, total)
+
+
+EXTRA_FIELD_ROW = 9_876
+NOT_INT_ROW = 14_321
+
+
+def test_bad_csv_lines_cost_those_lines_only(
+    triton: TritonEndpoint,
+    postgres: PostgresEndpoint,
+    table_run: TableRun,
+    tmp_path: Path,
+) -> None:
+    """A CSV line with a field too many and one with a count that is no integer: those two
+    lines are dead-lettered with their line numbers, every other row is written once (keyed by
+    its file row), the run completes; a rerun writes nothing more."""
+    total = 20_000
+    ids = np.arange(total, dtype=np.int64)
+    features, counts = _features(ids), _counts(ids)
+    lines = ["id,features,count,note"]
+    lines += [
+        f'{i},"{json.dumps([float(x) for x in features[i]])}",{counts[i]},row {i}'
+        for i in range(total)
+    ]
+    lines[1 + EXTRA_FIELD_ROW] += ",surplus"
+    lines[1 + NOT_INT_ROW] = lines[1 + NOT_INT_ROW].replace(f",{counts[NOT_INT_ROW]},", ",abc,")
+    path = tmp_path / "lines.csv"
+    path.write_text("\n".join(lines) + "\n")
+    state = tmp_path / "state"
+    table_run.config = config(
+        str(path),
+        str(state),
+        triton,
+        postgres,
+        "tm_bad_lines",
+        schema="id:int64,features:vector[float32,16],count:int64,note:string",
+    )
+    summary = table_run.finish(table_run.start("lines"))
+    assert summary["complete"]
+    assert (summary["written_rows"], summary["dead_lettered_rows"]) == (total - 2, 2)
+    extra, not_int = read_dead_letters(StateFolder(str(state), "shard-0-of-1"))
+    assert (extra["file_row"], extra["line"]) == (EXTRA_FIELD_ROW, EXTRA_FIELD_ROW + 2)
+    assert extra["message"] == f"line {EXTRA_FIELD_ROW + 2}: expected 4 fields, found 5"
+    assert (not_int["file_row"], not_int["line"]) == (NOT_INT_ROW, NOT_INT_ROW + 2)
+    assert not_int["message"] == (
+        f"line {NOT_INT_ROW + 2}, column 'count': cannot convert 'abc' to int64"
+    )
+    assert not_int["text"].endswith(f",abc,row {NOT_INT_ROW}")
+    assert {extra["reason"], not_int["reason"]} == {"undecodable"}
+    got, _, _, keys = result_rows(postgres, "tm_bad_lines")
+    np.testing.assert_array_equal(got, np.array(sorted(set(range(total)) - {9_876, 14_321})))
+    assert len(set(keys.tolist())) == len(got)
+    for i in (0, EXTRA_FIELD_ROW + 1, NOT_INT_ROW - 1, total - 1):  # keyed by file row
+        chunk, _, index = str(keys[np.searchsorted(got, i)]).partition("#")
+        assert int(chunk.rpartition("@")[2]) + int(index) == i
+    again = table_run.finish(table_run.start("lines-again"))
+    assert again["complete"] and again["written_rows"] == 0
+    assert count_rows(postgres, "tm_bad_lines") == total - 2

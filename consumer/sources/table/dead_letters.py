@@ -1,9 +1,12 @@
 """A table run's dead letters: one JSON line per row that could not be written, with its key,
-where it came from, why, and its values, in ``dead-letters-*`` segments of the shard's state
+where it came from, why, and its values, in ``dead-letters-*.jsonl`` files of the shard's state
 folder (``rowbatch-consumer`` never stops a run for a bad row), and one line per part of a file
 that could not be read at all (``code`` ``unreadable_input``, ``rows`` how many if known). A
-rerun after a kill may write a row's record again (the same key): read them with
-:func:`read_dead_letters`, which keeps one per key."""
+file is plain JSON Lines, every line a record: it is written whole or not at all, so it needs no
+completion marker (the files of earlier versions, without the suffix, end with a line ``end``;
+they are still read, and ignored when a kill cut them short). A rerun after a kill may write a
+row's record again (the same key): read them with :func:`read_dead_letters`, which keeps one
+per key."""
 
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from rowbatch.consumer.sources.table.state import StateFolder
 from rowbatch.wire.dead_letter import ReasonClass
 
 DEAD_LETTER_PREFIX: Final = "dead-letters"
+JSONL_SUFFIX: Final = ".jsonl"
 
 
 def _plain(value: object) -> Any:
@@ -41,8 +45,28 @@ def _plain(value: object) -> Any:
 
 
 def records(piece: Piece, reason: DeadLetterReason, *, attempt: int) -> Iterator[bytes]:
-    """One JSON line per row of ``piece``."""
+    """One JSON line per row of ``piece``; for a bad line of a text file (no values), its
+    ``line`` number in the file and its ``text``."""
     at = datetime.now(UTC).isoformat(timespec="milliseconds")
+    if piece.bad_line is not None:
+        bad = piece.bad_line
+        yield orjson.dumps(
+            {
+                "chunk_id": piece.chunk_id,
+                "row_index": piece.row_offset,
+                "file": piece.unit.file.relative,
+                "file_row": piece.first_row,
+                "line": bad.line,
+                "text": bad.text,
+                "reason": reason.reason_class.value,
+                "code": reason.code,
+                "message": reason.message,
+                "attempt": attempt,
+                "at": at,
+                "row": {},
+            }
+        )
+        return
     rows = piece.table.to_pylist()
     for i, row in enumerate(rows):
         yield orjson.dumps(
@@ -84,17 +108,31 @@ def unreadable_record(file: str, first_row: int, rows: int | None, message: str)
     )
 
 
-def write_dead_letters(folder: StateFolder, lines: list[bytes]) -> None:
-    """One segment of ``lines`` (blocking)."""
-    if lines:
-        folder.write_segment(DEAD_LETTER_PREFIX, (line.decode() for line in lines))
+def write_dead_letters(folder: StateFolder, lines: list[bytes]) -> str | None:
+    """A new ``dead-letters-<time>-<pid>-<seq>.jsonl`` file of ``lines``, plain JSON Lines
+    written whole or not at all (:meth:`StateFolder.write_whole`), so it needs no completion
+    marker; its name, or None for no lines (blocking)."""
+    if not lines:
+        return None
+    name = folder.new_name(DEAD_LETTER_PREFIX, JSONL_SUFFIX)
+    folder.write_whole(name, b"".join(line + b"\n" for line in lines).decode())
+    return name
+
+
+def _lines(folder: StateFolder, name: str) -> list[str]:
+    """The records of one file: a ``.jsonl`` one whole; one of an earlier version (no suffix,
+    the last line ``end``) through :meth:`StateFolder.read_segment`, none when a kill cut it."""
+    if not name.endswith(JSONL_SUFFIX):
+        return folder.read_segment(name) or []
+    text = folder.read(name)
+    return [] if text is None else [line for line in text.split("\n") if line]
 
 
 def read_dead_letters(folder: StateFolder) -> list[dict[str, Any]]:
     """Every dead letter of the folder, one per ``(file, file_row)``, in key order."""
     found: dict[tuple[str, int], dict[str, Any]] = {}
     for name in folder.names(DEAD_LETTER_PREFIX):
-        for line in folder.read_segment(name) or ():
+        for line in _lines(folder, name):
             record = orjson.loads(line)
             found.setdefault((record["file"], record["file_row"]), record)
     return [found[k] for k in sorted(found)]
@@ -102,6 +140,7 @@ def read_dead_letters(folder: StateFolder) -> list[dict[str, Any]]:
 
 __all__ = [
     "DEAD_LETTER_PREFIX",
+    "JSONL_SUFFIX",
     "UNREADABLE_CODE",
     "read_dead_letters",
     "records",

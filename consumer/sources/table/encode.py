@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Final
 
 from rowbatch.consumer.sources.base import DeadLetterReason
 from rowbatch.consumer.sources.table.reader import Piece
@@ -35,6 +36,10 @@ def _encode(piece: Piece, table: str, schema: Mapping[str, ColumnType]) -> Encod
     return encode_chunk(table, columns, "arrow", piece.chunk_id, schema=types)
 
 
+MALFORMED_LINE: Final = "malformed_line"
+"""The dead-letter code of a line of a text file that is no row (:attr:`Piece.bad_line`)."""
+
+
 def _reason(exc: Exception) -> DeadLetterReason:
     code = exc.reason if isinstance(exc, WireError) else "invalid_value"
     return DeadLetterReason(ReasonClass.UNDECODABLE, f"{code}: {exc}", code)
@@ -44,6 +49,10 @@ def encode_piece(piece: Piece, table: str, schema: Mapping[str, ColumnType]) -> 
     """The piece as chunks: one, unless some rows do not convert (bisected; see the module's
     docstring). Each part keeps its rows' keys: its id is ``<file>@<its first row>``."""
     out = Encoded()
+    if piece.bad_line is not None:
+        reason = DeadLetterReason(ReasonClass.UNDECODABLE, piece.bad_line.message, MALFORMED_LINE)
+        out.bad.append((piece, reason))
+        return out
 
     def visit(part: Piece) -> None:
         try:
@@ -60,4 +69,4 @@ def encode_piece(piece: Piece, table: str, schema: Mapping[str, ColumnType]) -> 
     return out
 
 
-__all__ = ["Encoded", "encode_piece"]
+__all__ = ["MALFORMED_LINE", "Encoded", "encode_piece"]

@@ -6,6 +6,16 @@ and rows would be left out silently. The first shard of a run to start records t
 ``<state>/run/layout-of-N.json``; every other start of that run compares its own with it and
 refuses a difference, naming the files. A single shard has nothing to move: not checked.
 
+A Parquet file that could not be opened when the layout was recorded (one unit of the whole
+file, rows unknown: see the plan module) and is mended later would become K row-group units and
+shift every later unit to another shard. So the recorded layout is kept: a Parquet file it holds
+with rows unknown stays one whole unit for the rest of the run (:func:`shared_plan`), read at
+its turn by the shard its one place gives it, row group after row group, with the keys its row
+groups would have. The shards agree because they all read the record; indices never shift, and
+the rerun of a sharded run after the file is mended reads it without starting over. (The other
+way round, a file recorded with its row groups that can no longer be opened, is a change and
+refused.) ``--new-run`` records the layout afresh, the mended file's row groups with it.
+
 Not caught: shards planning at the very moment files land (each sees none recorded yet), and a
 file rewritten in place with the same row groups (a resumed run takes its rows as settled)."""
 
@@ -17,7 +27,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from rowbatch.consumer.sources.table.checkpoint import RunMismatch
-from rowbatch.consumer.sources.table.plan import Unit
+from rowbatch.consumer.sources.table.plan import TablePlan, Unit
 from rowbatch.consumer.sources.table.state import StateFolder
 
 RUN_FOLDER: Final = "run"
@@ -32,7 +42,8 @@ class FileLayout:
     relative: str
     units: int
     rows: int | None
-    """Known for Parquet; None for a text file (one unit, read whole)."""
+    """Known for Parquet row groups; None for a file read whole (one unit): a text file, or a
+    Parquet file that could not be opened when planned."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +100,28 @@ def layout_name(shards: int) -> str:
     return f"layout-of-{shards}.json"
 
 
+def _recorded(folder: StateFolder, name: str) -> Layout | None:
+    text = folder.read(name)
+    if text is None:
+        return None
+    try:
+        return Layout.from_json(text)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise RunMismatch(f"{folder.location}/{name} is not a layout: {exc}") from exc
+
+
+def shared_plan(state: str, plan: TablePlan, shards: int, *, new_run: bool) -> TablePlan:
+    """``plan`` as the run's shards share it: the Parquet files the recorded layout holds as
+    whole units (not opened when it was recorded) whole again, so that no unit moves to
+    another shard; then its layout checked (:func:`check_layout`). Blocking."""
+    if shards > 1 and not new_run:
+        then = _recorded(StateFolder(state, RUN_FOLDER), layout_name(shards))
+        if then is not None:
+            plan = plan.read_whole({f.relative for f in then.files if f.rows is None})
+    check_layout(state, Layout.of(plan.units), shards, new_run=new_run)
+    return plan
+
+
 def check_layout(state: str, layout: Layout, shards: int, *, new_run: bool) -> None:
     """Records ``layout`` for a run of ``shards`` shards when none is (or ``new_run``), else
     raises :class:`RunMismatch` when it differs from the recorded one (blocking)."""
@@ -96,14 +129,10 @@ def check_layout(state: str, layout: Layout, shards: int, *, new_run: bool) -> N
         return
     folder = StateFolder(state, RUN_FOLDER)
     name = layout_name(shards)
-    text = folder.read(name)
-    if text is None or new_run:
+    then = None if new_run else _recorded(folder, name)
+    if then is None:
         folder.write(name, layout.to_json())
         return
-    try:
-        then = Layout.from_json(text)
-    except (ValueError, KeyError, TypeError) as exc:
-        raise RunMismatch(f"{folder.location}/{name} is not a layout: {exc}") from exc
     changes = layout.changes_from(then)
     if changes:
         raise RunMismatch(
@@ -116,4 +145,4 @@ def check_layout(state: str, layout: Layout, shards: int, *, new_run: bool) -> N
         )
 
 
-__all__ = ["RUN_FOLDER", "FileLayout", "Layout", "check_layout", "layout_name"]
+__all__ = ["RUN_FOLDER", "FileLayout", "Layout", "check_layout", "layout_name", "shared_plan"]

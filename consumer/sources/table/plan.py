@@ -2,16 +2,25 @@
 dataset, local or in an object store, through pyarrow's filesystems), cut into units (a Parquet
 row group, or a whole CSV / JSON Lines file), and the units of one shard: unit ``i`` of the
 input's path-ordered list belongs to shard ``i mod N``, so N workers cover every row once and
-the split does not depend on who asks."""
+the split does not depend on who asks.
+
+A Parquet file whose footer cannot be read while the store finds the file (truncated, corrupt,
+not Parquet) is that file's failure, not the input's: it is planned as one unit of the whole
+file (``row_group`` None, rows unknown), which the run reads at its turn, row group after row
+group, cut as its row groups would be; it then fails as unreadable (a dead-letter record, the
+run not complete) unless the file was mended meanwhile. Only an input that cannot be listed,
+holds no data file, or whose file the store no longer finds refuses the plan."""
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
-from collections.abc import Sequence
+from collections import defaultdict
+from collections.abc import Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import PurePosixPath
 from typing import Final
 
@@ -34,6 +43,8 @@ _KEY_SAFE: Final = re.compile(r"[\x21-\x3f\x41-\x7e]+")  # printable, no space, 
 _KEY_MAX: Final = MAX_CHUNK_ID_LEN - 24  # room for "@<first row>" and a split's suffix
 _HIVE_PART: Final = re.compile(r"([^=/]+)=([^/]*)")
 _FOOTER_THREADS: Final = 8
+
+log = logging.getLogger(__name__)
 
 
 class TableInputError(ValueError):
@@ -64,11 +75,17 @@ class Unit:
     """Its place in the input's unit list (the shard is ``index mod shards``)."""
     file: DataFile
     row_group: int | None
-    """The Parquet row group; None for a CSV / JSON Lines file."""
+    """The Parquet row group; None for a whole file: a CSV / JSON Lines file, or a Parquet
+    file whose footer could not be read when the run was planned (:attr:`whole_parquet`)."""
     first_row: int
     """The unit's first row within its file."""
     rows: int | None
-    """Known for Parquet; None for a text file until it is read."""
+    """Known for a row group; None for a whole file until it is read."""
+
+    @property
+    def whole_parquet(self) -> bool:
+        """A whole Parquet file as one unit (its footer could not be read when planned)."""
+        return self.row_group is None and self.file.format is InputFormat.PARQUET
 
 
 @dataclass(frozen=True)
@@ -83,6 +100,22 @@ class TablePlan:
     def shard(self, index: int, count: int) -> tuple[Unit, ...]:
         """The units of shard ``index`` of ``count``."""
         return tuple(u for u in self.units if u.index % count == index)
+
+    def read_whole(self, relatives: Collection[str]) -> TablePlan:
+        """This plan with the Parquet files of ``relatives`` each one whole unit (their row
+        groups, if their footers were read, joined), the units numbered again: what a sharded
+        run planned when those files could not be opened (see the layout module)."""
+        by_file: dict[str, list[Unit]] = defaultdict(list)
+        for unit in self.units:
+            by_file[unit.file.path].append(unit)
+        units: list[Unit] = []
+        for file in self.files:
+            if file.format is InputFormat.PARQUET and file.relative in relatives:
+                units.append(Unit(len(units), file, None, 0, None))
+            else:
+                first = len(units)
+                units += [replace(u, index=first + i) for i, u in enumerate(by_file[file.path])]
+        return replace(self, units=tuple(units))
 
     @property
     def known_rows(self) -> int | None:
@@ -177,40 +210,61 @@ def list_files(location: str, fmt: str = "auto") -> tuple[pafs.FileSystem, list[
     return fs, files
 
 
-def _row_groups(fs: pafs.FileSystem, file: DataFile) -> list[int]:
+def _found(fs: pafs.FileSystem, path: str) -> bool:
+    """Whether the store answers and finds ``path`` as a file."""
+    try:
+        return bool(fs.get_file_info(path).type == pafs.FileType.File)
+    except (pa.ArrowException, OSError):
+        return False
+
+
+def _row_groups(fs: pafs.FileSystem, file: DataFile) -> list[int] | None:
+    """The rows of each row group; None when the footer cannot be read but the store finds
+    the file (its content is at fault: the file's own failure, met again at its turn).
+    Raises :class:`TableInputError` when the store does not find it (gone, or down)."""
     try:
         with fs.open_input_file(file.path) as handle:
             meta = pq.ParquetFile(handle).metadata
             return [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
     except (pa.ArrowException, OSError) as exc:
-        raise TableInputError(f"{file.path}: cannot read it as Parquet: {exc}") from exc
+        if isinstance(exc, OSError) and not _found(fs, file.path):
+            raise TableInputError(f"{file.path}: cannot read it as Parquet: {exc}") from exc
+        log.warning(
+            "%s: cannot read it as Parquet (%s); planned as one unit, read at its turn",
+            file.path,
+            exc,
+        )
+        return None
 
 
 def plan_table(location: str, fmt: str = "auto") -> TablePlan:
-    """The input's units in order: each Parquet file's row groups (footers read in parallel),
-    and each text file whole."""
+    """The input's units in order: each Parquet file's row groups (footers read in parallel;
+    a file whose footer cannot be read whole), and each text file whole."""
     fs, files = list_files(location, fmt)
     parquet = [f for f in files if f.format is InputFormat.PARQUET]
     with ThreadPoolExecutor(_FOOTER_THREADS) as pool:
         groups = dict(zip(parquet, pool.map(lambda f: _row_groups(fs, f), parquet), strict=True))
     units: list[Unit] = []
     for file in files:
-        if file.format is not InputFormat.PARQUET:
+        found = groups.get(file)
+        if found is None:  # a text file, or a Parquet file that cannot be opened
             units.append(Unit(len(units), file, None, 0, None))
             continue
         first = 0
-        for group, rows in enumerate(groups[file]):
+        for group, rows in enumerate(found):
             units.append(Unit(len(units), file, group, first, rows))
             first += rows
     return TablePlan(location, fs, tuple(files), tuple(units))
 
 
 def describe_units(units: Sequence[Unit]) -> str:
-    """``3 files, 12 row groups`` for logs."""
+    """``3 files, 12 row groups`` (``, 1 Parquet file read whole``) for logs."""
     files = len({u.file.path for u in units})
     groups = sum(1 for u in units if u.row_group is not None)
+    whole = sum(1 for u in units if u.whole_parquet)
     text = f"{files} file{'s' * (files != 1)}"
-    return text + (f", {groups} row group{'s' * (groups != 1)}" if groups else "")
+    text += f", {groups} row group{'s' * (groups != 1)}" if groups else ""
+    return text + (f", {whole} Parquet file{'s' * (whole != 1)} read whole" if whole else "")
 
 
 __all__ = [

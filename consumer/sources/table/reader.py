@@ -1,7 +1,7 @@
 """Reading the units of a table run as pieces (rows ``[first, first + rows)`` of one file, at
-most ``chunk_rows`` of them), streamed: a Parquet row group batch by batch, a text file block
-by block (never a whole file in memory), only the columns the binding reads; hive partition
-values become string columns."""
+most ``chunk_rows`` of them), streamed: a Parquet row group batch by batch (a whole Parquet file
+row group after row group), a text file block by block (never a whole file in memory), only
+the columns the binding reads; hive partition values become string columns."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ import pyarrow.parquet as pq
 
 from rowbatch.consumer.sources.table.plan import TableInputError, Unit
 from rowbatch.wire.columns.column_type import ColumnType
-from rowbatch.wire.readers.csv import csv_batches
+from rowbatch.wire.readers.bad_lines import BadLine
+from rowbatch.wire.readers.csv import csv_rows
 from rowbatch.wire.readers.formats import InputFormat
-from rowbatch.wire.readers.jsonl import jsonl_batches
-from rowbatch.wire.readers.rechunk import rechunk
+from rowbatch.wire.readers.jsonl import jsonl_rows
 
 BLOCK_BYTES: Final = 8 << 20
 """Text formats are parsed this many bytes at a time (a JSON line must fit in one block)."""
@@ -37,6 +37,9 @@ class Piece:
     origin: int = -1
     """The file row the chunk this piece is part of begins at (``first_row`` when the piece
     is a whole chunk: the default)."""
+    bad_line: BadLine | None = None
+    """A line of a text file that is no row (too many fields, a value that does not convert):
+    the piece is that one row (its table holds the line's text), to dead-letter."""
 
     def __post_init__(self) -> None:
         if self.origin < 0:
@@ -68,7 +71,11 @@ class Piece:
     def part(self, offset: int, rows: int) -> Piece:
         """Rows ``[offset, offset + rows)`` of this piece (of the same chunk)."""
         return Piece(
-            self.unit, self.first_row + offset, self.table.slice(offset, rows), self.origin
+            self.unit,
+            self.first_row + offset,
+            self.table.slice(offset, rows),
+            self.origin,
+            self.bad_line,
         )
 
 
@@ -110,7 +117,7 @@ class UnitReader:
         if unit.row_group is not None:
             where += f" (row group {unit.row_group})"
         try:
-            if unit.row_group is not None:
+            if unit.file.format is InputFormat.PARQUET:
                 yield from self._parquet(unit)
             else:
                 yield from self._text(unit)
@@ -135,31 +142,64 @@ class UnitReader:
         return self._open[2]
 
     def _parquet(self, unit: Unit) -> Iterator[Piece]:
-        parquet = self._parquet_file(unit.file.path)
+        """A row group's pieces; of a whole file (its footer could not be read when planned),
+        each row group's in turn, cut as the row groups' own units would be (the same keys)."""
+        try:
+            parquet = self._parquet_file(unit.file.path)
+        except (pa.ArrowException, OSError) as exc:
+            raise TableInputError(f"{unit.file.path}: cannot read it as Parquet: {exc}") from exc
         names = set(parquet.schema_arrow.names)
         columns = None if self._columns is None else [c for c in self._columns if c in names]
         first = unit.first_row
-        assert unit.row_group is not None
-        for batch in parquet.iter_batches(
-            batch_size=self._chunk_rows, row_groups=[unit.row_group], columns=columns
-        ):
-            table = _with_partitions(pa.Table.from_batches([batch]), unit, self._columns)
-            yield Piece(unit, first, table)
-            first += batch.num_rows
+        groups = [unit.row_group] if unit.row_group is not None else range(parquet.num_row_groups)
+        for group in groups:
+            for batch in parquet.iter_batches(
+                batch_size=self._chunk_rows, row_groups=[group], columns=columns
+            ):
+                table = _with_partitions(pa.Table.from_batches([batch]), unit, self._columns)
+                yield Piece(unit, first, table)
+                first += batch.num_rows
 
     def _text(self, unit: Unit) -> Iterator[Piece]:
+        """The file cut in chunks of ``chunk_rows`` rows from row 0, as pieces: a chunk with
+        bad lines is cut around them (its parts keep the chunk's keys), each bad line a piece
+        of its own (:attr:`Piece.bad_line`) in its place."""
+        size = self._chunk_rows
         with self._fs.open_input_stream(unit.file.path, compression="detect") as stream:
             if unit.file.format is InputFormat.CSV:
-                batches = csv_batches(stream, self._schema, BLOCK_BYTES)
+                items = csv_rows(stream, self._schema, BLOCK_BYTES)
             else:
-                batches = jsonl_batches(stream, self._schema, BLOCK_BYTES)
-            first = 0
-            for chunk in rechunk(batches, self._chunk_rows):
-                table = chunk
+                items = jsonl_rows(stream, self._schema, BLOCK_BYTES)
+            held: list[pa.RecordBatch] = []
+            first = row = 0  # the held rows' first, and the next row
+
+            def flush() -> Piece:
+                table = pa.Table.from_batches(held)
                 if self._columns is not None:
-                    table = chunk.select([c for c in self._columns if c in chunk.column_names])
-                yield Piece(unit, first, _with_partitions(table, unit, self._columns))
-                first += table.num_rows
+                    table = table.select([c for c in self._columns if c in table.column_names])
+                table = _with_partitions(table, unit, self._columns)
+                held.clear()
+                return Piece(unit, first, table, first - first % size)
+
+            for item in items:
+                if isinstance(item, BadLine):
+                    if held:
+                        yield flush()
+                    text = pa.table({"line": pa.array([item.text], pa.string())})
+                    yield Piece(unit, item.row, text, item.row - item.row % size, item)
+                    first = row = item.row + 1
+                    continue
+                offset = 0
+                while offset < item.num_rows:
+                    take = min(size - row % size, item.num_rows - offset)
+                    held.append(item.slice(offset, take))
+                    offset += take
+                    row += take
+                    if row % size == 0:
+                        yield flush()
+                        first = row
+            if held:
+                yield flush()
 
     def close(self) -> None:
         if self._open is not None:

@@ -47,7 +47,7 @@ from rowbatch.consumer.sources.table.dead_letters import (
     write_dead_letters,
 )
 from rowbatch.consumer.sources.table.encode import Encoded, encode_piece
-from rowbatch.consumer.sources.table.layout import Layout, check_layout
+from rowbatch.consumer.sources.table.layout import shared_plan
 from rowbatch.consumer.sources.table.plan import (
     TableInputError,
     Unit,
@@ -237,14 +237,10 @@ class TableSource:
         try:
             shard = self._s.shard_index()
             plan = await asyncio.to_thread(plan_table, self._s.input, self._s.format)
-            self._units = plan.shard(shard, self._s.shards)
-            await asyncio.to_thread(
-                check_layout,
-                self._s.state,
-                Layout.of(plan.units),
-                self._s.shards,
-                new_run=self._s.new_run,
+            plan = await asyncio.to_thread(
+                shared_plan, self._s.state, plan, self._s.shards, new_run=self._s.new_run
             )
+            self._units = plan.shard(shard, self._s.shards)
             name = f"shard-{shard}-of-{self._s.shards}"
             self._folder = await asyncio.to_thread(StateFolder, self._s.state, name)
             self._checkpoint = await asyncio.to_thread(
@@ -292,11 +288,18 @@ class TableSource:
             raise SourceConfigError(f"{where} does not fit the binding: {reason.message}")
 
     def _first_encoded(self) -> tuple[Piece, Encoded] | None:
+        """The first piece of the first unit that reads (one that cannot is the run's to
+        retry or report at its turn), encoded."""
         reader = self._reader()
         try:
             for unit in self._units:
-                for piece in reader.pieces(unit):
-                    return piece, encode_piece(piece, self._s.table, self._schema)
+                try:
+                    for piece in reader.pieces(unit):
+                        if piece.bad_line is None:  # a bad line says nothing of the rest
+                            return piece, encode_piece(piece, self._s.table, self._schema)
+                except TableInputError as exc:
+                    log.warning("start-up check: %s; checking the next unit", exc)
+                    reader.close()
             return None
         finally:
             reader.close()

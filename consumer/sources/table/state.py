@@ -1,7 +1,9 @@
 """A table run's state folder (``<state>/shard-K-of-N/``, a directory or an object-store prefix):
 files written whole, once, and never appended to, so the same code serves a local volume and an
 object store (where a PUT is atomic). A segment ends with the line ``end``: one cut short by a
-kill is ignored when read back."""
+kill is ignored when read back. :meth:`StateFolder.write_whole` needs no such line: on a local
+disk it writes a hidden temporary file and renames it into place, so a file is there whole or
+not at all."""
 
 from __future__ import annotations
 
@@ -64,11 +66,36 @@ class StateFolder:
         with self.fs.open_output_stream(target) as stream:
             stream.write(text.encode())
 
-    def write_segment(self, prefix: str, lines: Iterable[str]) -> str:
-        """A new segment ``<prefix>-<time>-<pid>-<seq>`` of ``lines`` and the ``end`` line."""
+    def write_whole(self, name: str, text: str) -> None:
+        """Writes ``name`` whole or not at all, on stable storage when this returns: on a local
+        disk into ``.<name>.tmp`` (hidden: no prefix of :meth:`names` but ``""`` finds it),
+        synced, then renamed into place; on an object store in one PUT, which is atomic."""
+        if not self._local:
+            self.write(name, text)
+            return
+        target = Path(self.path) / name
+        temporary = target.with_name(f".{name}.tmp")
+        with temporary.open("w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        temporary.replace(target)
+        directory = os.open(target.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)  # the rename itself
+        finally:
+            os.close(directory)
+
+    def new_name(self, prefix: str, suffix: str = "") -> str:
+        """A name no other file of the folder has: ``<prefix>-<time>-<pid>-<seq><suffix>``
+        (in write order, within a process)."""
         with self._lock:
             self._seq += 1
-            name = f"{prefix}-{self._tag}-{self._seq:08d}"
+            return f"{prefix}-{self._tag}-{self._seq:08d}{suffix}"
+
+    def write_segment(self, prefix: str, lines: Iterable[str]) -> str:
+        """A new segment ``<prefix>-<time>-<pid>-<seq>`` of ``lines`` and the ``end`` line."""
+        name = self.new_name(prefix)
         self.write(name, "".join(f"{line}\n" for line in lines) + END + "\n")
         return name
 

@@ -1,18 +1,22 @@
 """deploy/consumer.example.toml lists every setting the consumer reads (set, or commented out
 with its default), checked against the settings models themselves, so a new field cannot be
-left out of the file the README sends users to."""
+left out of the file the README sends users to; its commented table-mode ``[source]``, taken as
+a user would (uncommented in place of the Pub/Sub one), loads through the real config loader."""
 
 from __future__ import annotations
 
+import os
 import re
 from collections import defaultdict
+from pathlib import Path
 
+import pytest
 from pydantic import BaseModel
 
 from harness.service import REPO_ROOT
 from rowbatch.consumer.model.settings import ModelSettings
 from rowbatch.consumer.observe.tracing_settings import TracingConfig
-from rowbatch.consumer.service.config import ConsumerConfig, ServerSettings
+from rowbatch.consumer.service.config import ConsumerConfig, ServerSettings, load_config
 from rowbatch.consumer.sinks.settings import (
     IcebergSinkSettings,
     ParquetSinkSettings,
@@ -21,6 +25,7 @@ from rowbatch.consumer.sinks.settings import (
 )
 from rowbatch.consumer.sources.kafka.settings import KafkaSettings
 from rowbatch.consumer.sources.pubsub.settings import PubSubSettings
+from rowbatch.consumer.sources.table.settings import TableSettings
 
 EXAMPLE = REPO_ROOT / "deploy" / "consumer.example.toml"
 _HEADER = re.compile(r"^#?\s*\[\[?([a-z_.]+)\]\]?\s*(#.*)?$")
@@ -62,6 +67,7 @@ def test_the_example_names_every_setting() -> None:
         "": names(ConsumerConfig) - SECTIONS,
         "source.pubsub": names(PubSubSettings),
         "source.kafka": names(KafkaSettings),
+        "source.table": names(TableSettings),
         "model": names(ModelSettings) - {"inputs", "outputs"},
         "model.inputs": {"name", "datatype", "dims"},
         "model.outputs": {"name", "datatype", "dims"},
@@ -89,6 +95,7 @@ def test_the_example_names_no_setting_that_does_not_exist() -> None:
         "": names(ConsumerConfig),
         "source.pubsub": names(PubSubSettings),
         "source.kafka": names(KafkaSettings),
+        "source.table": names(TableSettings),
         "model": names(ModelSettings),
         "model.inputs": {"name", "datatype", "dims"},
         "model.outputs": {"name", "datatype", "dims"},
@@ -103,3 +110,36 @@ def test_the_example_names_no_setting_that_does_not_exist() -> None:
         if keys - known.get(s, set())
     }
     assert unknown == {}
+
+
+_SETTING = re.compile(r"^# ([a-z_]+ = .*)$")
+
+
+def with_table_source() -> str:
+    """The example as a user makes it a table run: its commented ``[source]`` of kind "table"
+    uncommented (the settings; the explanations left out) in place of the active one."""
+    lines = EXAMPLE.read_text().splitlines()
+    start = lines.index('# kind = "table"')
+    block = ["[source]"]
+    for line in lines[start:]:
+        if not line.startswith("#"):
+            break
+        if setting := _SETTING.match(line):
+            block.append(setting[1])
+    first = lines.index("[source]")
+    after = next(i for i in range(first + 1, len(lines)) if lines[i].startswith("["))
+    return "\n".join([*lines[:first], *block, "", *lines[after:]]) + "\n"
+
+
+def test_the_table_mode_example_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [n for n in os.environ if n.startswith("ROWBATCH_")]:  # the file's values only
+        monkeypatch.delenv(name)
+    path = tmp_path / "table.toml"
+    path.write_text(with_table_source())
+    source = load_config(path).source
+    assert isinstance(source, TableSettings)
+    assert (source.input, source.schema_text) == ("data/events/", "id:int64,text:string")
+    assert source.shard_index() == 0
+    # every other value shown is the default a user starts from
+    shown = source.model_dump(exclude={"input", "schema_text", "shard"})
+    assert shown == TableSettings(input="x").model_dump(exclude={"input", "schema_text", "shard"})

@@ -55,9 +55,16 @@ def _dlq_parser() -> argparse.ArgumentParser:
     return build_parser()
 
 
+def _consumer_command_parsers() -> dict[str, argparse.ArgumentParser]:
+    from rowbatch.consumer.service.cli import COMMANDS, command_parser
+
+    return {f"rowbatch-consumer {name}": command_parser(name) for name in COMMANDS}
+
+
 def _user_parsers() -> dict[str, argparse.ArgumentParser]:
     return {
         "rowbatch-consumer": _consumer_parser(),
+        **_consumer_command_parsers(),
         "rowbatch-consumer dlq": _dlq_parser(),
         **_producer_parsers(),
     }
@@ -88,8 +95,69 @@ def test_consumer_help_lists_the_commands_and_exit_codes(
         assert needle in text
     assert "exit codes:" in text
     assert "PUBSUB_EMULATOR_HOST" in text
-    # the command positional's help shows with either word order (argparse re-parses)
-    assert help_of(lambda: main(["run", "--help"]), capsys) == text
+    assert "COMMAND --help" in text  # says where each command's own help is
+
+
+def test_table_help_is_the_table_commands_own(capsys: pytest.CaptureFixture[str]) -> None:
+    """``table --help`` shows what table accepts and does, not the general help."""
+    from rowbatch.consumer.service.cli import main
+
+    general = help_of(lambda: main(["--help"]), capsys)
+    text = help_of(lambda: main(["table", "--help"]), capsys)
+    assert text != general
+    assert_plain(text, "rowbatch-consumer table")
+    assert text.startswith("usage: rowbatch-consumer table [-h] [--config FILE]")
+    for option in ("--config FILE", "--input PATH_OR_URL", "--shard K/N", "--new-run"):
+        assert option in text
+    assert "--summary FILE" in text
+    for field in ("chunk_rows", "state", "shards", "schema"):  # [source] kind = "table"
+        assert field in text
+    assert "exit codes:" in text and "4 the end was reached" in text
+    for other in ("--dry-run", "--timeout", "check --config", "admin ensure"):
+        assert other not in text  # another command's
+    # either word order, other options before it, and -h
+    assert help_of(lambda: main(["--config", "x.toml", "table", "-h"]), capsys) == text
+    assert help_of(lambda: main(["--help", "table"]), capsys) == text
+
+
+@pytest.mark.parametrize(
+    ("argv", "accepts", "not_accepted"),
+    [
+        (["run", "--help"], ["--config FILE"], ["--input", "--shard", "--dry-run"]),
+        (["check", "--help"], ["--config FILE"], ["--input", "--new-run", "--timeout"]),
+        (
+            ["admin", "ensure", "--help"],
+            ["--config FILE", "--dry-run", "--timeout SECONDS", "{ensure}"],
+            ["--input", "--summary"],
+        ),
+    ],
+)
+def test_every_command_has_its_own_help(
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    accepts: list[str],
+    not_accepted: list[str],
+) -> None:
+    from rowbatch.consumer.service.cli import main
+
+    text = help_of(lambda: main(argv), capsys)
+    assert text.startswith(f"usage: rowbatch-consumer {argv[0]} ")
+    assert_plain(text, f"rowbatch-consumer {argv[0]}")
+    assert "exit codes:" in text
+    for option in accepts:
+        assert option in text
+    for option in not_accepted:
+        assert option not in text
+
+
+def test_a_command_word_given_as_an_options_value_is_not_the_command(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--config table --help``: ``table`` is the file's name; no command: the general help."""
+    from rowbatch.consumer.service.cli import main
+
+    general = help_of(lambda: main(["--help"]), capsys)
+    assert help_of(lambda: main(["--config", "table", "--help"]), capsys) == general
 
 
 def test_harness_help_is_plain(capsys: pytest.CaptureFixture[str]) -> None:

@@ -6,7 +6,9 @@ from __future__ import annotations
 import gzip
 import io
 import json
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -16,9 +18,12 @@ import pytest
 
 from rowbatch.progress import Progress, Summary, format_bytes, format_duration
 from rowbatch.wire.columns.column_type import FLOAT64, INT64, STRING, ColumnType
+from rowbatch.wire.readers.bad_lines import TEXT_MAX, BadLine
 from rowbatch.wire.readers.convert import wire_columns
+from rowbatch.wire.readers.csv import csv_batches, csv_rows
 from rowbatch.wire.readers.errors import InputError
 from rowbatch.wire.readers.formats import InputFormat, infer_format
+from rowbatch.wire.readers.jsonl import jsonl_rows
 from rowbatch.wire.readers.rechunk import rechunk
 from rowbatch.wire.readers.schema import parse_schema
 from rowbatch.wire.readers.source import open_source
@@ -279,3 +284,83 @@ def test_summary_line_and_formats() -> None:
     assert summary.to_json()["rows_per_s"] == 50_000.0
     assert format_duration(3725) == "1:02:05"
     assert format_bytes(1_500_000) == "1.5 MB"
+
+
+# --- bad lines: each costs that line only ---------------------------------------------------------
+
+
+def _rows_and_bad(items: Iterable[pa.RecordBatch | BadLine], column: str) -> tuple[list[Any], ...]:
+    good: list[Any] = []
+    bad: list[BadLine] = []
+    for item in items:
+        if isinstance(item, BadLine):
+            bad.append(item)
+        else:
+            good.extend(item.column(column).to_pylist())
+    return good, bad
+
+
+@pytest.mark.parametrize("block_bytes", [16, 64, 1 << 20])
+def test_csv_rows_hand_out_each_bad_line_in_its_place(block_bytes: int) -> None:
+    lines = ["a,b,c"] + [f"{i},{i * 2},x{i}" for i in range(20)]
+    lines[1 + 5] = "5,10,x5,extra"
+    lines[1 + 11] = "11"
+    lines[1 + 14] = '14,"abc\ndef",x14'  # a quoted line break: the record spans two lines
+    lines[1 + 16] = "16,zz,x16"
+    data = ("\n".join(lines) + "\n").encode()
+    items = list(csv_rows(pa.BufferReader(data), parse_schema("a:int64,b:int64"), block_bytes))
+    good, bad = _rows_and_bad(items, "a")
+    assert good == [i for i in range(20) if i not in (5, 11, 14, 16)]
+    assert [(b.row, b.line, b.text) for b in bad] == [
+        (5, 7, "5,10,x5,extra"),
+        (11, 13, "11"),
+        (14, 16, '14,"abc\ndef",x14'),
+        (16, 19, "16,zz,x16"),
+    ]
+    assert [b.message for b in bad] == [
+        "line 7: expected 3 fields, found 4",
+        "line 13: expected 3 fields, found 1",
+        "line 16, column 'b': cannot convert 'abc\\ndef' to int64",
+        "line 19, column 'b': cannot convert 'zz' to int64",
+    ]
+    rows = 0  # each bad line in its place: the good rows before it are its row index
+    for item in items:
+        if isinstance(item, BadLine):
+            assert item.row == rows
+            rows += 1
+        else:
+            rows += item.num_rows
+
+
+def test_csv_rows_of_a_good_file_are_the_batches_of_csv_batches() -> None:
+    data = ("id,v\n" + "".join(f'{i},"[{i}, 1]"\n' for i in range(1000))).encode()
+    schema = parse_schema("id:int64")
+    rows = pa.Table.from_batches(list(csv_rows(pa.BufferReader(data), schema, 1 << 10)))
+    batches = pa.Table.from_batches(list(csv_batches(pa.BufferReader(data), schema, 1 << 10)))
+    assert rows.equals(batches)
+
+
+def test_csv_rows_keep_the_types_of_the_first_block_and_cut_a_long_bad_text() -> None:
+    data = ("n\n" + "".join(f"{i}\n" for i in range(50)) + "y" * 5000 + "\n7\n").encode()
+    good, bad = _rows_and_bad(csv_rows(pa.BufferReader(data), {}, 64), "n")
+    assert good == [*range(50), 7]
+    [long] = bad
+    assert (long.row, long.line) == (50, 52)
+    assert len(long.text) == TEXT_MAX and long.text.endswith("...")
+    assert long.message.startswith("line 52, column 'n': cannot convert 'yyy")
+
+
+@pytest.mark.parametrize("block_bytes", [16, 1 << 20])
+def test_jsonl_rows_hand_out_each_bad_line_in_its_place(block_bytes: int) -> None:
+    lines = [f'{{"a": {i}, "b": "x{i}"}}' for i in range(12)]
+    lines[3] = '{"a": 3,'
+    lines[7] = "[1, 2]"
+    lines[10] = '{"a": "ten", "b": "x"}'
+    data = ("\n".join(lines) + "\n").encode()
+    items = jsonl_rows(pa.BufferReader(data), parse_schema("a:int64"), block_bytes)
+    good, bad = _rows_and_bad(items, "a")
+    assert good == [0, 1, 2, 4, 5, 6, 8, 9, 11]
+    assert [(b.row, b.line) for b in bad] == [(3, 4), (7, 8), (10, 11)]
+    assert bad[0].message.startswith("line 4: not valid JSON")
+    assert bad[1].message == "line 8: not a JSON object (a list)"
+    assert bad[2].message == "line 11: Column(/a) changed from number to string"

@@ -1,6 +1,6 @@
 """``dlq stats``: letters grouped by (reason, code, table, source, version), their rows summed
-(a letter without a readable row count marks its group's rows ``+?``), the first and last time,
-as a padded table or as JSON."""
+(a group with letters without a readable row count says how many, beside the rows known), the
+first and last time, as a padded table or as JSON."""
 
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ def test_letters_are_grouped_by_their_key_with_rows_summed() -> None:
     assert len(stats.groups) == 3
 
 
-def test_a_group_with_an_unknown_row_count_shows_plus_question_mark() -> None:
+def test_a_group_with_unknown_row_counts_says_how_many_letters_beside_the_rows_known() -> None:
     stats = stats_of(
         letter("undecodable", rows="3"),
         letter("undecodable", rows=None),
@@ -77,7 +77,8 @@ def test_a_group_with_an_unknown_row_count_shows_plus_question_mark() -> None:
     (group,) = stats.groups.values()
     assert (group.count, group.rows, group.unknown_rows) == (3, 3, 2)
     head, row, footer = stats.lines()
-    assert "3+?" in row.split()
+    assert "3 known + 2 letters of unknown size" in row
+    assert "?" not in row
     assert head.split() == [
         "reason",
         "code",
@@ -89,13 +90,19 @@ def test_a_group_with_an_unknown_row_count_shows_plus_question_mark() -> None:
         "first",
         "last",
     ]
+    assert head.index("rows") == row.index("3 known")  # the column lines up
     assert footer == "3 selected of 3 read"
+
+
+def test_one_letter_of_unknown_size_and_no_rows_known() -> None:
+    _, row, _ = stats_of(letter("undecodable", rows=None)).lines()
+    assert "0 known + 1 letter of unknown size" in row
 
 
 def test_rows_are_plain_when_every_count_is_known() -> None:
     _, row, _ = stats_of(letter("undecodable", rows="3"), letter("undecodable", rows="4")).lines()
     assert row.split()[5:7] == ["2", "7"]
-    assert "+?" not in row
+    assert "known" not in row
 
 
 def test_a_group_without_times_has_no_first_or_last() -> None:

@@ -11,6 +11,7 @@ import os
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 from harness.proc import free_port
@@ -19,6 +20,17 @@ from rowbatch.consumer.dlq.selection import SelectionError
 from rowbatch.consumer.service import cli as consumer_cli
 from rowbatch.consumer.service.config import ConfigError, load_config
 from rowbatch.consumer.service.dlq_cli import build_parser, main, open_queue, selection_of
+from rowbatch.consumer.sources.base import DeadLetterReason
+from rowbatch.consumer.sources.table.dead_letters import (
+    records,
+    unreadable_record,
+    write_dead_letters,
+)
+from rowbatch.consumer.sources.table.plan import DataFile, Unit
+from rowbatch.consumer.sources.table.reader import Piece
+from rowbatch.consumer.sources.table.state import StateFolder
+from rowbatch.wire.dead_letter import ReasonClass
+from rowbatch.wire.readers.formats import InputFormat
 from tests.unit.consumer.service.test_table_cli import REST
 
 TABLE_SOURCE = """\
@@ -212,6 +224,43 @@ def test_stats_of_a_table_run_without_dead_letters(
         "by_reason": {},
         "groups": [],
     }
+
+
+def test_stats_and_show_of_a_table_run_read_its_dead_letter_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The files a run writes (rows, and a part of a file unreadable to its end, its rows never
+    counted), as ``stats`` and ``show`` read them: the unknown size said in words."""
+    folder = StateFolder(str(tmp_path / "state"), "shard-0-of-1")
+    rows = pa.table({"id": [1, 2]})
+    piece = Piece(
+        Unit(0, DataFile("/in/a.csv", "a.csv", InputFormat.CSV, "a.csv", ()), 0, 0, 2), 0, rows
+    )
+    reason = DeadLetterReason(ReasonClass.UNDECODABLE, "bad", "invalid_value")
+    write_dead_letters(folder, list(records(piece, reason, attempt=1)))
+    write_dead_letters(folder, [unreadable_record("b.csv", 10, None, "stops parsing")])
+    config = str(config_file(tmp_path, TABLE_SOURCE))
+
+    assert main(["stats", "--config", config]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    [readable] = [line for line in lines if "invalid_value" in line]
+    [unreadable] = [line for line in lines if "unreadable_input" in line]
+    assert readable.split()[5:7] == ["2", "2"]  # 2 letters, 2 rows
+    assert "0 known + 1 letter of unknown size" in unreadable
+    assert "?" not in "\n".join(lines)
+    assert lines[-1] == "3 selected of 3 read"
+
+    assert main(["stats", "--json", "--config", config]) == 0
+    groups = json.loads(capsys.readouterr().out)["groups"]
+    assert [(g["code"], g["rows"], g["letters_without_row_count"]) for g in groups] == [
+        ("invalid_value", 2, 0),
+        ("unreadable_input", 0, 1),
+    ]
+
+    assert main(["show", "--config", config]) == 0
+    shown = capsys.readouterr().out
+    for ref in ("shard-0-of-1/a.csv#0", "shard-0-of-1/a.csv#1", "shard-0-of-1/b.csv#10"):
+        assert ref in shown
 
 
 def test_pubsub_without_a_dead_letter_topic_exits_2(

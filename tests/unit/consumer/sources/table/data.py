@@ -41,6 +41,14 @@ def write_dataset(root: Path, layout: Sequence[tuple[str, int]], row_group_rows:
     return first
 
 
+def truncate(path: Path, share: float = 0.6) -> bytes:
+    """Cuts ``path`` to ``share`` of its bytes (a Parquet file loses its footer); what it
+    held, to mend it with."""
+    whole = path.read_bytes()
+    path.write_bytes(whole[: int(len(whole) * share)])
+    return whole
+
+
 def ids_of(delivery: Delivery) -> list[int]:
     """The ``id`` values of the rows a delivery carries."""
     chunk = decode_chunk(delivery.payload, delivery.attributes)

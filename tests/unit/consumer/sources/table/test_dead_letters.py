@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import datetime
 import decimal
+import json
 from pathlib import Path
 
 import orjson
@@ -15,13 +16,14 @@ import pytest
 from rowbatch.consumer.sources.base import DeadLetterReason
 from rowbatch.consumer.sources.table.dead_letters import (
     DEAD_LETTER_PREFIX,
+    JSONL_SUFFIX,
     read_dead_letters,
     records,
     write_dead_letters,
 )
 from rowbatch.consumer.sources.table.plan import DataFile, Unit
 from rowbatch.consumer.sources.table.reader import Piece
-from rowbatch.consumer.sources.table.state import StateFolder
+from rowbatch.consumer.sources.table.state import END, StateFolder
 from rowbatch.wire.dead_letter import ReasonClass
 from rowbatch.wire.readers.formats import InputFormat
 
@@ -99,6 +101,56 @@ def test_read_back_keeps_one_record_per_row_in_key_order(tmp_path: Path) -> None
     ]
     assert [r["attempt"] for r in found] == [1, 1, 1]  # the first record of a row is kept
     assert [r["row"]["id"] for r in found] == [3, 1, 2]
+
+
+def test_a_dead_letter_file_is_plain_json_lines(tmp_path: Path) -> None:
+    """Every line of the file (the last included) is a JSON object: no completion marker."""
+    folder = StateFolder(str(tmp_path / "state"), "shard-0-of-1")
+    piece = piece_of("day=1/a.parquet", 40, odd_values())
+    name = write_dead_letters(folder, list(records(piece, REASON, attempt=1)))
+    assert name is not None
+    assert folder.names(DEAD_LETTER_PREFIX) == [name]
+    assert name.endswith(JSONL_SUFFIX)
+    text = (tmp_path / "state" / "shard-0-of-1" / name).read_text()
+    assert text.endswith("\n")
+    lines = text.splitlines()
+    assert len(lines) == 2
+    parsed = [json.loads(line) for line in lines]
+    assert all(isinstance(record, dict) for record in parsed)
+    assert [r["file_row"] for r in parsed] == [40, 41]
+    assert folder.names("") == [name]  # no temporary file or marker left beside it
+
+
+def test_the_files_of_earlier_versions_are_still_read(tmp_path: Path) -> None:
+    """A file without the suffix ends with ``end`` (read); one a kill cut short has none (not
+    read: the rerun writes its rows' records again)."""
+    folder = StateFolder(str(tmp_path / "state"), "shard-0-of-1")
+    old = [orjson.dumps({"file": "a", "file_row": r, "attempt": 1}).decode() for r in (0, 1)]
+    folder.write(f"{DEAD_LETTER_PREFIX}-1-1-00000001", "".join(f"{line}\n" for line in old))
+    folder.write(f"{DEAD_LETTER_PREFIX}-1-1-00000002", f"{old[0]}\n{old[1]}\n{END}\n")
+    folder.write(f"{DEAD_LETTER_PREFIX}-1-1-00000003", f'{old[0]}\n{{"file": "b", "fi')
+    assert [(r["file"], r["file_row"]) for r in read_dead_letters(folder)] == [("a", 0), ("a", 1)]
+
+
+def test_a_write_cut_short_leaves_no_dead_letter_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a local disk the file is written under a hidden name and renamed once synced: a
+    write stopped before the rename (a kill) leaves only the hidden file, which no reader
+    lists, and a rerun writes its rows' records again."""
+    folder = StateFolder(str(tmp_path / "state"), "shard-0-of-1")
+
+    def killed(self: Path, target: object) -> Path:
+        raise SystemExit("killed before the rename")
+
+    monkeypatch.setattr(Path, "replace", killed)
+    piece = piece_of("a.parquet", 0, pa.table({"id": [1, 2]}))
+    with pytest.raises(SystemExit):
+        write_dead_letters(folder, list(records(piece, REASON, attempt=1)))
+    assert folder.names(DEAD_LETTER_PREFIX) == []
+    [hidden] = folder.names("")
+    assert hidden.startswith(f".{DEAD_LETTER_PREFIX}")
+    assert read_dead_letters(folder) == []
 
 
 def test_no_dead_letters_reads_as_none(tmp_path: Path) -> None:

@@ -7,14 +7,17 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+import pyarrow.fs as pafs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rowbatch.consumer.sources.table.plan import (
     _KEY_MAX,
+    DataFile,
     TableInputError,
     TablePlan,
+    _row_groups,
     describe_units,
     file_key,
     list_files,
@@ -22,7 +25,7 @@ from rowbatch.consumer.sources.table.plan import (
 )
 from rowbatch.wire.headers.fields import check_chunk_id
 from rowbatch.wire.readers.formats import InputFormat
-from tests.unit.consumer.sources.table.data import write_dataset, write_parquet
+from tests.unit.consumer.sources.table.data import truncate, write_dataset, write_parquet
 
 
 def hashed(relative: str) -> str:
@@ -188,12 +191,53 @@ def test_known_rows_of_a_parquet_only_input(tmp_path: Path) -> None:
     assert describe_units(plan.units[:1]) == "1 file, 1 row group"
 
 
-def test_a_file_that_is_not_parquet_is_refused_naming_it(tmp_path: Path) -> None:
+def test_a_parquet_file_that_cannot_be_opened_is_one_unit_of_its_own(tmp_path: Path) -> None:
+    """Its footer unreadable (truncated to 60 %, or not Parquet at all): the file's failure,
+    not the input's. It is one unit of the whole file, rows unknown, in its place; the other
+    files' row groups are planned as ever."""
     root = tmp_path / "in"
-    root.mkdir()
-    (root / "broken.parquet").write_bytes(b"not parquet at all")
-    with pytest.raises(TableInputError, match=r"broken\.parquet: cannot read it as Parquet"):
-        plan_table(str(root))
+    write_dataset(root, [("a.parquet", 5), ("b.parquet", 4), ("c.parquet", 3)], 2)
+    truncate(root / "b.parquet")
+    (root / "d.parquet").write_bytes(b"not parquet at all")
+    plan = plan_table(str(root))
+    assert [(u.index, u.file.relative, u.row_group, u.first_row, u.rows) for u in plan.units] == [
+        (0, "a.parquet", 0, 0, 2),
+        (1, "a.parquet", 1, 2, 2),
+        (2, "a.parquet", 2, 4, 1),
+        (3, "b.parquet", None, 0, None),
+        (4, "c.parquet", 0, 0, 2),
+        (5, "c.parquet", 1, 2, 1),
+        (6, "d.parquet", None, 0, None),
+    ]
+    assert [u.whole_parquet for u in plan.units] == [False] * 3 + [True] + [False] * 2 + [True]
+    assert plan.known_rows is None
+    assert describe_units(plan.units) == "4 files, 5 row groups, 2 Parquet files read whole"
+
+
+def test_a_parquet_file_the_store_does_not_find_refuses_the_plan(tmp_path: Path) -> None:
+    """Gone between the listing and its footer (or the store down): the input, not its data."""
+    gone = tmp_path / "gone.parquet"
+    file = DataFile(str(gone), "gone.parquet", InputFormat.PARQUET, "gone.parquet")
+    with pytest.raises(TableInputError, match=r"gone\.parquet: cannot read it as Parquet"):
+        _row_groups(pafs.LocalFileSystem(), file)
+
+
+def test_files_read_whole_join_their_row_groups_and_the_units_are_numbered_again(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "in"
+    write_dataset(root, [("a.parquet", 5), ("b.parquet", 4), ("c.parquet", 3)], 2)
+    (root / "d.csv").write_text("id\n1\n")
+    plan = plan_table(str(root)).read_whole({"b.parquet", "d.csv", "gone.parquet"})
+    assert [(u.index, u.file.relative, u.row_group, u.first_row, u.rows) for u in plan.units] == [
+        (0, "a.parquet", 0, 0, 2),
+        (1, "a.parquet", 1, 2, 2),
+        (2, "a.parquet", 2, 4, 1),
+        (3, "b.parquet", None, 0, None),
+        (4, "c.parquet", 0, 0, 2),
+        (5, "c.parquet", 1, 2, 1),
+        (6, "d.csv", None, 0, None),
+    ]
 
 
 @pytest.fixture(scope="module")

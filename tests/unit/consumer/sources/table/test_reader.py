@@ -14,7 +14,7 @@ import pytest
 from rowbatch.consumer.sources.table.plan import TableInputError, TablePlan, plan_table
 from rowbatch.consumer.sources.table.reader import Piece, UnitReader
 from rowbatch.wire.readers.schema import parse_schema
-from tests.unit.consumer.sources.table.data import write_dataset
+from tests.unit.consumer.sources.table.data import truncate, write_dataset
 
 
 def read_all(plan: TablePlan, chunk_rows: int, columns: list[str] | None = None) -> list[Piece]:
@@ -45,6 +45,31 @@ def test_parquet_row_groups_are_cut_into_pieces_numbered_within_the_file(
         ids = p.table.column("id").to_pylist()
         assert ids == list(range(offset + p.first_row, offset + p.first_row + p.rows))
     assert [p.chunk_id for p in pieces[:3]] == ["a.parquet@0", "a.parquet@3", "a.parquet@4"]
+
+
+def test_a_parquet_file_read_whole_is_cut_as_its_row_groups_are(tmp_path: Path) -> None:
+    """A file planned whole (its footer unreadable then, mended since) is read row group after
+    row group: the same pieces, rows and chunk ids as its row groups' units give."""
+    root = tmp_path / "in"
+    write_dataset(root, [("a.parquet", 10), ("b.parquet", 4)], 4)
+    plan = plan_table(str(root))
+    whole = plan.read_whole({"a.parquet"})
+    assert whole.units[0].whole_parquet
+
+    def cut(pieces: list[Piece]) -> list[tuple[str, int, int, list[int]]]:
+        return [(p.chunk_id, p.first_row, p.rows, p.table["id"].to_pylist()) for p in pieces]
+
+    assert cut(read_all(whole, 3)) == cut(read_all(plan, 3))
+
+
+def test_a_parquet_file_that_cannot_be_opened_raises_naming_it(tmp_path: Path) -> None:
+    root = tmp_path / "in"
+    write_dataset(root, [("a.parquet", 10)], 4)
+    truncate(root / "a.parquet")
+    plan = plan_table(str(root))
+    with pytest.raises(TableInputError, match=r"a\.parquet: cannot read it as Parquet") as caught:
+        read_all(plan, 3)
+    assert not isinstance(caught.value.__cause__, OSError)  # the content: not retried
 
 
 def test_only_the_requested_columns_are_read(tmp_path: Path) -> None:
@@ -116,13 +141,64 @@ def test_jsonl_pieces_with_a_partition_and_a_declared_schema(tmp_path: Path, nam
     assert pieces[0].table.schema.field("id").type == pa.int64()
 
 
-def test_a_text_file_that_does_not_parse_raises_naming_it(tmp_path: Path) -> None:
+def test_a_text_file_that_does_not_read_raises_naming_it(tmp_path: Path) -> None:
     root = tmp_path / "in"
     root.mkdir()
-    (root / "bad.jsonl").write_text('{"id": 1}\n{"id": \n')
+    (root / "bad.jsonl.gz").write_bytes(gzip.compress(b'{"id": 1}\n' * 100)[:-30] + b"junk")
     plan = plan_table(str(root))
-    with pytest.raises(TableInputError, match=r"bad\.jsonl: cannot read it"):
+    with pytest.raises(TableInputError, match=r"bad\.jsonl\.gz: cannot read it"):
         read_all(plan, 10)
+
+
+def test_bad_csv_lines_are_pieces_of_their_own_and_the_rows_keep_their_numbers(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "in"
+    root.mkdir()
+    lines = ["id,x,name"] + [f"{i},{i * 2},n{i}" for i in range(12)]
+    lines[1 + 5] = "5,10,n5,extra"  # too many fields
+    lines[1 + 9] = "9,abc,n9"  # not an int64
+    (root / "rows.csv").write_text("\n".join(lines) + "\n")
+    plan = plan_table(str(root))
+    reader = UnitReader(plan.filesystem, 4, None, parse_schema("id:int64,x:int64"))
+    pieces = list(reader.pieces(plan.units[0]))
+    reader.close()
+    assert [(p.first_row, p.rows, p.chunk_id, p.bad_line is not None) for p in pieces] == [
+        (0, 4, "rows.csv@0", False),
+        (4, 1, "rows.csv@4", False),
+        (5, 1, "rows.csv@4", True),
+        (6, 2, "rows.csv@4", False),
+        (8, 1, "rows.csv@8", False),
+        (9, 1, "rows.csv@8", True),
+        (10, 2, "rows.csv@8", False),
+    ]
+    good = [i for p in pieces if p.bad_line is None for i in p.table.column("id").to_pylist()]
+    assert good == [0, 1, 2, 3, 4, 6, 7, 8, 10, 11]
+    extra, wrong = (p.bad_line for p in pieces if p.bad_line is not None)
+    assert extra is not None and wrong is not None
+    assert (extra.row, extra.line, extra.text) == (5, 7, "5,10,n5,extra")
+    assert extra.message == "line 7: expected 3 fields, found 4"
+    assert (wrong.row, wrong.line) == (9, 11)
+    assert wrong.message == "line 11, column 'x': cannot convert 'abc' to int64"
+    assert pieces[3].row_offset == 2  # keyed as in the whole chunk
+
+
+def test_bad_json_lines_cost_that_line_only(tmp_path: Path) -> None:
+    root = tmp_path / "in"
+    root.mkdir()
+    lines = [f'{{"id": {i}, "x": {i}}}' for i in range(8)]
+    lines[2] = '{"id": 2, "x": '
+    lines[5] = '{"id": 5, "x": "five"}'
+    (root / "rows.jsonl").write_text("\n".join(lines) + "\n")
+    plan = plan_table(str(root))
+    reader = UnitReader(plan.filesystem, 100, None, parse_schema("id:int64,x:int64"))
+    pieces = list(reader.pieces(plan.units[0]))
+    reader.close()
+    good = [i for p in pieces if p.bad_line is None for i in p.table.column("id").to_pylist()]
+    assert good == [0, 1, 3, 4, 6, 7]
+    bad = [p.bad_line for p in pieces if p.bad_line is not None]
+    assert [(b.row, b.line) for b in bad if b is not None] == [(2, 3), (5, 6)]
+    assert all(p.chunk_id == "rows.jsonl@0" for p in pieces)
 
 
 def test_piece_part_keeps_the_file_rows_and_the_chunks_keys(tmp_path: Path) -> None:

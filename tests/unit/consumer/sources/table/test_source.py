@@ -36,7 +36,12 @@ from rowbatch.wire.chunks.decode import decode_chunk
 from rowbatch.wire.columns.column_type import ColumnType
 from rowbatch.wire.dead_letter import ReasonClass
 from rowbatch.wire.headers.fields import H_CHUNK_ID
-from tests.unit.consumer.sources.table.data import ids_of, write_dataset, write_parquet
+from tests.unit.consumer.sources.table.data import (
+    ids_of,
+    truncate,
+    write_dataset,
+    write_parquet,
+)
 
 TIMEOUT_S = 10
 ROW_LEVEL = DeadLetterReason(ReasonClass.SCHEMA_MISMATCH, "column 'x': a null", "null_not_allowed")
@@ -425,6 +430,34 @@ async def test_a_bad_value_found_while_reading_is_dead_lettered_at_once(tmp_path
     assert record["row"]["x"] == [5.0, 6.0, 7.0]
 
 
+async def test_bad_csv_lines_are_dead_lettered_one_by_one_and_a_rerun_reads_nothing(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "in"
+    root.mkdir()
+    lines = ["id,x"] + [f'{i},"[{i}, {i}]"' for i in range(10)]
+    lines[1 + 2] = '2,"[2, 2]",extra'  # too many fields
+    lines[1 + 7] = 'seven,"[7, 7]"'  # not an int64
+    (root / "rows.csv").write_text("\n".join(lines) + "\n")
+    settings = table_settings(tmp_path, schema="id:int64,x:vector[float32,2]")
+    source = make_source(settings)
+    rig = await run_to_end(source)
+    assert source.complete
+    assert sorted(rig.ids()) == [0, 1, 3, 4, 5, 6, 8, 9]
+    assert (source.counts.read, source.counts.written, source.counts.dead_lettered) == (10, 8, 2)
+    extra, wrong = read_dead_letters(folder_of(tmp_path))
+    assert (extra["file_row"], extra["line"], extra["chunk_id"]) == (2, 4, "rows.csv@0")
+    assert extra["text"] == '2,"[2, 2]",extra'
+    assert extra["message"] == "line 4: expected 2 fields, found 3"
+    assert (extra["reason"], extra["code"]) == ("undecodable", "malformed_line")
+    assert (wrong["file_row"], wrong["line"], wrong["row_index"]) == (7, 9, 3)
+    assert wrong["message"] == "line 9, column 'id': cannot convert 'seven' to int64"
+    again = make_source(settings)
+    rig = await run_to_end(again)
+    assert again.complete and rig.ids() == []
+    assert again.counts.skipped == 10
+
+
 # --- shards -------------------------------------------------------------------------------------
 
 
@@ -611,6 +644,72 @@ async def test_a_corrupt_row_group_is_skipped_with_a_dead_letter_record_and_the_
     lost = range(2_000, 4_000)
     assert sorted(rig.ids()) == [i for i in range(8_000) if i not in lost]
     assert slept == [1.0, 2.0]  # CONTENT_ATTEMPTS reads, backing off between them
+
+
+async def test_a_parquet_file_that_cannot_be_opened_is_unreadable_and_a_rerun_reads_it_mended(
+    tmp_path: Path,
+) -> None:
+    """Truncated to 60 % (no footer): the plan does not refuse the input; the start-up check
+    passes it by; at its turn the file is one dead-letter record (its rows unknown) and the
+    run, every other row written, ends not complete, without waiting (its content is at
+    fault, not the store). Mended, the rerun reads its rows (the old record does not stop it)."""
+    total = write_dataset(
+        tmp_path / "in", [("a.parquet", 5), ("b.parquet", 7), ("c.parquet", 6)], 3
+    )
+    good = truncate(tmp_path / "in" / "a.parquet")  # sorts first: the start-up check's unit
+    probed: list[str] = []
+
+    def probe(delivery: Delivery) -> DeadLetterReason | None:
+        probed.append(delivery.message_id)
+        return None
+
+    source = make_source(table_settings(tmp_path), probe=probe)
+    rig = await run_to_end(source)
+    assert probed == ["b.parquet@0"]
+    assert not source.complete
+    assert sorted(rig.ids()) == list(range(5, total))
+    assert len(rig.ids()) == total - 5
+    assert source.counts.planned is None
+    [what] = source.counts.unreadable
+    assert what.startswith("a.parquet rows 0 to its end: ")
+    assert "a.parquet: cannot read it as Parquet: " in what
+    [record] = read_dead_letters(folder_of(tmp_path))
+    assert (record["file"], record["file_row"], record["rows"]) == ("a.parquet", 0, None)
+    assert record["code"] == "unreadable_input" and record["reason"] == "undecodable"
+    assert "cannot read it as Parquet" in record["message"]
+
+    (tmp_path / "in" / "a.parquet").write_bytes(good)
+    again = make_source(table_settings(tmp_path))
+    rerun = await run_to_end(again)
+    assert again.complete and not again.counts.unreadable
+    assert sorted(rerun.ids()) == list(range(5))
+    assert again.counts.planned == total and again.counts.skipped == total - 5
+
+
+async def test_two_shards_read_a_mended_file_once_without_refusing_or_moving_units(
+    tmp_path: Path,
+) -> None:
+    """With two shards, b.parquet not opened when the layout was recorded is one unit (shard
+    0's); mended, its two row groups would shift c.parquet's units between the shards. The
+    rerun of both shards keeps the recorded layout: shard 0 reads b.parquet whole, nothing
+    else is read again, every row once."""
+    layout = [("a.parquet", 4), ("b.parquet", 4), ("c.parquet", 6)]
+    total = write_dataset(tmp_path / "in", layout, 2)
+    good = truncate(tmp_path / "in" / "b.parquet")
+    delivered: list[int] = []
+    for shard in (0, 1):
+        source = make_source(table_settings(tmp_path, shard=shard, shards=2))
+        delivered += (await run_to_end(source)).ids()
+        assert source.complete is (shard == 1)
+    assert sorted(delivered) == [i for i in range(total) if i not in range(4, 8)]
+    (tmp_path / "in" / "b.parquet").write_bytes(good)
+    for shard in (0, 1):
+        source = make_source(table_settings(tmp_path, shard=shard, shards=2))
+        ids = (await run_to_end(source)).ids()
+        assert source.complete
+        assert sorted(ids) == (list(range(4, 8)) if shard == 0 else [])
+        delivered += ids
+    assert sorted(delivered) == list(range(total))
 
 
 async def test_a_text_file_that_stops_parsing_keeps_its_rows_before_and_a_rerun_reads_the_rest(
