@@ -19,8 +19,25 @@ LOOPBACK = "127.0.0.1"
 _LOG_TAIL_CHARS = 4000
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+_HANDED_OUT: set[int] = set()
+"""Every port :func:`free_port` has given in this process: the kernel may give the same
+ephemeral port to two binds in a row once the first socket is closed (a stack start once gave
+Triton one port for both HTTP and gRPC), so a port is never handed out twice."""
+
+
+def free_port(bind: Callable[[], int] | None = None) -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now and that this process has
+    not handed out before. ``bind``: what asks the kernel for a port (tests)."""
+    ask = bind or _ephemeral_port
+    for _ in range(1000):
+        port = ask()
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+    raise ServiceFailed("no free TCP port on 127.0.0.1 that was not handed out already")
+
+
+def _ephemeral_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((LOOPBACK, 0))
         port: int = sock.getsockname()[1]
