@@ -2,7 +2,7 @@
 PostgreSQL) with the ``scorer`` formula on MLServer (adaptive batching on, as
 deploy/oip_models/mlserver/scorer/model-settings.json sets it, and off) and on KServe, with
 ``model.max_in_flight`` 2, 4, 8 and unset (the server kind's default), side by side in one run:
-the end-to-end figures behind each server's default (consumer/model/server_kind.py).
+the end-to-end figures behind each server's default (rowbatch/consumer/model/server_kind.py).
 
 Kafka, PostgreSQL and the three servers start once, side by side. One backlog of numeric rows
 (``--rows``, in messages of ``--rows-per-message``) is published to a 6-partition topic before any

@@ -73,8 +73,7 @@ _OWN: tuple[tuple[str, str], ...] = (
     ("wire/", "decode"),
 )
 _PACKAGE = "rowbatch/"
-"""The installed package's directory in the checkout (its ``consumer``, ``producer`` and
-``wire`` are links to the top-level folders, so frames name either path)."""
+"""The installed package's directory in the checkout: the stages below name paths inside it."""
 _LIBS: tuple[tuple[str, str], ...] = (
     ("/tritonclient/", "inference"),
     ("/psycopg/", "write"),

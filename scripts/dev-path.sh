@@ -4,10 +4,8 @@
 # `python -m bench` and `import harness` work from any directory. harness/ and bench/ are the
 # repository's test harness and benchmarks, not part of the installed package (the wheel holds
 # rowbatch alone; docs/architecture.md, "Layout"), so the editable install does not provide them.
-# Idempotent: rewrites the same line each time. The checkout's top-level consumer/, producer/ and
-# wire/ become importable under their folder names too; no code may import them so
-# (tests/unit/project/test_layout.py): they are rowbatch.consumer, rowbatch.producer and
-# rowbatch.wire.
+# Idempotent: rewrites the same line each time. The package itself is rowbatch/, one real
+# directory, installed editable (scripts/setup.sh).
 # Usage: scripts/dev-path.sh VENV_PYTHON   (e.g. .venv/bin/python)
 set -euo pipefail
 python=${1:?usage: scripts/dev-path.sh VENV_PYTHON}

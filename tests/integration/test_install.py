@@ -19,8 +19,8 @@ import pytest
 from harness.service import REPO_ROOT
 
 INSTALL_TIMEOUT_S = 900
-# What a source distribution of rowbatch needs: the package (rowbatch/, whose links to consumer/,
-# producer/ and wire/ copytree follows, so the copy holds real files) and its metadata. No
+# What a source distribution of rowbatch needs: the package (rowbatch/, one real directory) and
+# its metadata. No
 # harness/ or bench/: the wheel must build without them (like deploy/Dockerfile).
 _SOURCES = ("pyproject.toml", "README.md", "rowbatch")
 

@@ -1,5 +1,5 @@
 """One behaviour suite, run against every source (the ``Source`` Protocol of
-``consumer/sources/base.py``): Pub/Sub unary pull and Pub/Sub streaming pull on the real
+``rowbatch/consumer/sources/base.py``): Pub/Sub unary pull and Pub/Sub streaming pull on the real
 emulator, and Kafka on the real broker. Each source is built the way the service builds it,
 by ``make_source`` from the ``[source]`` settings.
 

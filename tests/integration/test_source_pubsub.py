@@ -8,7 +8,7 @@ Emulator quirk (cloud-pubsub-emulator 0.8.20): when a client cancels a streaming
 emulator fails in ``onRstStreamRead`` (``NoSuchMethodError`` from its bundled gRPC, visible in
 ``.stack/test-run/logs/pubsub.log``) and keeps the dead stream registered; how the source
 stops its stream so that a new source still gets what it gave back is in
-``consumer/sources/pubsub/streaming_shutdown.py``. Synchronous Pull is not affected: the
+``rowbatch/consumer/sources/pubsub/streaming_shutdown.py``. Synchronous Pull is not affected: the
 checks here of what is left on a subscription read it back with it.
 """
 

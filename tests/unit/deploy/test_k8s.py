@@ -212,7 +212,7 @@ def test_probes_hit_what_the_consumer_serves(where: str, tmp_path: Path) -> None
     config = _pod_config(where, "Deployment", tmp_path)
     container = _container(_one(where, "Deployment"))
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    served = (ROOT / "consumer" / "service" / "health.py").read_text()
+    served = (ROOT / "rowbatch" / "consumer" / "service" / "health.py").read_text()
     for probe, path in (
         ("startupProbe", "/healthz"),
         ("livenessProbe", "/healthz"),

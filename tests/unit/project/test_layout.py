@@ -1,10 +1,10 @@
 """The package layering of docs/architecture.md holds: no package imports one above it, the
 broker, model and sink adapters do not import each other, the producer and the consumer are
 siblings over the wire contract, and the wire contract imports nothing else of rowbatch. The
-installed package is ``rowbatch`` alone: its parts are the folders consumer/, producer/ and wire/
-linked in under rowbatch/, nothing in it imports the repository's harness, bench or tests, and
-no code anywhere imports the folders under their old top-level names (``consumer.x``), which
-would load a second copy of each module. The old alias modules of the wire contract are gone."""
+installed package is ``rowbatch`` alone, one real directory (rowbatch/consumer, rowbatch/producer
+and rowbatch/wire are folders, not links; no top-level consumer/, producer/ or wire/ is left, so
+no module can load under a second name), nothing in it imports the repository's harness, bench
+or tests. The old alias modules of the wire contract are gone."""
 
 from __future__ import annotations
 
@@ -16,9 +16,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
 
-#: The repository folders the installed package ``rowbatch`` is made of (rowbatch/<name> links
-#: to ../<name>); harness/ and bench/ stay in the repository, out of the wheel.
+#: The subpackages of the installed package ``rowbatch`` (real folders under rowbatch/);
+#: harness/ and bench/ stay in the repository, out of the wheel.
 INSTALLED = ("consumer", "producer", "wire")
+PACKAGE = ROOT / "rowbatch"
 DEV_ONLY = ("harness", "bench", "tests")
 
 #: Lowest first. A module may import its own layer's package or a lower layer, never a higher
@@ -51,11 +52,10 @@ def _rank(package: str) -> int:
 
 
 def _module_name(path: Path) -> str:
-    """The installed name of a file of consumer/, producer/, wire/ or rowbatch/
-    (``rowbatch.consumer.x``, ``rowbatch.timing``)."""
+    """The installed name of a file or folder under rowbatch/ (``rowbatch.consumer.x``,
+    ``rowbatch.timing``)."""
     parts = path.relative_to(ROOT).with_suffix("").parts
-    parts = parts[1:] if parts[0] == "rowbatch" else parts
-    return ".".join(("rowbatch", *(parts[:-1] if parts[-1] == "__init__" else parts)))
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def _imports(path: Path) -> set[str]:
@@ -70,20 +70,15 @@ def _imports(path: Path) -> set[str]:
 
 
 def _sources() -> list[Path]:
-    """The wheel's Python files, each once (from the real folders, not through rowbatch/'s
-    links)."""
-    return sorted(
-        list((ROOT / "rowbatch").glob("*.py"))
-        + [p for top in INSTALLED for p in (ROOT / top).rglob("*.py")]
-    )
+    """The wheel's Python files."""
+    return sorted(PACKAGE.rglob("*.py"))
 
 
 def _repository_python_files() -> list[Path]:
     """Every .py file of the checkout but deploy/models (Triton's models, which import nothing of
-    rowbatch), venvs, build output and the links under rowbatch/ (their files are listed once,
-    under consumer/, producer/ and wire/)."""
+    rowbatch), venvs and build output."""
     found: list[Path] = []
-    for folder, dirs, files in os.walk(ROOT):  # does not descend into symlinked folders
+    for folder, dirs, files in os.walk(ROOT):
         here = Path(folder)
         dirs[:] = [
             d
@@ -102,7 +97,7 @@ def test_no_package_imports_one_above_it() -> None:
     for path in _sources():
         module = _module_name(path)
         own = _package_of(module)
-        if own is None:  # consumer/__init__.py, consumer/__main__.py: the top, free to import
+        if own is None:  # rowbatch/consumer/__init__.py, __main__.py: the top, free to import
             continue
         for imported in _imports(path):
             other = _package_of(imported)
@@ -114,7 +109,7 @@ def test_no_package_imports_one_above_it() -> None:
 
 
 def test_the_wire_contract_imports_nothing_of_rowbatch() -> None:
-    for path in (ROOT / "wire").rglob("*.py"):
+    for path in (PACKAGE / "wire").rglob("*.py"):
         for imported in _imports(path):
             ours = imported.split(".")[0] in {"rowbatch", *INSTALLED, *DEV_ONLY}
             contract = imported in {"rowbatch", "rowbatch.wire"} or imported.startswith(
@@ -125,7 +120,7 @@ def test_the_wire_contract_imports_nothing_of_rowbatch() -> None:
 
 def test_the_producer_and_the_consumer_are_siblings() -> None:
     for own, other in (("producer", "consumer"), ("consumer", "producer")):
-        for path in (ROOT / own).rglob("*.py"):
+        for path in (PACKAGE / own).rglob("*.py"):
             for imported in _imports(path):
                 assert not imported.startswith(f"rowbatch.{other}"), (
                     f"{path.relative_to(ROOT)} imports {imported}"
@@ -133,9 +128,7 @@ def test_the_producer_and_the_consumer_are_siblings() -> None:
 
 
 def test_the_layering_sees_every_consumer_package() -> None:
-    packages = {
-        _module_name(p.parent) for p in (ROOT / "consumer").rglob("__init__.py") if p.parent.name
-    }
+    packages = {_module_name(p.parent) for p in (PACKAGE / "consumer").rglob("__init__.py")}
     unplaced = {p for p in packages if p != "rowbatch.consumer" and _package_of(p) is None}
     assert not unplaced
 
@@ -156,9 +149,8 @@ def test_the_installed_package_imports_no_harness_bench_or_tests() -> None:
 
 
 def test_no_code_imports_the_old_top_level_names() -> None:
-    """An ``import consumer`` (or ``producer``, ``wire``, or a module of theirs) would load the
-    folder a second time under its old name (the checkout is on the dev venv's path for harness
-    and bench), with classes that are not the ones ``rowbatch.consumer`` defines."""
+    """An ``import consumer`` (or ``producer``, ``wire``): the names they had when they were
+    top-level folders; nothing provides them now."""
     wrong = _importing(_repository_python_files(), INSTALLED)
     assert not wrong, "\n".join(wrong)
 
@@ -173,15 +165,17 @@ def test_no_module_is_loaded_under_its_old_name() -> None:
     assert not old, old
 
 
-def test_rowbatch_links_the_repository_folders() -> None:
+def test_rowbatch_is_one_real_directory() -> None:
+    """No links: every file has one path (tools that do not follow links, clones with
+    ``core.symlinks=false``), and no top-level folder of the old names is left."""
     import rowbatch
 
+    links = [str(p.relative_to(ROOT)) for p in PACKAGE.rglob("*") if p.is_symlink()]
+    assert not links, links
     for name in INSTALLED:
-        link = ROOT / "rowbatch" / name
-        assert link.is_symlink(), f"rowbatch/{name} is not a link"
-        assert str(link.readlink()) == f"../{name}", f"rowbatch/{name} -> {link.readlink()}"
-        assert (ROOT / name / "__init__.py").is_file()
-    assert {p.name for p in (ROOT / "rowbatch").iterdir()} <= {
+        assert (PACKAGE / name / "__init__.py").is_file(), name
+        assert not (ROOT / name).exists(), f"a top-level {name}/ is back"
+    assert {p.name for p in PACKAGE.iterdir()} <= {
         *INSTALLED,
         "__init__.py",
         "py.typed",
@@ -190,16 +184,17 @@ def test_rowbatch_links_the_repository_folders() -> None:
         "tracing.py",
         "__pycache__",
     }, (
-        "rowbatch/ holds the package marker, the links, timing.py (clock and backoff of "
-        "the producer and the consumer) and progress.py (their progress line)"
+        "rowbatch/ holds the package marker, its three subpackages, timing.py (clock and "
+        "backoff of the producer and the consumer), progress.py (their progress line) and "
+        "tracing.py"
     )
-    assert Path(rowbatch.__file__).parent.resolve() == ROOT / "rowbatch"
+    assert Path(rowbatch.__file__).parent.resolve() == PACKAGE
 
 
 def test_the_contract_has_one_import_path() -> None:
     """The old alias modules (producer.wire, producer.headers...) are gone: one name, one path."""
     for name in ("wire", "errors", "headers", "columns", "codec_json", "codec_arrow"):
-        assert not (ROOT / "producer" / f"{name}.py").exists(), name
+        assert not (PACKAGE / "producer" / f"{name}.py").exists(), name
 
 
 #: The two public facades: the only modules that re-export names defined elsewhere (issue 23).

@@ -12,8 +12,9 @@ Measured (Python 3.11, numpy 1.26, pyarrow 25, 20,000 messages, RSS of a fresh p
 4.9 KB held, Arrow 7.4 KB, text 1-row JSON 4.4 KB, Arrow 5.8 KB; a record read ahead (not yet taken)
 2.1-2.7 KB. Before, the budget charged 0.4-1.1 KB per held message and nothing
 for the read-ahead. Now it charges the byte sizes plus the measured overheads of
-``consumer/engine/budget.py`` and ``consumer/sources/kafka/source.py``: 4.9, 7.9, 4.4 and
-5.7 KB held and 2.2-2.7 KB read ahead, within 1.1x of the measurement (the tests allow 1.5x)."""
+``rowbatch/consumer/engine/budget.py`` and ``rowbatch/consumer/sources/kafka/source.py``:
+4.9, 7.9, 4.4 and 5.7 KB held and 2.2-2.7 KB read ahead, within 1.1x of the measurement (the
+tests allow 1.5x)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The autoscaling figure (``consumer/observe/scaling.py``) with hand-computed cases: the rate
-term, the floor when the backlog is empty, hysteresis inside the tolerance, the hold while
+"""The autoscaling figure (``rowbatch/consumer/observe/scaling.py``) with hand-computed cases:
+the rate term, the floor when the backlog is empty, hysteresis inside the tolerance, the hold while
 backing off, the rate term alone while the model server is full, the partition cap and even
 split, and both views (a Pub/Sub replica's share, a Kafka replica's view of the group)."""
 

@@ -1,4 +1,4 @@
-"""``rowbatch-consumer dlq`` (consumer/service/dlq_cli.py): the command line read into a
+"""``rowbatch-consumer dlq`` (rowbatch/consumer/service/dlq_cli.py): the command line read into a
 selection, argument errors (argparse's exit 2, or a clear message and exit 2), and a
 configuration the tools cannot use (Pub/Sub without a dead-letter topic; ``replay`` of a table
 run) -> exit 2, all before any broker is contacted. A table run's dead letters are counted from

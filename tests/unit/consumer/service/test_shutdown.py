@@ -1,5 +1,5 @@
 """A stopped consumer always exits: the watchdog, the bounded loop teardown and the exit past
-stuck threads (consumer/service/shutdown.py)."""
+stuck threads (rowbatch/consumer/service/shutdown.py)."""
 
 from __future__ import annotations
 

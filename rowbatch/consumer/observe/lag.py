@@ -13,7 +13,7 @@ capped (for Kafka by the partition count: a group never has more busy members th
 partitions) and at least 1. ``backlog_rows`` is the record lag times the mean rows per record
 (from the ``rowbatch-row-count`` header of records seen); ``rows_per_s_per_replica`` is either
 configured (what one replica sustains, measured once) or measured by :class:`ThroughputMeter`
-while this replica is saturated. ``consumer/observe/scaling.py`` adds the rate term and the
+while this replica is saturated. ``rowbatch/consumer/observe/scaling.py`` adds the rate term and the
 safeguards the exported ``rowbatch_desired_replicas`` has.
 """
 
@@ -112,7 +112,8 @@ class LagGauges:
       autoscaling signal's freshness: ``time() - ...`` is its age);
     - ``rowbatch_kafka_lag_read_failures_total{topic}``: reads that failed.
 
-    The replica count they call for is ``ScalingGauges``' (``consumer/observe/scaling.py``)."""
+    The replica count they call for is ``ScalingGauges``'
+    (``rowbatch/consumer/observe/scaling.py``)."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.lag = Gauge(

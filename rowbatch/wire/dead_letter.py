@@ -12,7 +12,7 @@ class ReasonClass(StrEnum):
     """Why a message went to the dead-letter topic (the ``rowbatch-dlq-reason`` attribute)."""
 
     UNDECODABLE = "undecodable"
-    """The payload or its attributes break the wire contract (see wire/errors.py)."""
+    """The payload or its attributes break the wire contract (see rowbatch/wire/errors.py)."""
     SCHEMA_MISMATCH = "schema-mismatch"
     """Decodable, but its columns do not fit the model binding (missing column, wrong type)."""
     REJECTED_BY_MODEL = "rejected-by-model"

@@ -1,7 +1,7 @@
 """The rowbatch-consumer command (also python -m rowbatch.consumer): run the subscriber service,
 check its configuration, or create what it needs on the broker. The help text (DESCRIPTION, EPILOG;
 each command's own, ``rowbatch-consumer table --help``, in COMMANDS) says how; the exit codes of
-admin ensure are consumer/service/admin.py's."""
+admin ensure are rowbatch/consumer/service/admin.py's."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The Kafka source's lag report: every ``lag_interval_s``, the log end offsets and the group's
 committed offsets of *all* partitions of the topic, exported as the gauges of
-``consumer/observe/lag.py`` (lag, backlog rows), and handed to the scaling signal
-(``consumer/observe/scaling.py``) as the group's backlog and write rate (the committed
+``rowbatch/consumer/observe/lag.py`` (lag, backlog rows), and handed to the scaling signal
+(``rowbatch/consumer/observe/scaling.py``) as the group's backlog and write rate (the committed
 offsets' progress): the fleet's ``rowbatch_desired_replicas``."""
 
 from __future__ import annotations

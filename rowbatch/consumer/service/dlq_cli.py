@@ -1,5 +1,5 @@
 """``rowbatch-consumer dlq stats|show|replay --config FILE [filters]``: the dead-letter tools of
-consumer/dlq on the dead-letter queue of a consumer configuration (its ``[source]``)."""
+rowbatch/consumer/dlq on the dead-letter queue of a consumer configuration (its ``[source]``)."""
 
 from __future__ import annotations
 
