@@ -17,7 +17,9 @@ from rowbatch.consumer.engine.pipeline import Pipeline, PipelineSettings
 from rowbatch.consumer.model.handler import ModelHandler
 from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.observe.tracing import PipelineTracing
+from rowbatch.consumer.service.config import ConsumerConfig
 from rowbatch.consumer.sinks.base import Sink
+from rowbatch.consumer.sinks.settings import IcebergSinkSettings, SqliteSinkSettings
 from rowbatch.consumer.sources.base import Delivery
 
 
@@ -38,6 +40,7 @@ def run_pipeline(
     part. Raises ``AssertionError`` unless every delivery was acked. ``vector``: deliveries
     per vector (0: one at a time, as a source without vectors gives them)."""
     spec, binding = MODELS[kind], BINDINGS[kind]
+    SINK_DEFAULTS = SqliteSinkSettings()  # noqa: N806 (a constant of this run)
     source = list_source(deliveries, vector)
 
     async def main() -> float:
@@ -56,6 +59,12 @@ def run_pipeline(
                 passthrough=binding.passthrough,
                 model_name=spec.name,
                 model_version=spec.version,
+                # The rest as the consumer's configuration defaults them:
+                grace_s=ConsumerConfig.model_fields["shutdown_grace_s"].default,
+                write_concurrency=SINK_DEFAULTS.write_concurrency,
+                max_write_rows=SINK_DEFAULTS.max_write_rows,
+                sink_backoff=SINK_DEFAULTS.backoff,
+                commit_interval_s=IcebergSinkSettings.model_fields["commit_interval_s"].default,
             ),
             budget=ByteBudget(budget_bytes),
             metrics=Metrics(),

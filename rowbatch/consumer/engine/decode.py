@@ -106,10 +106,11 @@ def _nbytes(values: NDArray[Any]) -> int:
 
 @dataclass(frozen=True)
 class DecodeLimits:
-    """Sizes past which a message is dead-lettered before it is decoded."""
+    """Sizes past which a message is dead-lettered before it is decoded (the configuration's
+    ``max_message_bytes`` and ``max_attributes_bytes``, which declare the defaults)."""
 
-    max_message_bytes: int = 32 * 1024 * 1024
-    max_attributes_bytes: int = 64 * 1024
+    max_message_bytes: int
+    max_attributes_bytes: int
 
 
 class MessageDecoder:
@@ -123,7 +124,8 @@ class MessageDecoder:
         self._needed = needed_columns
         self._check = check
         self._max_attempts = max_delivery_attempts
-        self._limits = limits or DecodeLimits()
+        self._limits = limits
+        """None: no size limits (the service passes the configured ones)."""
         # The sizes of the needed columns of the last Arrow layout read in place (chunks of
         # one layout share their types mapping, held here so its id cannot be reused): the
         # same dtypes, shapes and view chains, so the same bytes and array overhead.
@@ -206,25 +208,26 @@ class MessageDecoder:
     def _check_sizes(self, delivery: Delivery) -> int:
         """Raises ``PoisonMessage`` for a payload or attributes over the limits; the
         attributes' bytes (names and values)."""
+        limits = self._limits
         size = len(delivery.payload)
-        if size > self._limits.max_message_bytes:
+        if limits is not None and size > limits.max_message_bytes:
             raise PoisonMessage(
                 DeadLetterReason(
                     ReasonClass.UNDECODABLE,
                     f"payload_too_large: payload of {size} bytes exceeds max_message_bytes "
-                    f"({self._limits.max_message_bytes})",
+                    f"({limits.max_message_bytes})",
                     "payload_too_large",
                 )
             )
         attributes = delivery.attributes
         headers = attributes_bytes(attributes)
-        if headers > self._limits.max_attributes_bytes:
+        if limits is not None and headers > limits.max_attributes_bytes:
             raise PoisonMessage(
                 DeadLetterReason(
                     ReasonClass.UNDECODABLE,
                     f"headers_too_large: {len(delivery.attributes)} attributes/headers take "
                     f"{headers} bytes, more than max_attributes_bytes "
-                    f"({self._limits.max_attributes_bytes})",
+                    f"({limits.max_attributes_bytes})",
                     "headers_too_large",
                 )
             )

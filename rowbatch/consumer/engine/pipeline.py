@@ -64,7 +64,7 @@ from rowbatch.consumer.engine.results import (
     split_by_message,
 )
 from rowbatch.consumer.engine.settle import Settler
-from rowbatch.consumer.engine.sink_writer import SINK_BACKOFF, SinkWriter
+from rowbatch.consumer.engine.sink_writer import SinkWriter
 from rowbatch.consumer.engine.stage_context import StageContext
 from rowbatch.consumer.engine.watch import WATCH_INTERVAL_S, PipelineState, Watch
 from rowbatch.consumer.engine.write_stage import WriteStage
@@ -90,8 +90,12 @@ QUEUED_BATCHES_PER_REQUEST = 2
 flight; enough to keep every worker's next batch ready, little to redo after a rebalance."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PipelineSettings:
+    """What the pipeline runs with. The fields without a default come from the consumer's
+    configuration, whose settings types declare their defaults (each once): the service builds
+    this with ``rowbatch.consumer.service.runner.pipeline_settings``."""
+
     target_batch_size: int
     max_wait_s: float
     max_in_flight: int
@@ -104,19 +108,24 @@ class PipelineSettings:
     model_version: str
     """Written with every row; ``""``: each batch's version as the server's response names it
     (servers whose metadata lists no version, e.g. MLServer)."""
-    grace_s: float = 30.0
-    write_concurrency: int = 2
-    """Sink writes at once."""
-    max_write_rows: int = 0
-    """Most rows coalesced into one sink write; 0: four target batches."""
+    grace_s: float
+    """How long a stop waits for in-flight work (``shutdown_grace_s``)."""
+    write_concurrency: int
+    """Sink writes at once (``[sink] write_concurrency``)."""
+    max_write_rows: int
+    """Most rows coalesced into one sink write; 0: four target batches
+    (``[sink] max_write_rows``)."""
+    sink_backoff: Backoff
+    """The waits after a transient sink failure (``[sink] backoff_initial_s`` and
+    ``backoff_max_s``)."""
+    commit_interval_s: float | None
+    """A committing sink's (Parquet, Iceberg) longest wait between commits
+    (``[sink] commit_interval_s``, :mod:`rowbatch.consumer.engine.commit_stage`); None: the
+    sink does not commit its writes."""
     max_write_bytes: int = 2 * 1024 * 1024
     """Batches are coalesced only while their outputs (``output_bytes_per_row`` a row) stay
     under this: a write's encoding buffers live outside the budget, so models with large
     outputs write batch by batch."""
-    sink_backoff: Backoff = SINK_BACKOFF
-    commit_interval_s: float = 60.0
-    """A committing sink's (Iceberg) longest wait between commits
-    (:mod:`rowbatch.consumer.engine.commit_stage`)."""
     queued_rows: int = 0
     """Most rows queued for batching (taken in, not yet in a batch) before intake waits; a
     reading-ahead source holds no more than this either. 0: ``QUEUED_BATCHES_PER_REQUEST``
@@ -304,6 +313,8 @@ class Pipeline:
         progress = source.rows_written if isinstance(source, KeepsRowProgress) else None
         self._commits: CommitStage | None = None
         if isinstance(sink, CommitsWrites):
+            if settings.commit_interval_s is None:
+                raise ValueError(f"{type(sink).__name__} commits its writes: set commit_interval_s")
             self._commits = CommitStage(
                 sink,
                 retrying=writer.retrying,

@@ -23,9 +23,6 @@ from rowbatch.timing import Backoff, Sleep
 
 log = logging.getLogger(__name__)
 
-SINK_BACKOFF = Backoff(0.2, 5.0, jitter=0.3)
-"""The waits after a transient sink failure unless configured (``sink.backoff_*``)."""
-
 PartT = TypeVar("PartT")
 T = TypeVar("T")
 
@@ -44,7 +41,7 @@ class SinkWriter(Generic[PartT]):
         build: Callable[[Sequence[PartT]], ResultRows],
         split: Callable[[PartT], list[PartT]],
         metrics: Metrics,
-        backoff: Backoff | None = None,
+        backoff: Backoff,
         on_pause: Callable[[], None] = lambda: None,
         on_resume: Callable[[], None] = lambda: None,
         sleep: Sleep = asyncio.sleep,
@@ -54,7 +51,7 @@ class SinkWriter(Generic[PartT]):
         self._build = build
         self._split = split
         self._metrics = metrics
-        self._backoff = backoff or SINK_BACKOFF
+        self._backoff = backoff
         self._on_pause = on_pause
         self._on_resume = on_resume
         self._sleep = sleep

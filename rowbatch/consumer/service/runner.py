@@ -53,6 +53,7 @@ from rowbatch.consumer.service.shutdown import (
     unless_stopped,
 )
 from rowbatch.consumer.sinks.base import Sink
+from rowbatch.consumer.sinks.settings import IcebergSinkSettings, ParquetSinkSettings
 from rowbatch.consumer.sources.base import Source
 from rowbatch.consumer.sources.table.settings import TableSettings, table_write_rows
 from rowbatch.tracing import active as tracing_active
@@ -60,7 +61,49 @@ from rowbatch.wire.columns.column_type import ColumnType
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Running", "pipeline_tracing", "run_consumer"]
+__all__ = ["Running", "decode_limits", "pipeline_settings", "pipeline_tracing", "run_consumer"]
+
+
+def pipeline_settings(
+    config: ConsumerConfig,
+    binding: Binding,
+    spec: ModelSpec,
+    *,
+    target_batch_size: int,
+    output_bytes_per_row: int,
+    max_in_flight: int,
+) -> PipelineSettings:
+    """The pipeline's settings: the configured values (whose settings types declare the
+    defaults; ``PipelineSettings`` declares none of them) and what start-up found out about the
+    model."""
+    sink = config.sink
+    max_write_rows = sink.max_write_rows
+    if not max_write_rows and isinstance(config.source, TableSettings):
+        max_write_rows = table_write_rows(target_batch_size, max_in_flight, sink.write_concurrency)
+    return PipelineSettings(
+        target_batch_size=target_batch_size,
+        max_wait_s=config.model.max_wait_ms / 1000,
+        max_in_flight=max_in_flight,
+        output_bytes_per_row=output_bytes_per_row,
+        outputs=binding.outputs,
+        passthrough=binding.passthrough,
+        model_name=spec.name,
+        model_version=spec.version,
+        grace_s=config.shutdown_grace_s,
+        write_concurrency=sink.write_concurrency,
+        max_write_rows=max_write_rows,
+        sink_backoff=sink.backoff,
+        commit_interval_s=(
+            sink.commit_interval_s
+            if isinstance(sink, ParquetSinkSettings | IcebergSinkSettings)
+            else None
+        ),
+    )
+
+
+def decode_limits(config: ConsumerConfig) -> DecodeLimits:
+    """The decoder's size limits, as configured."""
+    return DecodeLimits(config.max_message_bytes, config.max_attributes_bytes)
 
 
 def pipeline_tracing(config: ConsumerConfig, model: str) -> PipelineTracing | None:
@@ -184,33 +227,19 @@ async def run_consumer(
             binding.columns,
             handler.check,
             getattr(config.source, "max_delivery_attempts", None),
-            DecodeLimits(config.max_message_bytes, config.max_attributes_bytes),
+            decode_limits(config),
         )
         source = await _checked_source(
             config, source, spec=spec, decoder=decoder, metrics=metrics, signal=signal, stop=stop
         )
         running.source = source
-        settings = PipelineSettings(
+        settings = pipeline_settings(
+            config,
+            binding,
+            spec,
             target_batch_size=handler.target_batch_size,
-            max_wait_s=config.model.max_wait_ms / 1000,
-            max_in_flight=in_flight,
             output_bytes_per_row=handler.output_bytes_per_row,
-            outputs=binding.outputs,
-            passthrough=binding.passthrough,
-            model_name=spec.name,
-            model_version=spec.version,
-            grace_s=config.shutdown_grace_s,
-            write_concurrency=config.sink.write_concurrency,
-            max_write_rows=config.sink.max_write_rows
-            or (
-                table_write_rows(
-                    handler.target_batch_size, in_flight, config.sink.write_concurrency
-                )
-                if isinstance(config.source, TableSettings)
-                else 0
-            ),
-            sink_backoff=config.sink.backoff,
-            commit_interval_s=getattr(config.sink, "commit_interval_s", 60.0),
+            max_in_flight=in_flight,
         )
         running.model_work_at_risk = settings.model_work_at_risk
         pipeline = Pipeline(

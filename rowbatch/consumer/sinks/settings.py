@@ -60,8 +60,9 @@ class _RollsFiles(_SinkSection):
     target_file_mb: float = Field(default=128.0, gt=0)
     """Data files are rolled (and committed) at about this size."""
     commit_interval_s: float = Field(default=60.0, gt=0)
-    """Longest wait between commits: rows are visible, and their messages acked, at most
-    this long after they were written."""
+    """The sink's commit interval: longest wait between commits of the table (or dataset):
+    rows are visible, and their messages acked, at most this long after they were written.
+    Not Kafka's offset commit interval (``[source] commit_interval_s``)."""
 
     @property
     def target_file_bytes(self) -> int:

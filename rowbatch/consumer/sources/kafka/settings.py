@@ -11,8 +11,9 @@ from typing import Any, Final, Literal
 
 from pydantic import Field, SecretStr, model_validator
 
-from rowbatch.consumer.section import MiB, Section
+from rowbatch.consumer.section import MiB
 from rowbatch.consumer.sources.kafka.errors import KafkaConfigError
+from rowbatch.consumer.sources.scaling_settings import ScalingInputs
 
 _DAY_MS = 24 * 3600 * 1000
 
@@ -32,10 +33,11 @@ the same speed."""
 MIN_FETCH_BYTES: Final = 64 * 1024
 
 
-class KafkaSettings(Section):
+class KafkaSettings(ScalingInputs):
     """An Apache Kafka topic read as a consumer-group member (offsets committed by the
     consumer, per partition, only below records that are written or dead-lettered). See
-    ``sources/kafka/source.py`` for how commits, rebalances, pauses and retries work."""
+    ``sources/kafka/source.py`` for how commits, rebalances, pauses and retries work. The
+    autoscaling inputs shared with Pub/Sub are :class:`ScalingInputs`."""
 
     kind: Literal["kafka"] = "kafka"
     bootstrap_servers: str = Field(min_length=1)
@@ -51,7 +53,10 @@ class KafkaSettings(Section):
     redelivery_backoff_s: float = Field(default=1.0, gt=0)
     redelivery_backoff_max_s: float = Field(default=30.0, gt=0)
     commit_interval_s: float = Field(default=1.0, gt=0)
-    """How often completed offsets are committed (also on rebalance and shutdown)."""
+    """The offset commit interval: how often this consumer commits the group's completed
+    offsets to Kafka (also on rebalance and shutdown). Not the sink's commit interval
+    (``[sink] commit_interval_s``, Parquet and Iceberg), which bounds when written rows become
+    visible; an offset is committed only once its rows are durable in the sink."""
     commit_timeout_s: float = Field(default=10.0, gt=0)
     """How long one offset commit may take (a revoke's commit included)."""
     revoke_grace_s: float = Field(default=5.0, ge=0)
@@ -99,15 +104,6 @@ class KafkaSettings(Section):
     target_latency_s: float = Field(default=20.0, gt=0)
     """For ``rowbatch_desired_replicas``: how long the backlog may take to clear
     (docs/autoscaling.md: 20 s holds a 30 s objective)."""
-    rows_per_s_per_replica: float | None = Field(default=None, gt=0)
-    """For ``rowbatch_desired_replicas``: what one replica sustains; None: measured while
-    the replica is saturated."""
-    rate_window_s: float = Field(default=60.0, gt=0)
-    """For ``rowbatch_desired_replicas``: the group's write rate is a mean over this span."""
-    max_replicas: int | None = Field(default=None, ge=1)
-    """For ``rowbatch_desired_replicas``: the most replicas worth asking for (what the model
-    servers can feed, ``ceil(server rows/s / rows_per_s_per_replica)``); the topic's partition
-    count caps it anyway. None: the partitions alone."""
     dead_letter_timeout_s: float = Field(default=30.0, gt=0)
     """How long a dead letter's produce may take to be acknowledged by the brokers (else the
     record is nacked, not committed)."""

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, model_validator
 
-from rowbatch.consumer.section import MiB, Section
+from rowbatch.consumer.section import MiB
+from rowbatch.consumer.sources.scaling_settings import ScalingInputs
 
 if TYPE_CHECKING:
     from google.cloud.pubsub_v1.types import FlowControl
@@ -21,7 +22,10 @@ RPC_CHUNK = 1000
 512 KB)."""
 
 
-class PubSubSettings(Section):
+class PubSubSettings(ScalingInputs):
+    """A Pub/Sub subscription; the autoscaling inputs shared with Kafka are
+    :class:`ScalingInputs`."""
+
     kind: Literal["pubsub"] = "pubsub"
     subscription: str = Field(pattern=SUBSCRIPTION_PATTERN)
     """Full path: ``projects/P/subscriptions/S``."""
@@ -44,8 +48,8 @@ class PubSubSettings(Section):
     dead-letter policy, which is what makes Pub/Sub count attempts)."""
     mode: Literal["pull", "streaming"] = "pull"
     """``pull``: unary Pull calls with batched acks and leases kept by rowbatch
-    (``sources/pubsub/pull.py``; ~10x less CPU per message, see README "Pub/Sub pull
-    mode"); ``streaming``: google-cloud-pubsub's streaming pull
+    (``sources/pubsub/pull.py``; ~10x less CPU per message, see docs/consumer.md,
+    "Pub/Sub pull mode"); ``streaming``: google-cloud-pubsub's streaming pull
     (``sources/pubsub/streaming.py``)."""
     pull_concurrency: int = Field(default=2, ge=1, le=16)
     """Pull mode: Pull calls in flight at once."""
@@ -57,14 +61,6 @@ class PubSubSettings(Section):
     target_latency_s: float = Field(default=10.0, gt=0)
     """For ``rowbatch_replica_load``/``rowbatch_desired_replicas``: how long the backlog may
     take to clear (docs/autoscaling.md: 10 s holds a 30 s objective best)."""
-    rows_per_s_per_replica: float | None = Field(default=None, gt=0)
-    """For the same: what one replica sustains; None: measured while the replica is
-    saturated."""
-    rate_window_s: float = Field(default=60.0, gt=0)
-    """For the same: receive and write rates are means over this span."""
-    max_replicas: int | None = Field(default=None, ge=1)
-    """For the same: the most replicas worth asking for (what the model servers can feed,
-    ``ceil(server rows/s / rows_per_s_per_replica)``); None: no cap."""
     # Tuning: rarely changed.
     ack_max_ids: int = Field(default=RPC_CHUNK, ge=1, le=RPC_CHUNK)
     """Pull mode: ack ids per Acknowledge/ModifyAckDeadline call (Pub/Sub takes 1,000)."""

@@ -15,11 +15,12 @@ from rowbatch.consumer.engine.answered_queue import AnsweredQueue
 from rowbatch.consumer.engine.batcher import Batch, Segment
 from rowbatch.consumer.engine.budget import ByteBudget
 from rowbatch.consumer.engine.decode import MessageDecoder
-from rowbatch.consumer.engine.pipeline import Pipeline, PipelineSettings
+from rowbatch.consumer.engine.pipeline import Pipeline
 from rowbatch.consumer.engine.results import Answered
 from rowbatch.consumer.model.answer import Answer
 from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.sinks.base import ResultRows
+from tests.unit.consumer.engine.factories import pipeline_settings
 from tests.unit.consumer.engine.test_pipeline import (
     FakeSink,
     FakeSource,
@@ -92,7 +93,7 @@ class HeldSink(FakeSink):
 
 
 async def test_inference_waits_for_a_slow_sink_within_the_stated_bound() -> None:
-    settings = PipelineSettings(
+    settings = pipeline_settings(
         target_batch_size=4,
         max_wait_s=0.0,
         max_in_flight=2,

@@ -42,7 +42,7 @@ from rowbatch.consumer.engine import budget as budget_module
 from rowbatch.consumer.engine.batcher import Batch
 from rowbatch.consumer.engine.budget import ByteBudget, message_cost
 from rowbatch.consumer.engine.decode import MessageDecoder
-from rowbatch.consumer.engine.pipeline import Pipeline, PipelineSettings
+from rowbatch.consumer.engine.pipeline import Pipeline
 from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.observe.tracing import PipelineTracing
 from rowbatch.consumer.sinks.base import ResultRows
@@ -51,6 +51,7 @@ from rowbatch.consumer.sources.kafka.settings import KafkaSettings
 from rowbatch.consumer.sources.kafka.source import KafkaSource
 from rowbatch.wire.chunks.encode import encode_chunk
 from tests.unit import tracing_fixtures
+from tests.unit.consumer.engine.factories import pipeline_settings
 from tests.unit.consumer.engine.test_pipeline import FnModel
 
 REPO = Path(__file__).resolve().parents[4]
@@ -234,7 +235,7 @@ def holding_pipeline(
         sink=NoSink(),  # type: ignore[arg-type]
         decoder=MessageDecoder(needed, lambda chunk: None),
         model=FnModel(run_batch),
-        settings=PipelineSettings(
+        settings=pipeline_settings(
             target_batch_size=10**9,
             max_wait_s=3600,
             max_in_flight=2,
@@ -469,7 +470,7 @@ async def test_intake_yields_so_the_other_stages_run_while_a_source_never_suspen
         sink=sink,  # type: ignore[arg-type]
         decoder=MessageDecoder(("x",), lambda chunk: None),
         model=FnModel(run_batch),
-        settings=PipelineSettings(
+        settings=pipeline_settings(
             target_batch_size=16,
             max_wait_s=3600,
             max_in_flight=2,

@@ -14,7 +14,7 @@ from numpy.typing import NDArray
 from rowbatch.consumer.engine.batcher import Batch
 from rowbatch.consumer.engine.budget import ByteBudget
 from rowbatch.consumer.engine.decode import MessageDecoder
-from rowbatch.consumer.engine.pipeline import Pipeline, PipelineFailed, PipelineSettings
+from rowbatch.consumer.engine.pipeline import Pipeline, PipelineFailed
 from rowbatch.consumer.model.answer import Answer
 from rowbatch.consumer.model.handler import BatchRows
 from rowbatch.consumer.observe.metrics import Metrics
@@ -23,6 +23,7 @@ from rowbatch.consumer.sinks.base import ResultRows, TableSpec
 from rowbatch.consumer.sources.base import DeadLetterReason, Delivery
 from rowbatch.wire.chunks.decode import DecodedChunk
 from rowbatch.wire.chunks.encode import encode_chunk
+from tests.unit.consumer.engine.factories import pipeline_settings
 
 
 class Rejected(Exception):
@@ -172,7 +173,7 @@ def make(
         sink=sink,
         decoder=MessageDecoder(("x",), no_check),
         model=FnModel(run, poison=Rejected),
-        settings=PipelineSettings(
+        settings=pipeline_settings(
             target_batch_size=target,
             max_wait_s=max_wait_s,
             max_in_flight=2,

@@ -19,7 +19,7 @@ from rowbatch.consumer.engine.batcher import Batch, Segment
 from rowbatch.consumer.engine.budget import ByteBudget
 from rowbatch.consumer.engine.decode import MessageDecoder
 from rowbatch.consumer.engine.ledger import Ledger
-from rowbatch.consumer.engine.pipeline import Pipeline, PipelineSettings
+from rowbatch.consumer.engine.pipeline import Pipeline
 from rowbatch.consumer.engine.results import Answered, ResultBuilder, split_by_message
 from rowbatch.consumer.model.answer import Answer
 from rowbatch.consumer.model.binding import Binding
@@ -27,6 +27,7 @@ from rowbatch.consumer.model.handler import OipHandler
 from rowbatch.consumer.model.inference.client import InferenceClient
 from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.sinks.base import ResultRows
+from tests.unit.consumer.engine.factories import pipeline_settings
 from tests.unit.consumer.engine.test_pipeline import (
     FakeSink,
     FakeSource,
@@ -142,7 +143,7 @@ def run_pipeline(source: FakeSource, sink: FakeSink, run: Any, fixed_version: st
         sink=sink,
         decoder=MessageDecoder(("x",), no_check),
         model=FnModel(run),
-        settings=PipelineSettings(
+        settings=pipeline_settings(
             target_batch_size=4,
             max_wait_s=0.0,
             max_in_flight=2,

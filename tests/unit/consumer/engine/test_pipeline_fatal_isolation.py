@@ -18,11 +18,12 @@ from numpy.typing import NDArray
 from rowbatch.consumer.engine.batcher import Batch
 from rowbatch.consumer.engine.budget import ByteBudget
 from rowbatch.consumer.engine.decode import MessageDecoder
-from rowbatch.consumer.engine.pipeline import Pipeline, PipelineSettings
+from rowbatch.consumer.engine.pipeline import Pipeline
 from rowbatch.consumer.model.inference.errors import FatalInferenceError, PoisonInferenceError
 from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.sinks.base import ResultRows
 from rowbatch.wire.dead_letter import ReasonClass
+from tests.unit.consumer.engine.factories import pipeline_settings
 from tests.unit.consumer.engine.test_pipeline import (
     FakeSink,
     FakeSource,
@@ -80,7 +81,7 @@ def pipeline(source: FakeSource, sink: FakeSink, run: RunBatch, metrics: Metrics
         sink=sink,
         decoder=MessageDecoder(("x",), no_check),
         model=FnModel(run, poison=PoisonInferenceError, fatal=FatalInferenceError),
-        settings=PipelineSettings(
+        settings=pipeline_settings(
             target_batch_size=10,
             max_wait_s=3600,  # one batch of all ten messages
             max_in_flight=2,

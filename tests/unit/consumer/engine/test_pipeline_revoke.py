@@ -15,9 +15,10 @@ from numpy.typing import NDArray
 from rowbatch.consumer.engine.batcher import Batch
 from rowbatch.consumer.engine.budget import ByteBudget
 from rowbatch.consumer.engine.decode import MessageDecoder
-from rowbatch.consumer.engine.pipeline import Pipeline, PipelineSettings
+from rowbatch.consumer.engine.pipeline import Pipeline
 from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.sources.base import Delivery, Withdraw, WorkBound
+from tests.unit.consumer.engine.factories import pipeline_settings
 from tests.unit.consumer.engine.test_pipeline import (
     FakeSink,
     FakeSource,
@@ -75,7 +76,7 @@ def make(
         sink=sink,
         decoder=MessageDecoder(("x",), no_check),
         model=FnModel(server.run),
-        settings=PipelineSettings(
+        settings=pipeline_settings(
             target_batch_size=target,
             max_wait_s=60.0,
             max_in_flight=1,
@@ -98,7 +99,7 @@ async def settle_down(pipeline_task: asyncio.Task[None], rounds: int = 500) -> N
 
 
 def test_the_default_work_bound_is_two_batches_per_request_in_flight() -> None:
-    settings = PipelineSettings(
+    settings = pipeline_settings(
         target_batch_size=256,
         max_wait_s=0.05,
         max_in_flight=4,

@@ -17,11 +17,12 @@ from rowbatch.consumer.engine.batcher import Batch
 from rowbatch.consumer.engine.budget import ByteBudget
 from rowbatch.consumer.engine.decode import MessageDecoder
 from rowbatch.consumer.engine.ledger import Ledger
-from rowbatch.consumer.engine.pipeline import Pipeline, PipelineSettings
+from rowbatch.consumer.engine.pipeline import Pipeline
 from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.observe.scaling import ScalingSignal, SignalSettings
 from rowbatch.consumer.sources.base import Delivery
 from rowbatch.wire.chunks.encode import encode_chunk
+from tests.unit.consumer.engine.factories import pipeline_settings
 from tests.unit.consumer.engine.test_pipeline import FakeSink, FakeSource, FnModel, double, no_check
 
 
@@ -78,7 +79,7 @@ async def test_the_oldest_unwritten_age_and_the_receive_age_follow_the_clock() -
         sink=sink,
         decoder=MessageDecoder(("x",), no_check),
         model=FnModel(held),
-        settings=PipelineSettings(
+        settings=pipeline_settings(
             target_batch_size=4,
             max_wait_s=0.0,
             max_in_flight=2,
@@ -156,7 +157,7 @@ async def test_the_watch_reports_backoff_and_full_slots_to_the_signal() -> None:
         sink=FakeSink(),
         decoder=MessageDecoder(("x",), no_check),
         model=FnModel(stuck),
-        settings=PipelineSettings(
+        settings=pipeline_settings(
             target_batch_size=4,
             max_wait_s=0.0,
             max_in_flight=1,

@@ -18,10 +18,11 @@ from prometheus_client import CollectorRegistry
 from rowbatch.consumer.engine.batcher import Batch
 from rowbatch.consumer.engine.budget import ByteBudget
 from rowbatch.consumer.engine.decode import MessageDecoder
-from rowbatch.consumer.engine.pipeline import Pipeline, PipelineSettings
+from rowbatch.consumer.engine.pipeline import Pipeline
 from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.sinks.base import ResultRows, RowsRejected
 from rowbatch.consumer.sources.base import Delivery
+from tests.unit.consumer.engine.factories import pipeline_settings
 from tests.unit.consumer.engine.test_pipeline import (
     FakeSink,
     FakeSource,
@@ -88,7 +89,7 @@ def pipeline(source: FakeSource, sink: FakeSink, metrics: Metrics, budget: ByteB
         sink=sink,
         decoder=MessageDecoder(("x",), no_check),
         model=FnModel(model_run, poison=Rejected),
-        settings=PipelineSettings(
+        settings=pipeline_settings(
             target_batch_size=4,
             max_wait_s=0.0,
             max_in_flight=2,
@@ -257,7 +258,7 @@ def revokable(
         sink=sink,
         decoder=MessageDecoder(("x",), no_check),
         model=FnModel(server.run),
-        settings=PipelineSettings(
+        settings=pipeline_settings(
             target_batch_size=2,
             max_wait_s=60.0,
             max_in_flight=1,

@@ -12,10 +12,11 @@ from numpy.typing import NDArray
 from prometheus_client import generate_latest
 
 from rowbatch.consumer.engine.batcher import Batch
-from rowbatch.consumer.engine.pipeline import Pipeline, PipelineSettings
+from rowbatch.consumer.engine.pipeline import Pipeline
 from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.sinks.base import ResultRows, RowsRejected, SinkUnavailable
 from rowbatch.timing import Backoff
+from tests.unit.consumer.engine.factories import pipeline_settings
 from tests.unit.consumer.engine.test_pipeline import (
     FakeSink,
     FakeSource,
@@ -72,7 +73,7 @@ def pipeline(
         sink=sink,
         decoder=MessageDecoder(("x",), no_check),
         model=FnModel(run),
-        settings=PipelineSettings(
+        settings=pipeline_settings(
             target_batch_size=target,
             max_wait_s=0.0,
             max_in_flight=in_flight,

@@ -18,11 +18,12 @@ from numpy.typing import NDArray
 from rowbatch.consumer.engine.batcher import Batch
 from rowbatch.consumer.engine.budget import ByteBudget
 from rowbatch.consumer.engine.decode import MessageDecoder
-from rowbatch.consumer.engine.pipeline import Pipeline, PipelineSettings
+from rowbatch.consumer.engine.pipeline import Pipeline
 from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.sinks.base import CommitsWrites, ResultRows
 from rowbatch.consumer.sources.base import Delivery, KeepsRowProgress, WrittenRows
 from rowbatch.wire.chunks.encode import encode_chunk
+from tests.unit.consumer.engine.factories import pipeline_settings
 from tests.unit.consumer.engine.test_pipeline import (
     FakeSink,
     FakeSource,
@@ -135,7 +136,7 @@ def build(
         sink=sink,
         decoder=MessageDecoder(("x",), no_check),
         model=FnModel(run, poison=Rejected),
-        settings=PipelineSettings(
+        settings=pipeline_settings(
             target_batch_size=target,
             max_wait_s=0.0,
             max_in_flight=in_flight,

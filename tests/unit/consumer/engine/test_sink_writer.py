@@ -13,6 +13,7 @@ from rowbatch.consumer.engine.sink_writer import SinkWriter
 from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.sinks.base import ResultRows
 from tests.sink_data import make_rows
+from tests.unit.consumer.engine.factories import sink_backoff
 
 
 class KeyedSink:
@@ -40,7 +41,9 @@ async def test_rows_already_there_count_as_duplicates_not_as_written() -> None:
     def build(parts: Sequence[np.ndarray]) -> ResultRows:
         return make_rows(np.concatenate(list(parts)))
 
-    writer = SinkWriter[np.ndarray](sink.write, build=build, split=lambda p: [p], metrics=metrics)
+    writer = SinkWriter[np.ndarray](
+        sink.write, build=build, split=lambda p: [p], metrics=metrics, backoff=sink_backoff()
+    )
     assert await writer.write([np.arange(0, 100)]) == []
     assert await writer.write([np.arange(50, 150)]) == []  # a redelivery overlapping the first
     assert await writer.write([np.arange(0, 150)]) == []  # all of it again

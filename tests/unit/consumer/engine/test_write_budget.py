@@ -35,6 +35,7 @@ from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.sinks.base import ENCODE_SLICE_BYTES, ResultRows
 from rowbatch.consumer.sinks.postgres.sink import slice_rows
 from rowbatch.consumer.sources.base import Delivery
+from tests.unit.consumer.engine.factories import pipeline_settings
 from tests.unit.consumer.engine.test_pipeline import FakeSink, FakeSource, make
 
 DIM = 1024  # 4 KiB of float32 outputs a row
@@ -170,12 +171,8 @@ def settings(**overrides: Any) -> PipelineSettings:
         "max_wait_s": 0.05,
         "max_in_flight": 4,
         "output_bytes_per_row": 16384,
-        "outputs": {"Y": "y"},
-        "passthrough": (),
-        "model_name": "m",
-        "model_version": "1",
     }
-    return PipelineSettings(**(base | overrides))
+    return pipeline_settings(**(base | overrides))
 
 
 def test_the_pipeline_sets_aside_answers_in_flight_and_the_writers_share() -> None:
