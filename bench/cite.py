@@ -41,7 +41,14 @@ from bench.report import Target, targets_table
 from bench.spread import Spread, spread
 
 REPO = Path(__file__).resolve().parent.parent
-CITING = ("README.md", "docs/benchmarks.md", "docs/memory.md", "docs/autoscaling.md")
+CITING = (
+    "README.md",
+    "docs/benchmarks.md",
+    "docs/memory.md",
+    "docs/autoscaling.md",
+    "docs/model-servers.md",
+    "docs/table-mode.md",
+)
 """The Markdown files whose blocks are checked (those present)."""
 
 _BLOCK = re.compile(

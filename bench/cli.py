@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0911 - one per subco
         from bench import autoscale_real  # noqa: PLC0415 - only when asked for
 
         return autoscale_real.main(given[1:])
-    if given[:1] == ["multi_endpoint"]:  # its own stack: two tritonservers (README)
+    if given[:1] == ["multi_endpoint"]:  # its own stack: two tritonservers (docs/model-servers.md)
         from bench import multi_endpoint  # noqa: PLC0415 - only when asked for
 
         return multi_endpoint.main(given[1:])

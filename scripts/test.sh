@@ -39,6 +39,16 @@ echo "[test] ruff"
 .venv/bin/ruff format --check .
 echo "[test] mypy --strict"
 .venv/bin/mypy
+# The docs site (mkdocs.yml; about two seconds): strict, so a link to a missing page, anchor or
+# repository file fails here. Its configuration reference is generated from the settings
+# models (scripts/config_reference.py, typed: checked here too, as scripts/ is no package).
+echo "[test] docs site (mkdocs build --strict)"
+# Never --quiet: it drops the warnings before strict counts them, and the build passes.
+.venv/bin/mypy --strict scripts/config_reference.py scripts/mkdocs_hooks.py
+if ! docs_log=$(NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict 2>&1); then
+  printf '%s\n' "$docs_log" >&2
+  exit 1
+fi
 
 main_version=$(.venv/bin/python -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 main_full=$(.venv/bin/python -c 'import platform; print(platform.python_version())')

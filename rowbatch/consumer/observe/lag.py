@@ -103,7 +103,7 @@ class ThroughputMeter:
 
 
 class LagGauges:
-    """The lag metrics, registered in the consumer's registry (names in the README):
+    """The lag metrics, registered in the consumer's registry (names in docs/observability.md):
 
     - ``rowbatch_kafka_lag{topic,partition}``: end offset - committed offset;
     - ``rowbatch_kafka_lag_total{topic}``: their sum;

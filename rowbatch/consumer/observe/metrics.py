@@ -1,5 +1,5 @@
 """Prometheus metrics, in their own collector registry (one per consumer, so tests and several
-consumers in one process do not collide). Names are documented in the README."""
+consumers in one process do not collide). Names: docs/observability.md."""
 
 from __future__ import annotations
 

@@ -199,7 +199,7 @@ class SignalSettings:
 
 
 class ScalingGauges:
-    """The signal's gauges (names in the README):
+    """The signal's gauges (names in docs/autoscaling.md):
 
     - ``rowbatch_desired_replicas``: the replicas the rule asks for, at least 1 (1 until a
       rate is known);

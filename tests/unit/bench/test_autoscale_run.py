@@ -182,7 +182,8 @@ def test_defaults_are_the_manifests() -> None:
 
 def test_per_replica_rates_are_the_recorded_simulation_inputs() -> None:
     """The simulator's per-replica rates (an end-to-end run of 2026-12-01, kept as constants so
-    the simulation repeats) are the ones its recorded output states, which the README cites."""
+    the simulation repeats) are the ones its recorded output states, which docs/autoscaling.md
+    cites."""
     text = (ROOT / "bench" / "results" / "autoscale-sim-2026-12-02.txt").read_text()
     p = Params()
     line = re.search(r"Per replica ([\d,]+) rows/s \(Pub/Sub\), ([\d,]+) \(Kafka", text)

@@ -4,7 +4,7 @@
 Why: google-cloud-pubsub's streaming pull hands every message to a callback on a thread pool
 and sends every ack through its dispatcher, ~90 us of CPU per message; that caps a consumer at
 about 2,000 small messages a second. Here the cost per message is one protobuf read and a few
-dict operations; the RPCs are per batch. See README "Pub/Sub pull mode" and
+dict operations; the RPCs are per batch. See docs/consumer.md "Pub/Sub pull mode" and
 ``python -m bench.pubsub_intake`` for the measurement.
 
 How it works, one concern a module:
