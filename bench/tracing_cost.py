@@ -50,7 +50,7 @@ from bench.hot_path.fakes import make_deliveries
 from bench.hot_path.per_message import run_messages
 from bench.machine import describe, finish
 from rowbatch.consumer.observe.tracing import PipelineTracing
-from rowbatch.consumer.sources.base import Delivery
+from rowbatch.consumer.sources.delivery import Delivery
 from rowbatch.tracing import traceparent_of
 
 MODES = ("off", "on", "unsampled")

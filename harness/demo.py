@@ -22,7 +22,8 @@ from rowbatch.consumer.service.admin import ensure_source
 from rowbatch.consumer.service.build_io import make_source
 from rowbatch.consumer.service.config import ConsumerConfig, SourceSettings
 from rowbatch.consumer.service.runner import Running, run_consumer
-from rowbatch.consumer.sources.base import DeadLetterReason, Delivery, Source
+from rowbatch.consumer.sources.base import Source
+from rowbatch.consumer.sources.delivery import DeadLetterReason, Delivery
 from rowbatch.producer.loadgen.plan import PlannedMessage, plan_messages
 from rowbatch.producer.loadgen.spec import LoadSpec, MalformedKind
 from rowbatch.producer.publishers.kafka import KafkaPublisher

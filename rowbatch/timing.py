@@ -1,7 +1,8 @@
 """Time, as every part of rowbatch takes it: a ``Clock`` and a ``Sleep`` to inject (tests drive
 them; production passes ``time.monotonic`` and ``asyncio.sleep``), and ``Backoff``, the one
 exponential backoff with jitter used wherever something is retried (model requests, endpoint
-probes, sink writes, start-up waits, publishes). What differs between those is only when they
+probes, sink writes, start-up waits, publishes, and without jitter the sources' calls, pulls,
+re-deliveries and reads). What differs between those is only when they
 give up, which their own retry type says (``InferenceRetry``, ``PublishRetry``)."""
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from dataclasses import dataclass
 
 from tenacity import RetryCallState
 from tenacity.wait import wait_base
+
+_SHARED_RNG = random.Random()  # noqa: S311 (jitter, not secrets)
 
 Clock = Callable[[], float]
 """Monotonic seconds (``time.monotonic``)."""
@@ -37,13 +40,17 @@ class Backoff:
         if self.multiplier < 1.0 or not 0.0 <= self.jitter <= 1.0:
             raise ValueError(f"need multiplier >= 1 and 0 <= jitter <= 1: {self}")
 
-    def wait(self, attempt: int, rng: random.Random) -> float:
-        """Seconds to wait after the ``attempt``-th failure."""
+    def wait(self, attempt: int, rng: random.Random | None = None) -> float:
+        """Seconds to wait after the ``attempt``-th failure. ``rng`` draws the jitter (None: a
+        generator shared by the process); without jitter it is not used, so the waits are
+        exactly ``initial_s``, ``initial_s * multiplier``, ... up to ``max_s``."""
         # Cap the exponent where the wait reaches its maximum: after hours of retries
         # multiplier**n would overflow a float.
-        exponent = min(attempt - 1, self._max_exponent)
+        exponent = min(max(attempt, 1) - 1, self._max_exponent)
         base = min(self.max_s, self.initial_s * self.multiplier**exponent)
-        return float(base * (1.0 - self.jitter * rng.random()))
+        if self.jitter == 0.0:
+            return float(base)
+        return float(base * (1.0 - self.jitter * (rng or _SHARED_RNG).random()))
 
     @property
     def _max_exponent(self) -> int:

@@ -7,7 +7,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from rowbatch.consumer.sources.base import Delivery
+from rowbatch.consumer.sources.delivery import Delivery
 
 
 def broker_costs(messages: Sequence[Delivery], repeat: int) -> dict[str, float]:

@@ -24,7 +24,7 @@ from rowbatch.consumer.sinks.base import ColumnSpec, ResultRows, Sink, TableSpec
 from rowbatch.consumer.sinks.parquet.sink import ParquetSink
 from rowbatch.consumer.sinks.postgres import copy_binary
 from rowbatch.consumer.sinks.sqlite.sink import SqliteSink
-from rowbatch.consumer.sources.base import DeadLetterReason, Delivery
+from rowbatch.consumer.sources.delivery import DeadLetterReason, Delivery
 from rowbatch.wire.chunks.encode import encode_chunk
 
 MODELS = {"text": EMBEDDER, "numeric": SCORER}

@@ -19,7 +19,7 @@ from rowbatch.consumer.model import tensors as binding_module
 from rowbatch.consumer.model.answer import Answer
 from rowbatch.consumer.model.handler import BatchRows, OipHandler
 from rowbatch.consumer.observe.tracing import PipelineTracing
-from rowbatch.consumer.sources.base import Delivery
+from rowbatch.consumer.sources.delivery import Delivery
 from rowbatch.wire.columns.column_type import ColumnType
 
 MSG_STAGES = (

@@ -18,7 +18,7 @@ from rowbatch.consumer.model.inference.retry import RetryingInferencer
 from rowbatch.consumer.sinks.parquet.sink import ParquetSink
 from rowbatch.consumer.sinks.postgres import copy_binary
 from rowbatch.consumer.sinks.sqlite import sink as sqlite_sink
-from rowbatch.consumer.sources.base import Delivery
+from rowbatch.consumer.sources.delivery import Delivery
 from rowbatch.wire.columns.column_type import ColumnType
 
 

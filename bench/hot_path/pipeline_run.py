@@ -20,7 +20,7 @@ from rowbatch.consumer.observe.tracing import PipelineTracing
 from rowbatch.consumer.service.config import ConsumerConfig
 from rowbatch.consumer.sinks.base import Sink
 from rowbatch.consumer.sinks.settings import IcebergSinkSettings, SqliteSinkSettings
-from rowbatch.consumer.sources.base import Delivery
+from rowbatch.consumer.sources.delivery import Delivery
 
 
 def run_pipeline(

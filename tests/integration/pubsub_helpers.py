@@ -17,7 +17,7 @@ from google.pubsub_v1 import types as pstypes
 from google.pubsub_v1.services.publisher import PublisherClient as GapicPublisherClient
 
 from harness.pubsub import PubSubEndpoint
-from rowbatch.consumer.sources.base import Delivery
+from rowbatch.consumer.sources.delivery import Delivery
 from rowbatch.consumer.sources.pubsub.pull import PubSubPullSource
 from rowbatch.consumer.sources.pubsub.settings import PubSubSettings
 from rowbatch.consumer.sources.pubsub.streaming import PubSubSource

@@ -19,7 +19,7 @@ import pytest
 from google.pubsub_v1 import types as pstypes
 
 from harness.pubsub import PubSubEndpoint
-from rowbatch.consumer.sources.base import Delivery
+from rowbatch.consumer.sources.delivery import Delivery
 from rowbatch.consumer.sources.pubsub.settings import PubSubSettings
 from rowbatch.consumer.sources.pubsub.streaming import PubSubSource
 

@@ -36,7 +36,8 @@ from harness.kafka import KafkaEndpoint
 from harness.pubsub import PubSubEndpoint
 from rowbatch.consumer.service.build_io import make_source
 from rowbatch.consumer.service.config import SourceSettings
-from rowbatch.consumer.sources.base import DeadLetterReason, Delivery, Source, SourceConfigError
+from rowbatch.consumer.sources.base import Source, SourceConfigError
+from rowbatch.consumer.sources.delivery import DeadLetterReason, Delivery
 from rowbatch.consumer.sources.kafka.errors import KafkaConfigError
 from rowbatch.consumer.sources.kafka.settings import KafkaSettings
 from rowbatch.consumer.sources.pubsub.errors import PubSubConfigError

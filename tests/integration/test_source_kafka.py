@@ -15,7 +15,7 @@ from aiokafka import TopicPartition
 
 from harness.kafka import KafkaEndpoint
 from harness.proc import free_port
-from rowbatch.consumer.sources.base import DeadLetterReason, Delivery
+from rowbatch.consumer.sources.delivery import DeadLetterReason, Delivery
 from rowbatch.consumer.sources.kafka.errors import KafkaConfigError, KafkaUnreachable
 from rowbatch.consumer.sources.kafka.settings import KafkaSettings
 from rowbatch.consumer.sources.kafka.source import KafkaSource

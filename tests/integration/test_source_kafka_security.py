@@ -16,7 +16,7 @@ import pytest
 from harness.kafka import KafkaEndpoint, KafkaService
 from harness.proc import free_port
 from harness.service import RunDir
-from rowbatch.consumer.sources.base import DeadLetterReason
+from rowbatch.consumer.sources.delivery import DeadLetterReason
 from rowbatch.consumer.sources.kafka.errors import KafkaUnreachable
 from rowbatch.consumer.sources.kafka.source import KafkaSource
 from rowbatch.wire.dead_letter import ReasonClass

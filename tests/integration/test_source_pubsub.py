@@ -25,7 +25,7 @@ from google.api_core import exceptions as gexc
 
 from harness.proc import free_port
 from harness.pubsub import PubSubEndpoint
-from rowbatch.consumer.sources.base import DeadLetterReason, Delivery
+from rowbatch.consumer.sources.delivery import DeadLetterReason, Delivery
 from rowbatch.consumer.sources.pubsub.dead_letters import DLQ_MESSAGE_MAX_BYTES
 from rowbatch.consumer.sources.pubsub.errors import (
     PubSubConfigError,

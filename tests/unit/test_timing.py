@@ -80,3 +80,16 @@ async def test_tenacity_waits_by_the_backoff() -> None:
                 raise RuntimeError("down")
     assert attempts == 4
     assert slept == [0.5, 1.0, 1.5]
+
+
+def test_without_jitter_no_generator_is_needed_or_used() -> None:
+    class NoRandom(random.Random):
+        def random(self) -> float:
+            raise AssertionError("no jitter: not drawn")
+
+    backoff = Backoff(0.1, 2.0, jitter=0.0)
+    assert [backoff.wait(n, NoRandom()) for n in range(1, 7)] == pytest.approx(
+        [0.1, 0.2, 0.4, 0.8, 1.6, 2.0]
+    )
+    assert backoff.wait(3) == pytest.approx(0.4)
+    assert 0.2 <= Backoff(0.4, 1.0, jitter=0.5).wait(1) <= 0.4  # the shared generator

@@ -16,7 +16,7 @@ from numpy.typing import NDArray
 
 from rowbatch.consumer.engine.budget import arrays_overhead, attributes_bytes, held_cost
 from rowbatch.consumer.model.mismatch import SchemaMismatch
-from rowbatch.consumer.sources.base import DeadLetterReason, Delivery
+from rowbatch.consumer.sources.delivery import DeadLetterReason, Delivery
 from rowbatch.wire.chunks.decode import DecodedChunk, decode_chunk
 from rowbatch.wire.dead_letter import ReasonClass
 from rowbatch.wire.errors import WireError

@@ -17,7 +17,7 @@ from rowbatch.consumer.engine.results import Answered
 from rowbatch.consumer.engine.stage_context import StageContext
 from rowbatch.consumer.model.answer import Answer
 from rowbatch.consumer.model.handler import ModelHandler
-from rowbatch.consumer.sources.base import DeadLetterReason
+from rowbatch.consumer.sources.delivery import DeadLetterReason
 from rowbatch.wire.dead_letter import ReasonClass
 
 log = logging.getLogger(__name__)
@@ -90,17 +90,15 @@ class InferenceStage:
         """The batch's answers, as parts for the writer (several when a failure was isolated);
         poison segments are failed here, and those failing for good are nacked."""
         tracing = self._tracing
-        if tracing is None:
-            return await self._answer(batch)
-        with tracing.inference(batch.segments, len(batch)) as span:
-            parts = await self._answer(batch, span)
+        size = len(batch)
+        with tracing.inference(batch.segments, size) as span:
+            parts = await self._answer(batch, size, span)
             whole = len(parts) == 1 and parts[0].batch is batch
             outcome = "answered" if whole else "isolated" if parts else "unanswered"
             tracing.answered(span, parts[0].model_version if parts else "", outcome)
             return parts
 
-    async def _answer(self, batch: Batch, span: object = None) -> list[Answered]:
-        size = len(batch)
+    async def _answer(self, batch: Batch, size: int, span: object) -> list[Answered]:
         self._metrics.batch_size.observe(size)
         self._metrics.batch_fill.observe(size / self._batcher.target)
         try:
@@ -110,8 +108,6 @@ class InferenceStage:
                 log.exception("inference failed for good; nacking the batch's messages")
                 await self._abandon(batch.segments)
                 return []
-            if self._tracing is None:
-                return await self._isolated(batch, span)
             with self._tracing.span("isolate", **{"rowbatch.messages": len(batch.segments)}):
                 return await self._isolated(batch, span)
         return [Answered(batch, answer.outputs, answer.model_version, span)]

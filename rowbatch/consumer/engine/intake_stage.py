@@ -15,16 +15,15 @@ from rowbatch.consumer.engine.gate import Gate
 from rowbatch.consumer.engine.stage_context import StageContext
 from rowbatch.consumer.observe.metrics import observe_many
 from rowbatch.consumer.observe.scaling import ScalingSignal
-from rowbatch.consumer.observe.tracing import TRACED_MESSAGE_BYTES
 from rowbatch.consumer.sources.base import (
     BoundsReadAhead,
     DeliversVectors,
-    Delivery,
     SharesBudget,
     Source,
     WithdrawsDeliveries,
     WorkBound,
 )
+from rowbatch.consumer.sources.delivery import Delivery
 
 _INTAKE_YIELD_EVERY = 32
 """Intake yields to the event loop after this many messages in a row (and whenever the
@@ -180,8 +179,9 @@ class IntakeStage:
         """What holding this message costs until it is settled (see ``message_cost``): the
         raw payload and attributes stay held until the ack, so they count too; so does its
         span when tracing is on."""
-        return rows_cost(delivery, rows, rows.rows * self._output_bytes_per_row) + (
-            0 if self._tracing is None else TRACED_MESSAGE_BYTES
+        return (
+            rows_cost(delivery, rows, rows.rows * self._output_bytes_per_row)
+            + self._tracing.message_bytes
         )
 
     def withdraw(self, deliveries: Sequence[Delivery]) -> list[Delivery]:
@@ -229,8 +229,7 @@ class IntakeStage:
 
     def _accept(self, delivery: Delivery, rows: MessageRows, reserve: int) -> None:
         entry = self._ledger.open(delivery, rows.chunk_id, rows.rows, reserve, self._clock())
-        if self._tracing is not None:
-            self._tracing.opened(entry.key, delivery)
+        self._tracing.opened(entry.key, delivery)
         if rows.rows == 0:
             done = self._ledger.written(entry.key, 0)
             assert done is not None

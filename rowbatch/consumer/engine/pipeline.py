@@ -71,7 +71,7 @@ from rowbatch.consumer.engine.write_stage import WriteStage
 from rowbatch.consumer.model.handler import ModelHandler
 from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.observe.scaling import ScalingSignal
-from rowbatch.consumer.observe.tracing import PipelineTracing
+from rowbatch.consumer.observe.tracing import NO_TRACING, PipelineTracer
 from rowbatch.consumer.sinks.base import BuffersFiles, CommitsWrites, Sink
 from rowbatch.consumer.sources.base import KeepsRowProgress, Source, WorkBound
 from rowbatch.timing import Backoff, Clock, Sleep
@@ -223,12 +223,13 @@ class Pipeline:
         signal: ScalingSignal | None = None,
         watch_interval_s: float = WATCH_INTERVAL_S,
         trim: Callable[[], None] | None = None,
-        tracing: PipelineTracing | None = None,
+        tracing: PipelineTracer | None = None,
     ) -> None:
         """``signal``: told of rows received and written and, every ``watch_interval_s``, of
         the pipeline's state (the autoscaling figure). ``trim``: hands freed memory back to
         the system, every ``watch_interval_s`` (the service passes malloc's). ``tracing``:
-        the spans, when tracing is on."""
+        the spans, when tracing is on (``None``: off, the stages get ``NO_TRACING``)."""
+        tracer = NO_TRACING if tracing is None else tracing
         self._source = source
         self._s = settings
         self._metrics = metrics
@@ -272,7 +273,7 @@ class Pipeline:
             metrics=metrics,
             wall=wall,
             signal=signal,
-            tracing=tracing,
+            tracing=tracer,
         )
         context = StageContext(
             ledger=self._ledger,
@@ -282,7 +283,7 @@ class Pipeline:
             clock=clock,
             rows_queued=rows_queued,
             rows_taken=rows_taken,
-            tracing=tracing,
+            tracing=tracer,
         )
         self._intake = IntakeStage(
             context,

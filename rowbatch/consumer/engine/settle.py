@@ -16,15 +16,10 @@ from rowbatch.consumer.engine.results import Answered
 from rowbatch.consumer.engine.sink_writer import SinkWriter
 from rowbatch.consumer.observe.metrics import Metrics, observe_many
 from rowbatch.consumer.observe.scaling import ScalingSignal
-from rowbatch.consumer.observe.tracing import PipelineTracing
+from rowbatch.consumer.observe.tracing import NO_TRACING, PipelineTracer
 from rowbatch.consumer.sinks.base import Sink
-from rowbatch.consumer.sources.base import (
-    AcksVectors,
-    DeadLetterReason,
-    Delivery,
-    KeepsRowProgress,
-    Source,
-)
+from rowbatch.consumer.sources.base import AcksVectors, KeepsRowProgress, Source
+from rowbatch.consumer.sources.delivery import DeadLetterReason, Delivery
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +40,7 @@ class Settler:
         metrics: Metrics,
         wall: Callable[[], float],
         signal: ScalingSignal | None = None,
-        tracing: PipelineTracing | None = None,
+        tracing: PipelineTracer = NO_TRACING,
     ) -> None:
         self._source = source
         self._deletes_dead_letters = not isinstance(source, KeepsRowProgress)
@@ -71,8 +66,7 @@ class Settler:
             self._metrics.end_to_end_seconds.observe(
                 max(0.0, self._wall() - entry.delivery.publish_time)
             )
-            if self._tracing is not None:
-                self._tracing.closed(entry.key, "acked")
+            self._tracing.closed(entry.key, "acked")
         else:
             if entry.written_rows and self._deletes_dead_letters:
                 await self._writer.retrying(
@@ -100,9 +94,7 @@ class Settler:
         else:
             for delivery in deliveries:
                 await self._source.ack(delivery)
-        if self._tracing is not None:
-            for entry in acked:
-                self._tracing.closed(entry.key, "acked")
+        self._tracing.closed_many((e.key for e in acked), "acked")
         now = self._wall()
         self._metrics.messages_acked.inc(len(acked))
         observe_many(
@@ -144,9 +136,7 @@ class Settler:
         dropped = [self._ledger.abandon(key) for key in self._batcher.withdraw(keys)]
         if not dropped:
             return []
-        if self._tracing is not None:
-            for entry in dropped:
-                self._tracing.closed(entry.key, "withdrawn")
+        self._tracing.closed_many((e.key for e in dropped), "withdrawn")
         self._budget.release_now(sum(e.reserved_bytes for e in dropped))
         self._metrics.inflight_bytes.set(self._budget.used)
         self._metrics.inflight_messages.set(len(self._ledger))
@@ -171,8 +161,7 @@ class Settler:
 
     async def _settle_nack(self, entry: Entry) -> None:
         await self.nack(entry.delivery)
-        if self._tracing is not None:
-            self._tracing.closed(entry.key, "nacked")
+        self._tracing.closed(entry.key, "nacked")
         await self._release(entry)
 
     async def _release(self, entry: Entry) -> None:
@@ -194,10 +183,10 @@ class Settler:
         """Publish ``delivery`` (ledger entry ``key``, ``None`` when it never entered the
         ledger) to the dead-letter topic; nack it if that fails."""
         try:
-            if self._tracing is None:
+            with self._tracing.dead_letter(
+                key, delivery, reason.reason_class.value, reason.code, reason.message
+            ):
                 await self._source.dead_letter(delivery, reason)
-            else:
-                await self._traced_dead_letter(delivery, reason, key)
         except Exception:
             log.exception(
                 "dead-letter publish failed for message %s (chunk %s); nacking it",
@@ -205,11 +194,11 @@ class Settler:
                 chunk_id,
             )
             await self.nack(delivery)
-            if self._tracing is not None and key is not None:
+            if key is not None:
                 self._tracing.closed(key, "nacked")
             return
         self._metrics.dead_lettered.labels(reason.reason_class.value).inc()
-        if self._tracing is not None and key is not None:
+        if key is not None:
             self._tracing.closed(key, "dead_lettered")
         log.warning(
             "dead-lettered message %s: %s: %s",
@@ -217,12 +206,3 @@ class Settler:
             reason.reason_class.value,
             reason.message,
         )
-
-    async def _traced_dead_letter(
-        self, delivery: Delivery, reason: DeadLetterReason, key: int | None
-    ) -> None:
-        assert self._tracing is not None
-        with self._tracing.dead_letter(
-            key, delivery, reason.reason_class.value, reason.code, reason.message
-        ):
-            await self._source.dead_letter(delivery, reason)

@@ -12,7 +12,7 @@ from rowbatch.consumer.engine.batcher import Batcher
 from rowbatch.consumer.engine.ledger import Ledger
 from rowbatch.consumer.engine.settle import Settler
 from rowbatch.consumer.observe.metrics import Metrics
-from rowbatch.consumer.observe.tracing import PipelineTracing
+from rowbatch.consumer.observe.tracing import NO_TRACING, PipelineTracer
 from rowbatch.timing import Clock
 
 
@@ -30,5 +30,5 @@ class StageContext:
     """Set when intake queues rows in the batcher (wakes the batch flush)."""
     rows_taken: asyncio.Event
     """Set when rows leave the batcher (wakes intake waiting for the work bound)."""
-    tracing: PipelineTracing | None = None
-    """The spans, when tracing is on (docs/tracing.md)."""
+    tracing: PipelineTracer = NO_TRACING
+    """The spans (docs/tracing.md); ``NO_TRACING`` when tracing is off."""

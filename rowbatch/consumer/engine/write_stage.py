@@ -19,7 +19,8 @@ from rowbatch.consumer.engine.ledger import Entry
 from rowbatch.consumer.engine.results import Answered, write_cost
 from rowbatch.consumer.engine.sink_writer import SinkWriter
 from rowbatch.consumer.engine.stage_context import StageContext
-from rowbatch.consumer.sources.base import DeadLetterReason, WrittenRows
+from rowbatch.consumer.sources.base import WrittenRows
+from rowbatch.consumer.sources.delivery import DeadLetterReason
 from rowbatch.wire.dead_letter import ReasonClass
 
 
@@ -112,15 +113,9 @@ class WriteStage:
     async def _write(self, parts: Sequence[Answered]) -> None:
         live = [p for p in map(self._live, parts) if p is not None]
         started = self._clock()
-        if self._tracing is None:
+        with self._tracing.write_parts(live) as span:
             rejected = await self._writer.write(live)
-        else:
-            spans = list({id(p.span): p.span for p in live if p.span is not None}.values())
-            rows = sum(len(p.batch) for p in live)
-            messages = sum(len(p.batch.segments) for p in live)
-            with self._tracing.write(spans, rows, messages) as span:
-                rejected = await self._writer.write(live)
-                span.set_attribute("rowbatch.rejected_parts", len(rejected))
+            span.set_attribute("rowbatch.rejected_parts", len(rejected))
         self._metrics.sink_seconds.observe(self._clock() - started)
         failed = {segment for part, _ in rejected for segment in part.batch.segments}
         for part, error in rejected:

@@ -1,5 +1,6 @@
-"""The consumer's spans (docs/tracing.md), made only when tracing is on (the pipeline holds a
-:class:`PipelineTracing` then, ``None`` otherwise, so the hot path pays one ``is None`` test):
+"""The consumer's spans (docs/tracing.md), made only when tracing is on: the pipeline's stages
+always hold a :class:`PipelineTracer` and call it unconditionally, a :class:`PipelineTracing`
+when tracing is on, :data:`NO_TRACING` (whose calls do nothing and allocate nothing) when off:
 
 - ``process <source>`` (CONSUMER), one per message, from intake to its settlement (ack, dead
   letter, nack or withdrawal: ``rowbatch.outcome``), a child of the producer's span the message
@@ -17,20 +18,25 @@ to the server in the request's metadata) and ``backoff`` spans under the inferen
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, Final, Protocol
 
 from opentelemetry import trace
-from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
+from opentelemetry.trace import INVALID_SPAN, Link, Span, SpanKind, Status, StatusCode
 
 from rowbatch.tracing import context_of
 
 __all__ = [
+    "NO_TRACING",
     "SYSTEMS",
     "TRACED_MESSAGE_BYTES",
+    "NoopPipelineTracing",
+    "PipelineTracer",
     "PipelineTracing",
+    "TracedBatch",
     "TracedDelivery",
+    "TracedPart",
     "TracedSegment",
 ]
 
@@ -45,7 +51,7 @@ SYSTEMS: Final = {"pubsub": "gcp_pubsub", "kafka": "kafka", "table": "rowbatch_t
 
 
 class TracedDelivery(Protocol):
-    """What the spans say of a message (a :class:`rowbatch.consumer.sources.base.Delivery`)."""
+    """What the spans say of a message (a :class:`rowbatch.consumer.sources.delivery.Delivery`)."""
 
     @property
     def message_id(self) -> str: ...
@@ -69,6 +75,113 @@ class TracedSegment(Protocol):
     def __len__(self) -> int: ...
 
 
+class TracedBatch(Protocol):
+    """A batch's rows (a :class:`rowbatch.consumer.engine.batcher.Batch`)."""
+
+    @property
+    def segments(self) -> Sequence[TracedSegment]: ...
+
+    def __len__(self) -> int: ...
+
+
+class TracedPart(Protocol):
+    """An answered batch waiting to be written (a
+    :class:`rowbatch.consumer.engine.results.Answered`) and its inference request's span."""
+
+    @property
+    def batch(self) -> TracedBatch: ...
+
+    @property
+    def span(self) -> Any: ...
+
+
+class PipelineTracer(Protocol):
+    """What the pipeline's stages call, tracing on (:class:`PipelineTracing`) or off
+    (:data:`NO_TRACING`). The span context managers yield a span whose methods
+    (``set_attribute``, ``set_status`` ...) may always be called."""
+
+    @property
+    def message_bytes(self) -> int:
+        """What a message's span holds while the message is in flight, charged to its budget:
+        :data:`TRACED_MESSAGE_BYTES`, or 0 when tracing is off."""
+        ...
+
+    def opened(self, key: int, delivery: TracedDelivery) -> None: ...
+
+    def closed(self, key: int, outcome: str) -> None: ...
+
+    def closed_many(self, keys: Iterable[int], outcome: str) -> None: ...
+
+    def dead_letter(
+        self, key: int | None, delivery: TracedDelivery, reason: str, code: str, text: str
+    ) -> AbstractContextManager[Span]: ...
+
+    def inference(
+        self, segments: Sequence[TracedSegment], rows: int
+    ) -> AbstractContextManager[Span]: ...
+
+    def answered(self, span: Span, version: str, outcome: str) -> None: ...
+
+    def span(self, name: str, **attributes: Any) -> AbstractContextManager[Span]: ...
+
+    def write(
+        self, inference_spans: Sequence[Any], rows: int, messages: int
+    ) -> AbstractContextManager[Span]: ...
+
+    def write_parts(self, parts: Sequence[TracedPart]) -> AbstractContextManager[Span]: ...
+
+
+_NO_SPAN: Final[AbstractContextManager[Span]] = nullcontext(INVALID_SPAN)
+"""The one context manager every span of :data:`NO_TRACING` is (reusable: it holds nothing);
+it yields OpenTelemetry's invalid span, which records nothing."""
+
+
+class NoopPipelineTracing:
+    """Tracing off: every call does nothing, and the span context managers are one shared
+    object yielding a span that records nothing (no allocation per call)."""
+
+    __slots__ = ()
+
+    message_bytes: Final = 0
+
+    def opened(self, key: int, delivery: TracedDelivery) -> None:
+        pass
+
+    def closed(self, key: int, outcome: str) -> None:
+        pass
+
+    def closed_many(self, keys: Iterable[int], outcome: str) -> None:
+        pass
+
+    def dead_letter(
+        self, key: int | None, delivery: TracedDelivery, reason: str, code: str, text: str
+    ) -> AbstractContextManager[Span]:
+        return _NO_SPAN
+
+    def inference(
+        self, segments: Sequence[TracedSegment], rows: int
+    ) -> AbstractContextManager[Span]:
+        return _NO_SPAN
+
+    def answered(self, span: Span, version: str, outcome: str) -> None:
+        pass
+
+    def span(self, name: str, **attributes: Any) -> AbstractContextManager[Span]:
+        return _NO_SPAN
+
+    def write(
+        self, inference_spans: Sequence[Any], rows: int, messages: int
+    ) -> AbstractContextManager[Span]:
+        return _NO_SPAN
+
+    def write_parts(self, parts: Sequence[TracedPart]) -> AbstractContextManager[Span]:
+        return _NO_SPAN
+
+
+NO_TRACING: Final[PipelineTracer] = NoopPipelineTracing()
+"""The tracer of a pipeline without tracing (the default)."""
+
+
 class _Message:
     __slots__ = ("delivery", "producer", "span")
 
@@ -81,6 +194,8 @@ class _Message:
 class PipelineTracing:
     """Spans of one pipeline, through the global tracer provider (configured by
     :func:`rowbatch.tracing.start_tracing`)."""
+
+    message_bytes: Final = TRACED_MESSAGE_BYTES
 
     def __init__(self, *, system: str, model: str, sink: str, link_limit: int = 128) -> None:
         self._tracer = trace.get_tracer("rowbatch.consumer")
@@ -126,6 +241,11 @@ class PipelineTracing:
         if message is not None:
             message.span.set_attribute("rowbatch.outcome", outcome)
             message.span.end()
+
+    def closed_many(self, keys: Iterable[int], outcome: str) -> None:
+        """``closed`` for each of ``keys``."""
+        for key in keys:
+            self.closed(key, outcome)
 
     @contextmanager
     def dead_letter(
@@ -228,3 +348,11 @@ class PipelineTracing:
             attributes={"rowbatch.rows": rows, "rowbatch.messages": messages},
         ) as span:
             yield span
+
+    def write_parts(self, parts: Sequence[TracedPart]) -> AbstractContextManager[Span]:
+        """``write`` for the answered ``parts`` of one sink write: linked to their (distinct)
+        inference spans, with their rows and messages."""
+        spans = list({id(p.span): p.span for p in parts if p.span is not None}.values())
+        rows = sum(len(p.batch) for p in parts)
+        messages = sum(len(p.batch.segments) for p in parts)
+        return self.write(spans, rows, messages)

@@ -25,7 +25,8 @@ from rowbatch.consumer.sinks.settings import (
     ParquetSinkSettings,
     PostgresSinkSettings,
 )
-from rowbatch.consumer.sources.base import DeadLetterReason, Delivery, Source, SourceUnreachable
+from rowbatch.consumer.sources.base import Source, SourceUnreachable
+from rowbatch.consumer.sources.delivery import DeadLetterReason, Delivery
 from rowbatch.consumer.sources.kafka.settings import KafkaSettings
 from rowbatch.consumer.sources.pubsub.settings import PubSubSettings
 from rowbatch.consumer.sources.table.settings import TableSettings

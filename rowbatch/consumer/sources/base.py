@@ -1,23 +1,22 @@
 """The ``Source`` seam: a broker adapter yields ``Delivery`` values and settles each one exactly
-once, by ``ack``, ``nack`` or ``dead_letter``."""
+once, by ``ack``, ``nack`` or ``dead_letter``. The values themselves (``Delivery``,
+``DeadLetterReason``) are in :mod:`rowbatch.consumer.sources.delivery`."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
+from dataclasses import dataclass
 from importlib import metadata
 from typing import Protocol, Self, runtime_checkable
 
-from rowbatch.wire.dead_letter import DEFAULT_CODES, ReasonClass
+from rowbatch.consumer.sources.delivery import DeadLetterReason, Delivery
 
 __all__ = [
     "VECTOR_MAX",
     "AcksVectors",
     "BoundsReadAhead",
     "DeadLetterFailed",
-    "DeadLetterReason",
     "DeliversVectors",
-    "Delivery",
     "DeliveryIterator",
     "KeepsRowProgress",
     "SharedBudget",
@@ -58,77 +57,6 @@ class SourceUnreachable(SourceError):
 class DeadLetterFailed(SourceError):
     """The dead-letter publish was not confirmed; the delivery is still unsettled and the
     caller should nack it."""
-
-
-@dataclass(frozen=True)
-class DeadLetterReason:
-    reason_class: ReasonClass
-    message: str
-    """A human sentence naming what is wrong (column, header, row, server message)."""
-    code: str = ""
-    """The fine reason code of docs/wire-format.md section 6 (``missing_header``,
-    ``null_not_allowed``, ``sink_rejected_value``, ...), written as ``rowbatch-dlq-code``.
-    Empty: the class's default from ``DEFAULT_CODES``."""
-
-    def __post_init__(self) -> None:
-        if not self.code:
-            object.__setattr__(self, "code", DEFAULT_CODES[self.reason_class])
-
-
-@dataclass(frozen=True, eq=False)
-class Delivery:
-    """One message as the consumer sees it, whatever the broker. Compared by identity: the
-    same broker message delivered twice is two deliveries."""
-
-    message_id: str
-    """The broker's id: the Pub/Sub message id, or ``topic/partition/offset`` on Kafka."""
-    payload: bytes
-    attributes: Mapping[str, str]
-    """Pub/Sub attributes, or Kafka headers decoded as UTF-8."""
-    publish_time: float
-    """When the broker accepted the message, in Unix seconds."""
-    delivery_attempt: int
-    """1 for the first delivery; 0 when the broker does not count (no dead-letter policy)."""
-    source: str
-    """Where it came from, for dead-letter records: a subscription path, or topic/partition."""
-    ordering_key: str = ""
-    size: int = field(default=0)
-    """Bytes the broker counts against flow control (payload plus attributes)."""
-    row_offset: int = 0
-    """The index, in its chunk, of the message's first row: 0 for a broker message (it is a
-    whole chunk); a table-mode part of a chunk (the rows a restart had left to do, or a half
-    of a dead-lettered chunk) keeps its rows' keys ``(chunk_id, row_offset + i)``."""
-
-    @classmethod
-    def of(
-        cls,
-        *,
-        message_id: str,
-        payload: bytes,
-        attributes: Mapping[str, str],
-        publish_time: float,
-        delivery_attempt: int,
-        source: str,
-        ordering_key: str,
-        size: int,
-        row_offset: int = 0,
-    ) -> Delivery:
-        """The instance, without the frozen dataclass's per-field ``__init__`` (the sources
-        build one per message)."""
-        out = object.__new__(cls)
-        out.__dict__.update(
-            message_id=message_id,
-            payload=payload,
-            attributes=attributes,
-            publish_time=publish_time,
-            delivery_attempt=delivery_attempt,
-            source=source,
-            ordering_key=ordering_key,
-            size=size,
-        )
-        if row_offset:  # else the class default: one dict entry fewer per broker message
-            out.__dict__["row_offset"] = row_offset
-        return out
 
 
 class DeliveryIterator:

@@ -33,7 +33,7 @@ from rowbatch.wire.readers.errors import InputError
 from rowbatch.wire.readers.formats import STDIN, InputFormat
 from rowbatch.wire.readers.rechunk import rechunk
 from rowbatch.wire.readers.schema import parse_schema
-from rowbatch.wire.readers.source import TableSource, open_source
+from rowbatch.wire.readers.source import TableFileReader, open_source
 
 _UNSAFE: Final = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -85,7 +85,7 @@ def _table_name(opts: argparse.Namespace) -> str:
 class _ChunkReader:
     """Reads, converts and splits the input chunk by chunk (runs in a worker thread)."""
 
-    source: TableSource
+    source: TableFileReader
     tables: Iterator[pa.Table]
     publisher: Publisher
     table: str

@@ -3,7 +3,7 @@ batches (never the whole file in memory, except Parquet from stdin), cut into ch
 N rows, and converted to the wire contract's column types with errors that name the file, the
 column and the row.
 
-- :func:`open_source` opens a file (``-`` = stdin) as a :class:`TableSource` (one module per
+- :func:`open_source` opens a file (``-`` = stdin) as a :class:`TableFileReader` (one module per
   format: ``csv``, ``jsonl``, ``parquet``);
 - :func:`rechunk` cuts its record batches into tables of ``rows`` rows;
 - :func:`wire_columns` converts one such table to the columns

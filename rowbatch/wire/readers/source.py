@@ -1,4 +1,4 @@
-"""Opening an input (a file or stdin) as a :class:`TableSource`: its record batches, streamed
+"""Opening an input (a file or stdin) as a :class:`TableFileReader`: its record batches, streamed
 (never the whole file in memory, except Parquet from stdin), with what is known of its size for
 a progress bar, and read errors that name the input."""
 
@@ -44,7 +44,7 @@ class _CountingReader(io.RawIOBase):
 
 
 @dataclass
-class TableSource:
+class TableFileReader:
     """Record batches of one input, with what is known of its size for a progress bar."""
 
     name: str
@@ -87,7 +87,7 @@ class TableSource:
                 close()
         self._closers.clear()
 
-    def __enter__(self) -> TableSource:
+    def __enter__(self) -> TableFileReader:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -124,7 +124,7 @@ def open_source(
     batch_rows: int = 65_536,
     stdin: IO[bytes] | None = None,
     block_bytes: int = BLOCK_BYTES,
-) -> TableSource:
+) -> TableFileReader:
     """Opens ``path`` (``-``: ``stdin``, default ``sys.stdin.buffer``) for streaming; CSV and
     JSON Lines are parsed ``block_bytes`` at a time (a JSON line must fit in one block)."""
     fmt = fmt or infer_format(path)
@@ -134,7 +134,7 @@ def open_source(
     try:
         if fmt is InputFormat.PARQUET:
             batches, total_rows = parquet_batches(path, stdin, batch_rows)
-            return TableSource(name, fmt, _guarded(name, fmt, batches), total_rows=total_rows)
+            return TableFileReader(name, fmt, _guarded(name, fmt, batches), total_rows=total_rows)
     except FileNotFoundError as exc:
         raise InputError(f"{path}: cannot open it: {exc.strerror or exc}") from exc
     except (pa.ArrowException, OSError) as exc:
@@ -145,7 +145,7 @@ def open_source(
         raw: IO[bytes] = stdin
     else:
         try:
-            raw = Path(path).open("rb")  # noqa: SIM115 - closed by TableSource.close
+            raw = Path(path).open("rb")  # noqa: SIM115 - closed by TableFileReader.close
             total_bytes = Path(path).stat().st_size
         except OSError as exc:
             raise InputError(f"{path}: cannot open it: {exc.strerror or exc}") from exc
@@ -161,7 +161,7 @@ def open_source(
         for close in closers:
             close()
         raise _read_error(name, fmt, exc) from exc
-    return TableSource(
+    return TableFileReader(
         name,
         fmt,
         _guarded(name, fmt, batches),
@@ -179,4 +179,4 @@ def _open_text(
     return jsonl_batches(stream, schema, block_bytes)
 
 
-__all__ = ["TableSource", "open_source"]
+__all__ = ["TableFileReader", "open_source"]

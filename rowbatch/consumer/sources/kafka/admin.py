@@ -23,9 +23,12 @@ from rowbatch.consumer.sources.admin_plan import (
     compare,
     step,
 )
+from rowbatch.timing import Backoff, Sleep
 
 RETENTION = "retention.ms"
 _UNKNOWN_TOPIC = 3
+_CONNECT_BACKOFF = Backoff(0.2, 2.0, jitter=0.0)
+"""The waits between tries to connect."""
 
 
 @dataclass(frozen=True)
@@ -103,11 +106,18 @@ async def ensure(
 class AioKafkaAdmin:
     """``KafkaAdmin`` on real brokers. ``client_options``: what the consumer's clients take
     (``bootstrap_servers``, ``client_id``, SASL and TLS). Use as ``async with``; connecting
-    is retried for up to ``timeout_s``."""
+    is retried for up to ``timeout_s`` (waiting with ``sleep``)."""
 
-    def __init__(self, client_options: Mapping[str, Any], timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        client_options: Mapping[str, Any],
+        timeout_s: float = 30.0,
+        *,
+        sleep: Sleep = asyncio.sleep,
+    ) -> None:
         self._options = dict(client_options)
         self._timeout_s = timeout_s
+        self._sleep = sleep
         self._client: Any = None
 
     @property
@@ -117,7 +127,7 @@ class AioKafkaAdmin:
     async def __aenter__(self) -> AioKafkaAdmin:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._timeout_s
-        delay = 0.2
+        failures = 0
         while True:
             client = AIOKafkaAdminClient(
                 **self._options, request_timeout_ms=int(min(self._timeout_s, 10) * 1000)
@@ -127,13 +137,14 @@ class AioKafkaAdmin:
                     await client.start()
             except (KafkaError, OSError, TimeoutError) as exc:
                 await client.close()
+                failures += 1
+                delay = _CONNECT_BACKOFF.wait(failures)
                 if loop.time() + delay >= deadline:
                     raise AdminUnreachable(
                         f"Kafka at {self.address} did not answer within {self._timeout_s:g} s: "
                         f"{type(exc).__name__}: {exc}"
                     ) from exc
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+                await self._sleep(delay)
                 continue
             self._client = client
             return self

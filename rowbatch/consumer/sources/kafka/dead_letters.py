@@ -23,7 +23,7 @@ from typing import Any
 
 from aiokafka.errors import KafkaError
 
-from rowbatch.consumer.sources.base import DeadLetterReason, Delivery
+from rowbatch.consumer.sources.delivery import DeadLetterReason, Delivery
 from rowbatch.consumer.sources.kafka.errors import DeadLetterFailed, KafkaSourceError
 from rowbatch.wire.dead_letter import (
     ATTR_CODE,

@@ -9,7 +9,7 @@ from typing import Any
 
 from aiokafka import TopicPartition
 
-from rowbatch.consumer.sources.base import Delivery
+from rowbatch.consumer.sources.delivery import Delivery
 from rowbatch.wire.errors import WireError
 from rowbatch.wire.headers.fields import H_ROW_COUNT, kafka_headers_to_attributes
 

@@ -19,7 +19,8 @@ from collections.abc import Awaitable, Callable
 from aiokafka import TopicPartition
 from prometheus_client import CollectorRegistry, Counter
 
-from rowbatch.consumer.sources.base import Delivery, Withdraw
+from rowbatch.consumer.sources.base import Withdraw
+from rowbatch.consumer.sources.delivery import Delivery
 from rowbatch.consumer.sources.kafka.partitions import Partitions, show_tps
 from rowbatch.consumer.sources.kafka.readahead import ReadAhead
 from rowbatch.consumer.sources.kafka.records import Held

@@ -48,8 +48,6 @@ from prometheus_client import CollectorRegistry
 from rowbatch.consumer.observe.scaling import ScalingSignal
 from rowbatch.consumer.sources.base import (
     VECTOR_MAX,
-    DeadLetterReason,
-    Delivery,
     DeliveryIterator,
     SharedBudget,
     VectorIterator,
@@ -57,6 +55,7 @@ from rowbatch.consumer.sources.base import (
     WorkBound,
     package_version,
 )
+from rowbatch.consumer.sources.delivery import DeadLetterReason, Delivery
 from rowbatch.consumer.sources.kafka.clients import KafkaClients
 from rowbatch.consumer.sources.kafka.dead_letters import dead_letter_headers, publish_dead_letter
 from rowbatch.consumer.sources.kafka.errors import (
@@ -70,6 +69,7 @@ from rowbatch.consumer.sources.kafka.readahead import ReadAhead
 from rowbatch.consumer.sources.kafka.records import Held, to_delivery
 from rowbatch.consumer.sources.kafka.revoke import Revoker
 from rowbatch.consumer.sources.kafka.settings import KafkaSettings
+from rowbatch.timing import Backoff
 from rowbatch.wire.dead_letter import ReasonClass
 from rowbatch.wire.errors import WireError
 
@@ -114,6 +114,13 @@ class KafkaSource:
         )
         self._partitions = Partitions(config.topic, config.commit_timeout_s)
         self._ahead = ReadAhead(config, self._clients.started_consumer)
+        self._redelivery = Backoff(
+            min(config.redelivery_backoff_s, config.redelivery_backoff_max_s),
+            config.redelivery_backoff_max_s,
+            jitter=0.0,
+        )
+        """The delay of the n-th re-delivery of a record (an initial delay above the cap
+        waits the cap, as it always did)."""
         self._unsettled: dict[Delivery, Held] = {}
         """Yielded and not yet settled."""
         self._revoker = Revoker(
@@ -185,10 +192,7 @@ class KafkaSource:
         if self._closed or not self._partitions.is_current(held):
             return
         held.attempt += 1
-        delay = min(
-            self.config.redelivery_backoff_max_s,
-            self.config.redelivery_backoff_s * 2 ** (held.attempt - 2),
-        )
+        delay = self._redelivery.wait(held.attempt - 1)
         self._ahead.retry(held, time.monotonic() + delay)
         self._changed.set()
 

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-from rowbatch.timing import Clock, Sleep
+from rowbatch.timing import Backoff, Clock, Sleep
 
 T = TypeVar("T")
 
@@ -57,14 +57,17 @@ async def retried(
     sleep: Sleep = asyncio.sleep,
 ) -> T:
     """``call()`` again after each ``retry_on`` error, waiting 0.1 s doubling up to
-    ``max_wait_s``, while the next attempt starts within ``timeout_s``; else its last error."""
+    ``max_wait_s`` (at least 0.1), while the next attempt starts within ``timeout_s``; else its
+    last error."""
+    backoff = Backoff(0.1, max_wait_s, jitter=0.0)
     give_up_at = clock() + timeout_s
-    wait = 0.1
+    failures = 0
     while True:
         try:
             return await call()
         except retry_on:
+            failures += 1
+            wait = backoff.wait(failures)
             if clock() + wait > give_up_at:
                 raise
         await sleep(wait)
-        wait = min(wait * 2, max_wait_s)

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 
 from google.api_core import exceptions as gexc
 
-from rowbatch.consumer.sources.base import DeadLetterReason, Delivery
+from rowbatch.consumer.sources.delivery import DeadLetterReason, Delivery
 from rowbatch.consumer.sources.pubsub.calls import PubSubCalls, retried
 from rowbatch.consumer.sources.pubsub.errors import DeadLetterFailed
 from rowbatch.wire.dead_letter import (

@@ -6,12 +6,8 @@ from __future__ import annotations
 import logging
 
 from rowbatch.consumer.sources.base import DeadLetterFailed as BaseDeadLetterFailed
-from rowbatch.consumer.sources.base import (
-    Delivery,
-    SourceConfigError,
-    SourceError,
-    SourceUnreachable,
-)
+from rowbatch.consumer.sources.base import SourceConfigError, SourceError, SourceUnreachable
+from rowbatch.consumer.sources.delivery import Delivery
 
 
 class PubSubSourceError(SourceError):

@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from rowbatch.consumer.sources.base import Delivery
+from rowbatch.consumer.sources.delivery import Delivery
 from rowbatch.consumer.sources.pubsub.errors import not_held
 from rowbatch.consumer.sources.pubsub.pull_rpc import ReceivedMessage
 

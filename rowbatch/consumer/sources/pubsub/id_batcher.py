@@ -18,7 +18,7 @@ from google.api_core import exceptions as gexc
 
 from rowbatch.consumer.sources.pubsub.pull_rpc import PullRpc
 from rowbatch.consumer.sources.pubsub.tasks import sleep_or_event
-from rowbatch.timing import Clock, Sleep
+from rowbatch.timing import Backoff, Clock, Sleep
 
 _LOG = logging.getLogger(__name__)
 
@@ -31,6 +31,8 @@ TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
     gexc.Unknown,
 )
 """gRPC outcomes worth retrying (the service or the network had a moment)."""
+_RETRY_BACKOFF = Backoff(0.1, 2.0, jitter=0.0)
+"""The waits between tries of a call failing transiently."""
 
 
 class IdBatcher:
@@ -140,17 +142,18 @@ class IdBatcher:
 
     async def _send_with_retry(self, batch: list[str]) -> None:
         give_up_at = self._clock() + self._retry_s
-        backoff = 0.1
+        failures = 0
         while True:
             try:
                 await self._send_call(batch)
             except TRANSIENT_ERRORS as exc:
+                failures += 1
+                backoff = _RETRY_BACKOFF.wait(failures)
                 if self._clock() + backoff > give_up_at:
                     self._give_up(batch, exc)
                     return
                 _LOG.info("%s of %d message(s) failed (%s); retrying", self.what, len(batch), exc)
                 await self._sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
                 continue
             except gexc.GoogleAPICallError as exc:
                 self._give_up(batch, exc)

@@ -37,13 +37,12 @@ from typing import TYPE_CHECKING
 
 from rowbatch.consumer.sources.base import (
     VECTOR_MAX,
-    DeadLetterReason,
-    Delivery,
     DeliveryIterator,
     SharedBudget,
     VectorIterator,
     package_version,
 )
+from rowbatch.consumer.sources.delivery import DeadLetterReason, Delivery
 from rowbatch.consumer.sources.pubsub.calls import PubSubCalls
 from rowbatch.consumer.sources.pubsub.clients import (
     check_credentials,

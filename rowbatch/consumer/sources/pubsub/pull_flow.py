@@ -27,14 +27,16 @@ from rowbatch.consumer.sources.pubsub.held import HeldDeliveries
 from rowbatch.consumer.sources.pubsub.id_batcher import TRANSIENT_ERRORS
 from rowbatch.consumer.sources.pubsub.pull_rpc import PullRpc, ReceivedMessage
 from rowbatch.consumer.sources.pubsub.settings import PubSubSettings
-from rowbatch.timing import Clock, Sleep
+from rowbatch.timing import Backoff, Clock, Sleep
 
 _LOG = logging.getLogger(__name__)
 
 _FAST_EMPTY_S = 0.5
 """An empty answer sooner than this did not long-poll: wait a little before the next Pull."""
-_IDLE_WAIT_S = (0.01, 0.25)
-_BACKOFF_S = (0.1, 10.0)
+_IDLE_WAIT = Backoff(0.01, 0.25, jitter=0.0)
+"""The waits after empty answers in a row that came back at once (reset by messages)."""
+_BACKOFF = Backoff(0.1, 10.0, jitter=0.0)
+"""The waits after a Pull failing transiently (reset by an answer)."""
 _FIRST_PULL = 64
 """With a shared budget, the most messages a pull asks for before any cost was seen."""
 
@@ -116,8 +118,8 @@ async def pull_loop(
     """One pull task: Pull whenever ``flow`` has room and hand each answer to ``receive``
     (with when the call was sent), until the source closes. Transient failures are retried
     with backoff; ``PubSubPullError`` when Pull fails for good."""
-    idle = 0.0
-    backoff = _BACKOFF_S[0]
+    empties = 0
+    failures = 0
     while not flow.closing:
         size = flow.size()
         if size <= 0:
@@ -138,14 +140,15 @@ async def pull_loop(
         finally:
             flow.reserved -= size
         if failed is not None:
+            failures += 1
+            backoff = _BACKOFF.wait(failures)
             _LOG.warning("pull on %s failed (%s); retrying in %g s", subscription, failed, backoff)
             await sleep(backoff)
-            backoff = min(backoff * 2, _BACKOFF_S[1])
             continue
-        backoff = _BACKOFF_S[0]
+        failures = 0
         if received:
-            idle = 0.0
+            empties = 0
             receive(received, sent_at)
         elif clock() - sent_at < _FAST_EMPTY_S:
-            idle = min(max(idle * 2, _IDLE_WAIT_S[0]), _IDLE_WAIT_S[1])
-            await sleep(idle)
+            empties += 1
+            await sleep(_IDLE_WAIT.wait(empties))

@@ -4,7 +4,7 @@ its dead-letter attributes, and the start-up check of the subscription."""
 
 from __future__ import annotations
 
-from rowbatch.consumer.sources.base import DeadLetterReason, Delivery
+from rowbatch.consumer.sources.delivery import DeadLetterReason, Delivery
 from rowbatch.consumer.sources.pubsub.calls import PubSubCalls, SubscriptionInfo
 from rowbatch.consumer.sources.pubsub.dead_letters import DeadLetters, dead_letter_attributes
 from rowbatch.consumer.sources.pubsub.settings import PubSubSettings

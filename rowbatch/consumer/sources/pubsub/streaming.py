@@ -64,12 +64,8 @@ from typing import Any
 
 from google.cloud import pubsub_v1
 
-from rowbatch.consumer.sources.base import (
-    DeadLetterReason,
-    Delivery,
-    DeliveryIterator,
-    package_version,
-)
+from rowbatch.consumer.sources.base import DeliveryIterator, package_version
+from rowbatch.consumer.sources.delivery import DeadLetterReason, Delivery
 from rowbatch.consumer.sources.pubsub.clients import (
     client_address,
     default_publisher,

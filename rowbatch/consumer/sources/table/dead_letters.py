@@ -18,7 +18,7 @@ from typing import Any, Final
 
 import orjson
 
-from rowbatch.consumer.sources.base import DeadLetterReason
+from rowbatch.consumer.sources.delivery import DeadLetterReason
 from rowbatch.consumer.sources.table.reader import Piece
 from rowbatch.consumer.sources.table.state import StateFolder
 from rowbatch.wire.dead_letter import ReasonClass

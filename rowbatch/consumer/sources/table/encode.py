@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
-from rowbatch.consumer.sources.base import DeadLetterReason
+from rowbatch.consumer.sources.delivery import DeadLetterReason
 from rowbatch.consumer.sources.table.reader import Piece
 from rowbatch.wire.chunks.encode import EncodedChunk, encode_chunk
 from rowbatch.wire.columns.column_type import ColumnType

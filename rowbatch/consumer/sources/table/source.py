@@ -31,8 +31,6 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from rowbatch.consumer.sources.base import (
     READ_AHEAD_SHARE,
     VECTOR_MAX,
-    DeadLetterReason,
-    Delivery,
     DeliveryIterator,
     SharedBudget,
     SourceConfigError,
@@ -40,6 +38,7 @@ from rowbatch.consumer.sources.base import (
     WorkBound,
     WrittenRows,
 )
+from rowbatch.consumer.sources.delivery import DeadLetterReason, Delivery
 from rowbatch.consumer.sources.table.checkpoint import Checkpoint, RunIdentity, RunMismatch, Settled
 from rowbatch.consumer.sources.table.dead_letters import (
     records,
@@ -58,6 +57,7 @@ from rowbatch.consumer.sources.table.plan import (
 from rowbatch.consumer.sources.table.reader import Piece, UnitReader
 from rowbatch.consumer.sources.table.settings import TableSettings
 from rowbatch.consumer.sources.table.state import StateFolder
+from rowbatch.timing import Backoff
 from rowbatch.wire.chunks.encode import EncodedChunk
 from rowbatch.wire.readers.schema import parse_schema
 
@@ -65,8 +65,9 @@ log = logging.getLogger(__name__)
 
 WHOLE_CHUNK_CODES: Final = frozenset({"missing_column", "column_type_mismatch", "schema_mismatch"})
 """Dead-letter codes that hold for every row of a chunk alike: not bisected."""
-READ_RETRY_S: Final = (1.0, 60.0)
-"""A failed read waits this long at first, doubling up to the second figure."""
+READ_RETRY: Final = Backoff(1.0, 60.0, jitter=0.0)
+"""The waits after a read (or a state write) failing on the filesystem: 1 s at first, doubling
+up to 60 s."""
 CONTENT_ATTEMPTS: Final = 3
 """Reads of one place in a file that may fail while the store still finds the file before
 the rest of the unit is taken as unreadable (pyarrow reports a corrupt Parquet page as an
@@ -569,16 +570,17 @@ class TableSource:
     async def _durably(self, what: str, write: Callable[..., None], *args: Any) -> None:
         """``write(*args)`` in a thread, again with backoff while the state's filesystem
         fails (an object store down is a pause, not the end of the run)."""
-        wait = READ_RETRY_S[0]
+        failures = 0
         while True:
             try:
                 await asyncio.to_thread(write, *args)
             except OSError as exc:
+                failures += 1
+                wait = READ_RETRY.wait(failures)
                 log.warning(
                     "%s in %s failed (%s); trying again in %.0f s", what, self._s.state, exc, wait
                 )
                 await self._async_sleep(wait)
-                wait = min(wait * 2, READ_RETRY_S[1])
             else:
                 return
 
@@ -641,7 +643,7 @@ class TableSource:
         to ``CONTENT_ATTEMPTS`` times while it does; a read failing otherwise (the file's
         content: not in its format, corrupt) raises ``_UnitFailed`` for the rest."""
         next_row = unit.first_row
-        wait = READ_RETRY_S[0]
+        failures = 0
         content_failures = 0
         while True:
             try:
@@ -650,7 +652,7 @@ class TableSource:
                         continue
                     yield piece
                     next_row = piece.first_row + piece.rows
-                    wait = READ_RETRY_S[0]
+                    failures = 0
                     content_failures = 0
             except TableInputError as exc:
                 cause = exc.__cause__
@@ -663,9 +665,10 @@ class TableSource:
                     content_failures += 1
                     if content_failures >= CONTENT_ATTEMPTS:
                         raise _UnitFailed(Unreadable(unit, next_row, exc)) from exc
+                failures += 1
+                wait = READ_RETRY.wait(failures)
                 log.warning("%s; reading it again in %.0f s", exc, wait)
                 self._sleep(wait)
-                wait = min(wait * 2, READ_RETRY_S[1])
             else:
                 return
 

@@ -14,7 +14,8 @@ from rowbatch.consumer.engine.commit_stage import CommitStage
 from rowbatch.consumer.engine.ledger import Entry, Ledger
 from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.sinks.base import SinkError
-from rowbatch.consumer.sources.base import Delivery, WrittenRows
+from rowbatch.consumer.sources.base import WrittenRows
+from rowbatch.consumer.sources.delivery import Delivery
 
 INTERVAL = 10.0
 PRESSURE = 1000

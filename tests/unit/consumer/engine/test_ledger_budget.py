@@ -6,7 +6,7 @@ import pytest
 
 from rowbatch.consumer.engine.budget import ByteBudget
 from rowbatch.consumer.engine.ledger import Ledger
-from rowbatch.consumer.sources.base import DeadLetterReason, Delivery
+from rowbatch.consumer.sources.delivery import DeadLetterReason, Delivery
 from rowbatch.wire.dead_letter import ReasonClass
 
 

@@ -46,7 +46,8 @@ from rowbatch.consumer.engine.pipeline import Pipeline
 from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.observe.tracing import PipelineTracing
 from rowbatch.consumer.sinks.base import ResultRows
-from rowbatch.consumer.sources.base import DeadLetterReason, Delivery, Source
+from rowbatch.consumer.sources.base import Source
+from rowbatch.consumer.sources.delivery import DeadLetterReason, Delivery
 from rowbatch.consumer.sources.kafka.settings import KafkaSettings
 from rowbatch.consumer.sources.kafka.source import KafkaSource
 from rowbatch.wire.chunks.encode import encode_chunk

@@ -20,7 +20,7 @@ from rowbatch.consumer.model.handler import BatchRows
 from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.observe.tracing import PipelineTracing
 from rowbatch.consumer.sinks.base import ResultRows, TableSpec
-from rowbatch.consumer.sources.base import DeadLetterReason, Delivery
+from rowbatch.consumer.sources.delivery import DeadLetterReason, Delivery
 from rowbatch.wire.chunks.decode import DecodedChunk
 from rowbatch.wire.chunks.encode import encode_chunk
 from tests.unit.consumer.engine.factories import pipeline_settings

@@ -17,7 +17,8 @@ from rowbatch.consumer.engine.budget import ByteBudget
 from rowbatch.consumer.engine.decode import MessageDecoder
 from rowbatch.consumer.engine.pipeline import Pipeline
 from rowbatch.consumer.observe.metrics import Metrics
-from rowbatch.consumer.sources.base import Delivery, Withdraw, WorkBound
+from rowbatch.consumer.sources.base import Withdraw, WorkBound
+from rowbatch.consumer.sources.delivery import Delivery
 from tests.unit.consumer.engine.factories import pipeline_settings
 from tests.unit.consumer.engine.test_pipeline import (
     FakeSink,

@@ -20,7 +20,7 @@ from rowbatch.consumer.engine.ledger import Ledger
 from rowbatch.consumer.engine.pipeline import Pipeline
 from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.observe.scaling import ScalingSignal, SignalSettings
-from rowbatch.consumer.sources.base import Delivery
+from rowbatch.consumer.sources.delivery import Delivery
 from rowbatch.wire.chunks.encode import encode_chunk
 from tests.unit.consumer.engine.factories import pipeline_settings
 from tests.unit.consumer.engine.test_pipeline import FakeSink, FakeSource, FnModel, double, no_check

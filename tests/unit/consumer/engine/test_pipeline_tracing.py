@@ -19,7 +19,7 @@ from opentelemetry.trace import SpanContext, SpanKind, StatusCode, TraceFlags
 import rowbatch.tracing
 from rowbatch.consumer.engine.pipeline import Pipeline
 from rowbatch.consumer.observe.tracing import PipelineTracing
-from rowbatch.consumer.sources.base import DeadLetterReason, Delivery
+from rowbatch.consumer.sources.delivery import DeadLetterReason, Delivery
 from rowbatch.tracing import traceparent_of
 from rowbatch.wire.chunks.encode import encode_chunk
 from tests.unit import tracing_fixtures

@@ -21,7 +21,8 @@ from rowbatch.consumer.engine.decode import MessageDecoder
 from rowbatch.consumer.engine.pipeline import Pipeline
 from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.sinks.base import CommitsWrites, ResultRows
-from rowbatch.consumer.sources.base import Delivery, KeepsRowProgress, WrittenRows
+from rowbatch.consumer.sources.base import KeepsRowProgress, WrittenRows
+from rowbatch.consumer.sources.delivery import Delivery
 from rowbatch.wire.chunks.encode import encode_chunk
 from tests.unit.consumer.engine.factories import pipeline_settings
 from tests.unit.consumer.engine.test_pipeline import (

@@ -34,7 +34,7 @@ from rowbatch.consumer.observe.memory import MemoryCollector, MemorySplit
 from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.sinks.base import ENCODE_SLICE_BYTES, ResultRows
 from rowbatch.consumer.sinks.postgres.sink import slice_rows
-from rowbatch.consumer.sources.base import Delivery
+from rowbatch.consumer.sources.delivery import Delivery
 from tests.unit.consumer.engine.factories import pipeline_settings
 from tests.unit.consumer.engine.test_pipeline import FakeSink, FakeSource, make
 

@@ -20,7 +20,7 @@ from rowbatch.consumer.dlq.selection import SelectionError
 from rowbatch.consumer.service import cli as consumer_cli
 from rowbatch.consumer.service.config import ConfigError, load_config
 from rowbatch.consumer.service.dlq_cli import build_parser, main, open_queue, selection_of
-from rowbatch.consumer.sources.base import DeadLetterReason
+from rowbatch.consumer.sources.delivery import DeadLetterReason
 from rowbatch.consumer.sources.table.dead_letters import (
     records,
     unreadable_record,

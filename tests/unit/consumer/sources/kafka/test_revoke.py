@@ -11,7 +11,8 @@ from collections.abc import Collection, Sequence
 import pytest
 from prometheus_client import generate_latest
 
-from rowbatch.consumer.sources.base import BoundsReadAhead, Delivery, WithdrawsDeliveries, WorkBound
+from rowbatch.consumer.sources.base import BoundsReadAhead, WithdrawsDeliveries, WorkBound
+from rowbatch.consumer.sources.delivery import Delivery
 from tests.unit.consumer.sources.kafka.test_source import (
     TP0,
     TP1,

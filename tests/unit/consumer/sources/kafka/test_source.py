@@ -22,7 +22,7 @@ from rowbatch.consumer.engine.budget import ByteBudget
 from rowbatch.consumer.observe.lag import ThroughputMeter, desired_replicas, partition_lag
 from rowbatch.consumer.section import MiB
 from rowbatch.consumer.service.build_io import make_source
-from rowbatch.consumer.sources.base import DeadLetterReason, Delivery
+from rowbatch.consumer.sources.delivery import DeadLetterReason, Delivery
 from rowbatch.consumer.sources.kafka import errors as kafka_errors
 from rowbatch.consumer.sources.kafka import records as kafka_records
 from rowbatch.consumer.sources.kafka.errors import KafkaConfigError, KafkaUnreachable

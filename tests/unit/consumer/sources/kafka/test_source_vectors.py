@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
-from rowbatch.consumer.sources.base import VECTOR_MAX, Delivery
+from rowbatch.consumer.sources.base import VECTOR_MAX
+from rowbatch.consumer.sources.delivery import Delivery
 from rowbatch.consumer.sources.kafka.source import KafkaSource
 from tests.unit.consumer.sources.kafka.test_source import (
     TOPIC,

@@ -4,7 +4,7 @@ from the pull source's removed dead-letter test, see test_source_contract.py).""
 
 from __future__ import annotations
 
-from rowbatch.consumer.sources.base import DeadLetterReason, Delivery
+from rowbatch.consumer.sources.delivery import DeadLetterReason, Delivery
 from rowbatch.consumer.sources.pubsub.dead_letters import dead_letter_attributes
 from rowbatch.wire.dead_letter import (
     ATTR_CODE,

@@ -18,7 +18,8 @@ from pydantic import ValidationError
 
 from rowbatch.consumer.engine.budget import ByteBudget
 from rowbatch.consumer.service.build_io import make_source
-from rowbatch.consumer.sources.base import READ_AHEAD_SHARE, DeadLetterReason, Delivery, Source
+from rowbatch.consumer.sources.base import READ_AHEAD_SHARE, Source
+from rowbatch.consumer.sources.delivery import DeadLetterReason, Delivery
 from rowbatch.consumer.sources.pubsub.errors import PubSubPullError
 from rowbatch.consumer.sources.pubsub.held import ahead_cost
 from rowbatch.consumer.sources.pubsub.id_batcher import IdBatcher

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from rowbatch.consumer.sources.base import Delivery
+from rowbatch.consumer.sources.delivery import Delivery
 from rowbatch.consumer.sources.pubsub.pull import PubSubPullSource
 from tests.unit.consumer.sources.pubsub.test_pull import (
     Factory,

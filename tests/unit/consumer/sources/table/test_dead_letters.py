@@ -13,7 +13,7 @@ import orjson
 import pyarrow as pa
 import pytest
 
-from rowbatch.consumer.sources.base import DeadLetterReason
+from rowbatch.consumer.sources.delivery import DeadLetterReason
 from rowbatch.consumer.sources.table.dead_letters import (
     DEAD_LETTER_PREFIX,
     JSONL_SUFFIX,

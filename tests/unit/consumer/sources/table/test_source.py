@@ -17,12 +17,8 @@ import pyarrow.parquet as pq
 import pytest
 from prometheus_client import CollectorRegistry
 
-from rowbatch.consumer.sources.base import (
-    DeadLetterReason,
-    Delivery,
-    KeepsRowProgress,
-    SourceConfigError,
-)
+from rowbatch.consumer.sources.base import KeepsRowProgress, SourceConfigError
+from rowbatch.consumer.sources.delivery import DeadLetterReason, Delivery
 from rowbatch.consumer.sources.table import source as source_module
 from rowbatch.consumer.sources.table.checkpoint import RunMismatch
 from rowbatch.consumer.sources.table.dead_letters import read_dead_letters
