@@ -14,10 +14,15 @@ rendered from it:
     ...the tables as that run printed them...
     <!-- /bench -->
 
-    <!-- bench:from bench/results/NAME.txt -->
-    ...prose or a hand-made table: left as written, but every number in it must be one of the
-    file's numbers (as written there, or rounded to the digits the prose shows)...
+    <!-- bench:from bench/results/NAME.txt [#SECTION] [rows: TEXT | TEXT] -->
+    ...prose or a hand-made table: left as written, but every figure in it must be at its
+    place in the file: a range one of the run's ranges, a single one of its single figures
+    (as written there, or rounded to the digits the prose shows; see bench/figure_match.py)...
     <!-- /bench -->
+
+Every page (README.md and docs/**/*.md) is read, and a measured figure outside the blocks (a
+rate, a ratio, a time or CPU per message, a memory peak, a share: bench/figure_scan.py) must
+carry the word "unrecorded" or a ``<!-- not measured: WHY -->`` marker.
 
 ``python -m bench.cite`` rewrites every block from its file; ``python -m bench.cite --check``
 (and ``tests/unit/bench/test_cite.py``) fails naming each block whose text differs from
@@ -36,23 +41,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench import figure_match, figure_scan
 from bench.help_text import description
 from bench.report import Target, targets_table
 from bench.spread import Spread, spread
 
 REPO = Path(__file__).resolve().parent.parent
-CITING = (
-    "README.md",
-    "docs/benchmarks.md",
-    "docs/memory.md",
-    "docs/autoscaling.md",
-    "docs/model-servers.md",
-    "docs/table-mode.md",
-)
-"""The Markdown files whose blocks are checked (those present)."""
+
+
+def citing(root: Path | None = None) -> tuple[str, ...]:
+    """The Markdown files checked: README.md and every page under docs/."""
+    root = root or REPO
+    pages = sorted(p.relative_to(root).as_posix() for p in (root / "docs").rglob("*.md"))
+    return ("README.md", *pages)
+
 
 _BLOCK = re.compile(
-    r"(?P<open><!-- bench:(?P<kind>[a-z]+) (?P<file>\S+) -->\n)"
+    r"(?P<open><!-- bench:(?P<kind>[a-z]+) (?P<file>\S+)(?: (?P<section>[^\n]*?))? -->\n)"
     r"(?P<body>.*?)(?P<close><!-- /bench -->)",
     re.DOTALL,
 )
@@ -269,11 +274,17 @@ def _in(number: str, found: set[str], values: list[float]) -> bool:
     return any(round(v, digits) == want for v in values)
 
 
-def absent_figures(body: str, source: str) -> list[str]:
-    """The numbers of ``body`` that ``source`` does not have (as written, or rounded)."""
-    found = set(_numbers(source))
-    values = [float(n) for n in found]
-    return [n for n in dict.fromkeys(_numbers(body)) if not _in(n, found, values)]
+def absent_figures(
+    body: str, source: str, name: str = "run.txt", where: str | None = None
+) -> list[str]:
+    """The figures of ``body`` that are not at their place in ``source`` (see
+    :mod:`bench.figure_match`), or why the section cannot be found. ``where`` is what follows
+    the file name in the block's opening: ``#SECTION`` and/or ``rows: TEXT | TEXT``."""
+    section, filters = figure_match.parse_where(where or "")
+    try:
+        return figure_match.absent(body, figure_match.of_file(name, source, section, filters))
+    except KeyError as e:
+        return [str(e.args[0])]
 
 
 @dataclass(frozen=True)
@@ -301,8 +312,12 @@ def refresh(text: str, root: Path, doc: str) -> tuple[str, list[Stale]]:
             path = root / cited
             if not path.is_file():
                 stale.append(Stale(doc, cited, "file missing"))
-            elif absent := absent_figures(match["body"], path.read_text()):
-                stale.append(Stale(doc, cited, f"figures not in the file: {', '.join(absent)}"))
+            elif absent := absent_figures(match["body"], path.read_text(), cited, match["section"]):
+                stale.append(
+                    Stale(
+                        doc, cited, f"figures not at their place in the file: {', '.join(absent)}"
+                    )
+                )
             return match[0]
         body = _render(kind, cited, root)
         if body is None:
@@ -316,22 +331,26 @@ def refresh(text: str, root: Path, doc: str) -> tuple[str, list[Stale]]:
     return _BLOCK.sub(one, text), stale
 
 
-def cited_files(root: Path = REPO, docs: Sequence[str] = CITING) -> list[tuple[str, str]]:
+def cited_files(root: Path = REPO, docs: Sequence[str] | None = None) -> list[tuple[str, str]]:
     """(doc, file) for every cited block."""
     return [
         (doc, m["file"])
-        for doc in docs
+        for doc in (citing(root) if docs is None else docs)
         if (root / doc).is_file()
         for m in _BLOCK.finditer((root / doc).read_text())
     ]
 
 
-def check(root: Path = REPO, docs: Sequence[str] = CITING) -> list[Stale]:
+def check(root: Path = REPO, docs: Sequence[str] | None = None) -> list[Stale]:
+    """Every block that is not what its file gives, and every measured figure outside the
+    blocks with no marker (:mod:`bench.figure_scan`)."""
     found: list[Stale] = []
-    for doc in docs:
+    for doc in citing(root) if docs is None else docs:
         path = root / doc
         if path.is_file():
-            found += refresh(path.read_text(), root, doc)[1]
+            text = path.read_text()
+            found += refresh(text, root, doc)[1]
+            found += [Stale(doc, "-", str(u)) for u in figure_scan.unmarked(text, doc)]
     return found
 
 
@@ -340,17 +359,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if stale")
     args = parser.parse_args(argv)
     stale: list[Stale] = []
-    for doc in CITING:
+    for doc in citing():
         path = REPO / doc
-        if not path.is_file():
-            continue
         text, found = refresh(path.read_text(), REPO, doc)
-        stale += found
+        stale += found + [Stale(doc, "-", str(u)) for u in figure_scan.unmarked(text, doc)]
         if not args.check and text != path.read_text():
             path.write_text(text)
             print(f"rewrote the cited blocks of {doc}")
     for s in stale:
-        print(f"{s.doc}: block citing {s.cited}: {s.why}", file=sys.stderr)
+        print(
+            f"{s.doc}: block citing {s.cited}: {s.why}" if s.cited != "-" else s.why,
+            file=sys.stderr,
+        )
     missing = [s for s in stale if s.why != "differs from what the file gives"]  # not rewritable
     return 1 if (stale if args.check else missing) else 0
 

@@ -40,6 +40,7 @@ from bench.stack import (
     sink_config,
     unique,
 )
+from harness.page_cache import evict_libraries
 from rowbatch.consumer.section import MiB
 from rowbatch.producer.publishers.messages import Message
 from rowbatch.wire.chunks.encode import encode_chunk
@@ -266,7 +267,9 @@ class MemoryResult:
                 "its RssFile, the shared libraries' pages); median: of VmRSS during the run; "
                 "bound: budget + 64 MiB; anon peak: highest RssAnon sampled (allocated memory); "
                 "limit: budget + 150 MB; within: peak-ready <= bound and anon peak <= limit; "
-                "peak<=limit: VmHWM, files included, within the limit.",
+                "peak<=limit: VmHWM, files included, within the limit. Page cache: before each "
+                "case the libraries' unmapped pages are evicted (harness/page_cache.py), so each "
+                "consumer maps them as from a cold cache.",
                 "budget max / write max: highest rowbatch_inflight_bytes + "
                 "rowbatch_read_ahead_bytes / rowbatch_write_bytes seen (sampled every 50 ms); "
                 "'at peak': at the sample of highest RSS, what the "
@@ -339,6 +342,7 @@ def run_case(bench: Bench, case: MemoryCase) -> CaseResult:
     backlog_first = case.message_rows == 1
     if backlog_first:
         publish(bench.stack, feed, _messages(case, table))
+    evict_libraries()  # each case's consumer maps its libraries as from a cold page cache
     with consumers(bench.dir("memory"), table, config) as procs:
         proc = procs[0]
         wait_ready(procs)

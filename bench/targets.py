@@ -105,8 +105,9 @@ def check_targets(sections: Mapping[str, Any]) -> list[Target]:
 
 
 def _full_targets(sat: SaturationResult, broker: Broker) -> list[Target]:
-    """16- and 500-row backlogs: the share of the ceiling and the server busy; 500-row against
-    the reference."""
+    """16- and 500-row backlogs: the share of the ceiling and the server busy (no target against
+    the reference: with the server the bottleneck for both, the ratio is ~1x whatever rowbatch
+    does; the share of the ceiling is what measures rowbatch)."""
     found = []
     for size, sink, model in FULL_CASES:
         full = sat.find(broker, size, sink, model=model)
@@ -117,15 +118,6 @@ def _full_targets(sat: SaturationResult, broker: Broker) -> list[Target]:
                     f">= {FULL_SHARE:.0%}, busy >= {FULL_SHARE:.0%}",
                     f"{full.of_measured:.0%}, busy {full.busy:.0%}",
                     full.of_measured >= FULL_SHARE and full.busy >= FULL_SHARE,
-                )
-            )
-        if full is not None and size == 500 and model == MODEL and full.speedup is not None:
-            found.append(
-                Target(
-                    f"saturation 500-row {broker} -> {sink} vs reference",
-                    ">= 1.5x",
-                    times(full.speedup, exact=True),
-                    full.speedup >= 1.5,
                 )
             )
     return found
@@ -151,19 +143,9 @@ def _small_targets(sat: SaturationResult, broker: Broker) -> list[Target]:
                 one.cpu_us_per_row <= SMALL_MESSAGE_CPU_US,
             ),
         ]
-        if one.speedup is not None:
-            found.append(
-                Target(
-                    f"saturation 1-row {broker} vs reference, {MODEL}",
-                    f">= {SMALL_MESSAGE_REFERENCE:g}x",
-                    times(one.speedup, exact=True),
-                    one.speedup >= SMALL_MESSAGE_REFERENCE,
-                )
-            )
-    for size in (500, 1):
+    for size, want in BATCHED_REFERENCE_SPEEDUP.items():
         case = sat.find(broker, size, model=BATCHED_MODEL)
         if case is not None:
-            want = BATCHED_REFERENCE_SPEEDUP[size]
             found.append(
                 Target(
                     f"saturation {size}-row {broker} vs reference, {BATCHED_MODEL}",
@@ -212,15 +194,16 @@ SMALL_MESSAGE_SHARE = {"kafka": 0.9, "pubsub": 0.6}
 """1-row messages: the least share of the measured ceiling, per broker (issue 24)."""
 SMALL_MESSAGE_CPU_US = 30.0
 """1-row messages: the most consumer CPU (user + system, all threads) per message (issue 24)."""
-SMALL_MESSAGE_REFERENCE = 10.0
-"""1-row messages against the one-instance model: the least rowbatch / reference ratio."""
 FULL_SHARE = 0.95
 """16- and 500-row messages: the least share of the measured ceiling, and of the server busy."""
-BATCHED_REFERENCE_SPEEDUP = {500: 1.5, 1: 3.0}
+BATCHED_REFERENCE_SPEEDUP = {1: 3.0}
 """rowbatch over the reference consumer against the model as deployed (dynamic batching, two
-instances), by rows per message. Against the one-instance model without dynamic batching the
-1-row ratio is the model's (no one-request-per-message client passes ~125 rows/s), so it has no
-target."""
+instances), by rows per message: 1-row messages only. No target where the ratio cannot say
+anything about rowbatch: against the one-instance model without dynamic batching the 1-row
+ratio is the model's (a one-request-per-message client cannot pass ~125 rows/s, so any batching
+consumer is >= 10x), and with 500-row messages the server is the bottleneck for both consumers
+(~1x, so a ">= 1.5x" could never be met); the share of the ceiling and the CPU per message are
+the targets that measure rowbatch there."""
 
 
 FULL_CASES: tuple[tuple[int, SinkKind, str], ...] = (

@@ -223,7 +223,7 @@ def test_prose_figures_must_be_in_the_cited_file(tmp_path: Path) -> None:
     assert cite.check(tmp_path, ["README.md"]) == []
     doc.write_text(written.replace("p99 26 s", "p99 24 s").replace("19,368", "19,386"))
     [stale] = cite.check(tmp_path, ["README.md"])
-    assert stale.why == "figures not in the file: 24, 19386"
+    assert stale.why == "figures not at their place in the file: 24, 19386"
     assert cite.refresh(doc.read_text(), tmp_path, "README.md")[0] == doc.read_text()
 
 
