@@ -49,7 +49,7 @@ import rowbatch.tracing
 from bench.hot_path.fakes import make_deliveries
 from bench.hot_path.per_message import run_messages
 from bench.machine import describe, finish
-from rowbatch.consumer.observe.tracing import PipelineTracing
+from rowbatch.consumer.observe.tracing import NO_TRACING, PipelineTracer, PipelineTracing
 from rowbatch.consumer.sources.delivery import Delivery
 from rowbatch.tracing import traceparent_of
 
@@ -115,7 +115,9 @@ def run_mode(mode: str, switch: Switch, cases: dict[str, list[Delivery]], vector
     deliveries = cases["unsampled" if mode == "unsampled" else "sampled"]
     rowbatch.tracing._active = mode != "off"
     switch.ratio = TraceIdRatioBased(0.0 if mode == "unsampled" else 1.0)
-    tracing = None if mode == "off" else PipelineTracing(system="kafka", model="m", sink="null")
+    tracing: PipelineTracer = (
+        NO_TRACING if mode == "off" else PipelineTracing(system="kafka", model="m", sink="null")
+    )
     started = time.process_time()
     run_messages(
         "text",

@@ -51,6 +51,18 @@ class KServeEndpoint:
 
 
 @dataclass(frozen=True)
+class KServeModel:
+    """What a KServe model server serves: the scorer of ``script`` under the name ``name``,
+    its responses carrying ``version``; ``declare_tensors`` False: ModelMetadata lists no
+    inputs or outputs (as for a ``kserve.Model`` that does not declare them)."""
+
+    name: str = "scorer"
+    version: str = "1"
+    declare_tensors: bool = True
+    script: Path = MODEL_SCRIPT
+
+
+@dataclass(frozen=True)
 class KServePorts:
     """The two ports one KServe model server listens on (127.0.0.1)."""
 
@@ -65,9 +77,7 @@ class KServePorts:
 class KServeService(ManagedService[KServeEndpoint]):
     """``with KServeService(run) as endpoint:`` runs the model server until the block ends.
 
-    ``model``: the name it serves the scorer under; ``model_version``: the version its
-    responses carry; ``declare_tensors`` False: ModelMetadata lists no inputs or outputs (as
-    for a ``kserve.Model`` that does not declare them); ``log_level``: KServe's
+    ``model``: what it serves (:class:`KServeModel`); ``log_level``: KServe's
     (``KSERVE_LOGLEVEL``; INFO logs a line per gRPC call, WARNING keeps benchmarks quiet)."""
 
     name = "kserve"
@@ -76,10 +86,7 @@ class KServeService(ManagedService[KServeEndpoint]):
         self,
         run: RunDir,
         *,
-        model: str = "scorer",
-        model_version: str = "1",
-        declare_tensors: bool = True,
-        script: Path = MODEL_SCRIPT,
+        model: KServeModel | None = None,
         log_level: str = "INFO",
         name: str | None = None,
         ports: KServePorts | None = None,
@@ -88,10 +95,11 @@ class KServeService(ManagedService[KServeEndpoint]):
         if name is not None:
             self.name = name
         self.run = run
-        self.model = model
-        self.model_version = model_version
-        self.declare_tensors = declare_tensors
-        self.script = script.resolve()
+        model = model or KServeModel()
+        self.model = model.name
+        self.model_version = model.version
+        self.declare_tensors = model.declare_tensors
+        self.script = model.script.resolve()
         self.log_level = log_level
         self.ports = ports
         self.venv = venv

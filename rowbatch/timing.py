@@ -7,10 +7,13 @@ give up, which their own retry type says (``InferenceRetry``, ``PublishRetry``).
 
 from __future__ import annotations
 
+import asyncio
 import math
 import random
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Final
 
 from tenacity import RetryCallState
 from tenacity.wait import wait_base
@@ -21,6 +24,25 @@ Clock = Callable[[], float]
 """Monotonic seconds (``time.monotonic``)."""
 Sleep = Callable[[float], Awaitable[None]]
 """``asyncio.sleep``."""
+WallClock = Callable[[], float]
+"""Unix seconds (``time.time``)."""
+
+
+@dataclass(frozen=True)
+class Clocks:
+    """The time a component runs on, injected as one value: ``monotonic`` seconds for
+    intervals and deadlines, ``wall`` seconds for timestamps, ``sleep`` to wait, and ``rng``
+    for backoff jitter (None: a generator shared by the process, as :meth:`Backoff.wait`).
+    Production takes :data:`SYSTEM_CLOCKS`; tests pass fakes."""
+
+    monotonic: Clock = time.monotonic
+    wall: WallClock = time.time
+    sleep: Sleep = asyncio.sleep
+    rng: random.Random | None = None
+
+
+SYSTEM_CLOCKS: Final = Clocks()
+"""``time.monotonic``, ``time.time``, ``asyncio.sleep`` and the shared jitter generator."""
 
 
 @dataclass(frozen=True)

@@ -163,7 +163,7 @@ def linked_or_ratio(ratio: float) -> Any:
         def __init__(self) -> None:
             self._ratio = TraceIdRatioBased(ratio)
 
-        def should_sample(  # noqa: PLR0917 (the SDK's signature)
+        def should_sample(
             self,
             parent_context: Any,
             trace_id: int,

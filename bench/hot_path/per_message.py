@@ -18,7 +18,7 @@ from rowbatch.consumer.engine import batcher, decode, ledger, results
 from rowbatch.consumer.model import tensors as binding_module
 from rowbatch.consumer.model.answer import Answer
 from rowbatch.consumer.model.handler import BatchRows, OipHandler
-from rowbatch.consumer.observe.tracing import PipelineTracing
+from rowbatch.consumer.observe.tracing import NO_TRACING, PipelineTracer
 from rowbatch.consumer.sources.delivery import Delivery
 from rowbatch.wire.columns.column_type import ColumnType
 
@@ -58,7 +58,7 @@ def run_messages(
     tensor: bool,
     profile: bool,
     vector: int = 0,
-    tracing: PipelineTracing | None = None,
+    tracing: PipelineTracer = NO_TRACING,
 ) -> tuple[float, Stages, pstats.Stats | None]:
     """(total CPU s, stages, profile) for the pipeline over ``deliveries`` with a null sink and
     a model that answers at once (``tracing``: its spans, bench/tracing_cost.py)."""
@@ -113,7 +113,6 @@ def run_messages(
             sink=NullSink(),
             check=check,
             model=model,
-            budget_bytes=1 << 40,
             profile=profile,
             vector=vector,
             tracing=tracing,

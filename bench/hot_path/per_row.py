@@ -54,7 +54,6 @@ def run_once(
             sink=make_sink(sink_name, Path(folder)),
             check=check,
             model=handler,
-            budget_bytes=1 << 30,
             profile=profile,
         )
     rows = sum(int(d.attributes["rowbatch-row-count"]) for d in deliveries)

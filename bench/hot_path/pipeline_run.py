@@ -13,14 +13,19 @@ from bench.hot_path.fakes import BINDINGS, MODELS, TABLES, list_source
 from bench.hot_path.timers import profiled
 from rowbatch.consumer.engine.budget import ByteBudget
 from rowbatch.consumer.engine.decode import MessageDecoder, SchemaCheck
-from rowbatch.consumer.engine.pipeline import Pipeline, PipelineSettings
+from rowbatch.consumer.engine.gate import Gate
+from rowbatch.consumer.engine.pipeline import Pipeline, PipelineHooks, PipelineSettings
+from rowbatch.consumer.engine.stage_context import Telemetry
 from rowbatch.consumer.model.handler import ModelHandler
 from rowbatch.consumer.observe.metrics import Metrics
-from rowbatch.consumer.observe.tracing import PipelineTracing
+from rowbatch.consumer.observe.tracing import NO_TRACING, PipelineTracer
 from rowbatch.consumer.service.config import ConsumerConfig
 from rowbatch.consumer.sinks.base import Sink
 from rowbatch.consumer.sinks.settings import IcebergSinkSettings, SqliteSinkSettings
 from rowbatch.consumer.sources.delivery import Delivery
+
+UNBOUNDED = 1 << 40
+"""The byte budget of a hot-path run: larger than anything it holds."""
 
 
 def run_pipeline(
@@ -30,21 +35,22 @@ def run_pipeline(
     sink: Sink,
     check: SchemaCheck,
     model: ModelHandler,
-    budget_bytes: int,
     profile: bool,
     vector: int = 0,
-    tracing: PipelineTracing | None = None,
+    tracing: PipelineTracer = NO_TRACING,
 ) -> tuple[float, pstats.Stats | None]:
     """(CPU s of ``Pipeline.run``, profile) for the pipeline over ``deliveries`` with the
     ``kind`` model's binding. The sink is opened before and closed after, outside the timed
     part. Raises ``AssertionError`` unless every delivery was acked. ``vector``: deliveries
-    per vector (0: one at a time, as a source without vectors gives them)."""
+    per vector (0: one at a time, as a source without vectors gives them). The budget is
+    :data:`UNBOUNDED`: the run measures CPU, never waits for memory."""
     spec, binding = MODELS[kind], BINDINGS[kind]
     SINK_DEFAULTS = SqliteSinkSettings()  # noqa: N806 (a constant of this run)
     source = list_source(deliveries, vector)
 
     async def main() -> float:
         await sink.open(TABLES[kind])
+        metrics = Metrics()
         pipe = Pipeline(
             source=source,
             sink=sink,
@@ -66,9 +72,9 @@ def run_pipeline(
                 sink_backoff=SINK_DEFAULTS.backoff,
                 commit_interval_s=IcebergSinkSettings.model_fields["commit_interval_s"].default,
             ),
-            budget=ByteBudget(budget_bytes),
-            metrics=Metrics(),
-            tracing=tracing,
+            budget=ByteBudget(UNBOUNDED),
+            telemetry=Telemetry(metrics, tracing=tracing),
+            hooks=PipelineHooks(Gate(metrics)),
         )
         started = time.process_time()
         await pipe.run(asyncio.Event())

@@ -1,10 +1,10 @@
 """rowbatch producer: the publishing side. ``publishers`` (Pub/Sub, Kafka, and what they share),
 ``loadgen`` (generated tables), ``cli`` (the ``rowbatch-producer`` command); the wire contract it
 encodes, and the readers of its input tables (CSV, JSON Lines, Parquet, shared with the
-consumer's table mode), are :mod:`rowbatch.wire` and :mod:`rowbatch.wire.readers`.
+consumer's table mode), are :mod:`rowbatch.wire` and :mod:`rowbatch.tables`.
 
 The publishing library's public API is here, each name loaded from the module that defines it
-when first used (so importing ``rowbatch.wire.readers`` or the CLI's parser costs no broker
+when first used (so importing ``rowbatch.tables`` or the CLI's parser costs no broker
 client)::
 
     from rowbatch.producer import KafkaPublisher, publish_rows

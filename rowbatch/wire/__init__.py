@@ -8,6 +8,7 @@ it; it is the one package of ``rowbatch.wire`` that re-exports (code inside ``ro
 from the defining modules):
 
 - :func:`encode_chunk` columns -> :class:`EncodedChunk` (payload bytes + :class:`ChunkHeaders`)
+  (:class:`EncodeOptions`: the ordering key, production time and compression)
 - :func:`split_rows` the same, cut into several chunks that each fit a byte limit
 - :func:`decode_chunk` payload + attributes -> :class:`DecodedChunk` (typed numpy columns)
 - :class:`ChunkHeaders` attributes (Pub/Sub) / headers (Kafka) of a chunk
@@ -16,7 +17,7 @@ from the defining modules):
 """
 
 from rowbatch.wire.chunks.decode import DecodedChunk, decode_chunk
-from rowbatch.wire.chunks.encode import EncodedChunk, build_columns, encode_chunk
+from rowbatch.wire.chunks.encode import EncodedChunk, EncodeOptions, build_columns, encode_chunk
 from rowbatch.wire.chunks.split import (
     KAFKA_DEFAULT_MAX_MESSAGE_BYTES,
     PUBSUB_MAX_MESSAGE_BYTES,
@@ -100,6 +101,7 @@ __all__ = [
     "CorruptArrow",
     "DecodedChunk",
     "DuplicateColumn",
+    "EncodeOptions",
     "EncodedChunk",
     "Encoding",
     "HeaderError",

@@ -1,7 +1,9 @@
-"""The consumer end to end on the real Kafka broker, Triton (the scorer model) and a real sink:
-a consumer group that grows and shrinks while rows are published writes every row exactly
-once and commits to the end; poison records land in the dead-letter topic with their
-reasons and everything else is written once."""
+"""The consumer end to end on the real Kafka broker, Triton and a real sink, what only Kafka
+has: a consumer group that grows and shrinks while rows are published writes every row exactly
+once and commits to the end; a consumer killed with kill -9 mid-run and restarted leaves every
+row once; records in flight across a rebalance are written by two members but stored once.
+What both brokers share (a backlog in full batches, poison, a server outage) is in
+test_consumer.py; the helpers here are shared with other integration tests."""
 
 from __future__ import annotations
 
@@ -10,7 +12,6 @@ import contextlib
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -32,12 +33,8 @@ from harness.proc import free_port, log_tail
 from harness.reference_models import score
 from harness.service import REPO_ROOT
 from harness.triton import TritonEndpoint
-from rowbatch.consumer.service.build_io import make_source
 from rowbatch.consumer.service.config import ConsumerConfig
-from rowbatch.consumer.service.runner import Running, run_consumer
 from rowbatch.consumer.sinks.settings import PostgresSinkSettings
-from rowbatch.consumer.sources.kafka.settings import KafkaSettings
-from rowbatch.consumer.sources.kafka.source import KafkaSource
 from rowbatch.wire.chunks.encode import EncodedChunk, encode_chunk
 from tests.integration.consumer_helpers import InProcess, consumer_running, wait_until
 from tests.integration.kafka_helpers import (
@@ -46,13 +43,11 @@ from tests.integration.kafka_helpers import (
     group_offsets,
     paced_producer,
     produce,
-    read_all,
 )
 from tests.integration.test_consumer_pubsub import (
     dead_lettered,
     read_results,
     text_chunk,
-    triton_batch_rows,
 )
 
 REWRITTEN_MAX = 0.01
@@ -242,127 +237,6 @@ async def test_a_group_that_grows_and_shrinks_mid_run_writes_every_row_exactly_o
     assert desired == 1  # no backlog left: the floor
 
 
-@pytest.mark.timeout(600)
-async def test_a_backlog_drains_in_full_batches(
-    kafka: KafkaEndpoint, triton: TritonEndpoint, tmp_path: Path
-) -> None:
-    """One consumer, 50,000 rows already waiting: the figure is its rows/s; Triton runs
-    nearly all of them in full batches."""
-    t = await KafkaTopics.create(kafka, partitions=6)
-    total = 50_000
-    chunks, expected = scorer_chunks(total, seed=3, max_rows=3000)
-    await produce(kafka, t.topic, [chunk_record(c) for c in chunks])
-    sink = {"kind": "sqlite", "path": str(tmp_path / "r.sqlite"), "table": "scores"}
-    before = triton_batch_rows(triton, "scorer")
-    async with started(kafka_config(t, triton, sink)) as run:
-        registry = run.running[0].metrics.registry
-        began = time.monotonic()
-        await wait_until(lambda: written(registry) >= total, 300, "every row written", run.task)
-        took = time.monotonic() - began
-        await wait_until(lag_is_zero(run, t.topic), 60, "lag at 0", run.task)
-        rate = registry.get_sample_value("rowbatch_rows_per_s_per_replica")
-        await run.stop_and_wait()
-    got = read_results("sqlite", tmp_path / "r.sqlite", "scores")
-    assert set(got) == set(expected)
-    after = triton_batch_rows(triton, "scorer")
-    executed = {size: after.get(size, 0) - before.get(size, 0) for size in after}
-    assert sum(executed.values()) == total
-    # Full batches: 256 (the preferred size), or two of them merged by Triton's dynamic
-    # batcher when requests arrive together (max_batch_size 512).
-    full = sum(rows for size, rows in executed.items() if size >= 256)
-    assert full >= 0.95 * total, f"rows per Triton batch size: {executed}"
-    print(
-        f"\n{total} rows in {len(chunks)} records, one consumer: {took:.1f} s "
-        f"({total / took:.0f} rows/s); measured rows/s per replica gauge: {rate}"
-    )
-
-
-@pytest.mark.timeout(300)
-async def test_poison_records_go_to_the_dead_letter_topic_with_reasons(
-    kafka: KafkaEndpoint, triton: TritonEndpoint, tmp_path: Path
-) -> None:
-    t = await KafkaTopics.create(kafka, partitions=3)
-    chunks, expected = scorer_chunks(6000, seed=9, max_rows=200)
-    good = [chunk_record(c) for c in chunks]
-    template = chunks[0]
-    wrong_type = encode_chunk(
-        "events",
-        {
-            "id": [f"id-{i}" for i in range(3)],
-            "features": np.zeros((3, 16), dtype=np.float32),
-            "count": np.arange(3, dtype=np.int64),
-        },
-        "json",
-        "wrong-type",
-    )
-    no_content_type = [(k, v) for k, v in template.kafka_headers if k != "content-type"]
-    bad_header = [*template.kafka_headers, ("note", b"\xff\xfe not utf-8")]
-    poison = {
-        "garbage": (b"garbage", b"\x00garbage{", template.kafka_headers),
-        "wrong-type": chunk_record(wrong_type),
-        "no-content-type": (b"nct", template.payload, no_content_type),
-        "bad-header": (b"bh", template.payload, bad_header),
-    }
-    reasons = {
-        "garbage": "undecodable",
-        "wrong-type": "schema-mismatch",
-        "no-content-type": "undecodable",
-        "bad-header": "undecodable",
-    }
-    codes = {
-        "garbage": "corrupt_arrow",  # the template chunk is Arrow
-        "wrong-type": "column_type_mismatch",
-        "no-content-type": "missing_header",
-        "bad-header": "invalid_header",
-    }
-    await produce(kafka, t.topic, good[: len(good) // 2])
-    sent = await produce(kafka, t.topic, list(poison.values()))
-    await produce(kafka, t.topic, good[len(good) // 2 :])
-    ids = {
-        name: f"{t.topic}/{meta.partition}/{meta.offset}"
-        for name, meta in zip(poison, sent, strict=True)
-    }
-
-    sink = {"kind": "sqlite", "path": str(tmp_path / "r.sqlite"), "table": "scores"}
-    async with started(kafka_config(t, triton, sink)) as run:
-        registry = run.running[0].metrics.registry
-        await wait_until(
-            lambda: written(registry) >= len(expected), 120, "good rows written", run.task
-        )
-        await wait_until(lambda: lag_total(registry, t.topic) == 0, 60, "lag at 0", run.task)
-        await run.stop_and_wait()
-        # The bad header never reaches the pipeline: the source dead-letters it itself, and
-        # it is counted all the same (every dead letter once, whoever sends it).
-        assert dead_lettered(registry) == {"undecodable": 3, "schema-mismatch": 1}
-
-    dead = await read_all(kafka, t.dlq)
-    by_id = {dict(r.headers)["rowbatch-dlq-message-id"].decode(): r for r in dead}
-    assert len(dead) == len(poison) == len(by_id)
-    assert set(by_id) == set(ids.values())
-    for name, message_id in ids.items():
-        record = by_id[message_id]
-        headers = dict(record.headers)
-        key, value, original = poison[name]
-        assert record.key == key
-        assert record.value == value
-        for k, v in original:
-            assert headers[k] == v, (name, k)
-        assert headers["rowbatch-dlq-reason"].decode() == reasons[name], name
-        assert headers["rowbatch-dlq-code"].decode() == codes[name], name
-        assert headers["rowbatch-dlq-message"]
-        assert headers["rowbatch-dlq-topic"].decode() == t.topic
-        partition, offset = message_id.rsplit("/", 2)[1:]
-        assert headers["rowbatch-dlq-partition"].decode() == partition
-        assert headers["rowbatch-dlq-offset"].decode() == offset
-        assert headers["rowbatch-dlq-delivery-attempt"] == b"1"
-    assert b"id" in dict(by_id[ids["wrong-type"]].headers)["rowbatch-dlq-message"]
-
-    got = read_results("sqlite", tmp_path / "r.sqlite", "scores")
-    assert set(got) == set(expected)
-    committed, end = await group_offsets(kafka, t.topic, t.group, t.partitions)
-    assert committed == end
-
-
 # --- kill -9 a consumer process mid-run and restart it -----------------------------------------
 
 
@@ -494,7 +368,7 @@ async def test_kill_9_of_a_consumer_mid_run_and_a_restart_leave_every_row_exactl
     print(f"\nkill -9 at {killed_at}/{total} rows written; restarted; every row once")
 
 
-# --- slow batches: work in flight across a rebalance; a server outage ------------------------
+# --- slow batches: work in flight across a rebalance -----------------------------------------
 
 
 @pytest.fixture
@@ -572,73 +446,3 @@ async def test_records_in_flight_across_a_rebalance_are_written_by_two_members_b
     committed, end = await group_offsets(kafka, t.topic, t.group, t.partitions)
     assert committed == end
     print(f"\nrows written twice across the rebalance: {twice:.0f}; in the table once each")
-
-
-@pytest.mark.timeout(300)
-async def test_a_20_s_server_outage_pauses_within_budget_without_leaving_the_group(
-    kafka: KafkaEndpoint, chaos_model: TritonEndpoint, tmp_path: Path
-) -> None:
-    """The model answers UNAVAILABLE for 20 s (more than session_timeout_ms=6 s and
-    max_poll_interval_ms=10 s) while 20,000 rows wait: consumption pauses (the partitions are
-    paused, polling goes on), the member keeps its partitions, memory in flight stays inside
-    the 32 MiB budget, nothing is dead-lettered and nothing is lost."""
-    ChaosControl(delay_s=0.05).write(chaos_model.chaos_control)
-    t = await KafkaTopics.create(kafka, partitions=3)
-    chunks = [text_chunk(n, 100) for n in range(200)]  # 20,000 rows
-    await produce(kafka, t.topic, [chunk_record(c) for c in chunks[:20]])
-    sink = {"kind": "sqlite", "path": str(tmp_path / "r.sqlite"), "table": "emb"}
-    budget = 32 * 1024 * 1024
-    base = chaos_config(t, chaos_model, sink, max_poll_interval_ms=10_000).model_dump()
-    config = ConsumerConfig.model_validate({**base, "budget_bytes": budget})
-    assert isinstance(config.source, KafkaSettings)
-    stop = asyncio.Event()
-    running: list[Running] = []
-    source = make_source(config.source)
-    assert isinstance(source, KafkaSource)
-    task = asyncio.create_task(run_consumer(config, stop, source=source, on_running=running.append))
-    try:
-        await wait_until(lambda: bool(running), 60, "consumer start", task)
-        registry = running[0].metrics.registry
-        await wait_until(lambda: written(registry) >= 1000, 60, "first rows", task)
-        assert source.assignments == 1
-        outage_s = 20.0
-        ChaosControl(unavailable_until=time.time() + outage_s, delay_s=0.05).write(
-            chaos_model.chaos_control
-        )
-        started_at = time.monotonic()
-        await produce(kafka, t.topic, [chunk_record(c) for c in chunks[20:]])
-        peak_inflight, paused_for = 0.0, 0.0
-        last = time.monotonic()
-        while written(registry) < 20_000:
-            assert not task.done(), "consumer stopped"
-            now = time.monotonic()
-            if registry.get_sample_value("rowbatch_paused", {"why": "backoff"}) == 1:
-                assert source.paused
-                paused_for += now - last
-            last = now
-            peak_inflight = max(
-                peak_inflight, registry.get_sample_value("rowbatch_inflight_bytes") or 0.0
-            )
-            assert now - started_at < 180, "not finished 180 s after the outage began"
-            await asyncio.sleep(0.1)
-        assert time.monotonic() - started_at >= outage_s * 0.9
-        assert paused_for >= 10, f"paused for backoff only {paused_for:.1f} s of the outage"
-        assert source.assignments == 1, "the member lost its partitions while paused"
-        assert (registry.get_sample_value("rowbatch_backoff_periods_total") or 0) >= 1
-        assert dead_lettered(registry) == {}
-        assert peak_inflight <= budget
-        await wait_until(lambda: source.outstanding == 0, 30, "nothing outstanding", task)
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 60)
-    committed, end = await group_offsets(kafka, t.topic, t.group, t.partitions)
-    assert committed == end
-    with sqlite3.connect(tmp_path / "r.sqlite") as conn:
-        assert conn.execute("SELECT count(DISTINCT id), count(*) FROM emb").fetchone() == (
-            20_000,
-            20_000,
-        )
-    print(
-        f"\n20 s outage: paused {paused_for:.1f} s, peak in flight "
-        f"{peak_inflight / 2**20:.1f} MiB of {budget / 2**20:.0f} MiB, partitions kept"
-    )

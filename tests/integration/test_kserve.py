@@ -34,6 +34,7 @@ from harness.kserve import (
     INVALID_COUNT,
     KSERVE_VERSION,
     KServeEndpoint,
+    KServeModel,
     KServeService,
 )
 from harness.postgres import PostgresEndpoint
@@ -71,7 +72,8 @@ def kserve(run_dir: RunDir) -> Iterator[KServeEndpoint]:
 def kserve_undeclared(run_dir: RunDir) -> Iterator[KServeEndpoint]:
     """The same model with nothing in ModelMetadata's inputs and outputs, like a
     ``kserve.Model`` that does not override ``get_input_types`` / ``get_output_types``."""
-    with KServeService(run_dir, declare_tensors=False, name="kserve-undeclared") as endpoint:
+    undeclared = KServeModel(declare_tensors=False)
+    with KServeService(run_dir, model=undeclared, name="kserve-undeclared") as endpoint:
         yield endpoint
 
 

@@ -11,7 +11,8 @@ fresh source on the same subscription/group; ``nack`` redelivers it with the att
 is past ``max_delivery_attempts``; ``dead_letter`` publishes the original plus the
 ``rowbatch-dlq-*`` reason attributes/headers; ``pause`` stops deliveries and ``resume``
 restarts them; ``close`` gives back what is unsettled so a new source gets it promptly;
-``check`` names a missing subscription, topic or dead-letter topic.
+``check`` names a missing subscription, topic or dead-letter topic, and the address of a broker
+that does not answer.
 
 Pub/Sub counts delivery attempts only on a subscription with a dead-letter policy, so the
 Pub/Sub subscriptions here have one (5 attempts; no test gets past 3); Kafka counts locally.
@@ -33,14 +34,15 @@ import numpy as np
 import pytest
 
 from harness.kafka import KafkaEndpoint
+from harness.proc import free_port
 from harness.pubsub import PubSubEndpoint
 from rowbatch.consumer.service.build_io import make_source
 from rowbatch.consumer.service.config import SourceSettings
-from rowbatch.consumer.sources.base import Source, SourceConfigError
+from rowbatch.consumer.sources.base import Source, SourceConfigError, SourceUnreachable
 from rowbatch.consumer.sources.delivery import DeadLetterReason, Delivery
-from rowbatch.consumer.sources.kafka.errors import KafkaConfigError
+from rowbatch.consumer.sources.kafka.errors import KafkaConfigError, KafkaUnreachable
 from rowbatch.consumer.sources.kafka.settings import KafkaSettings
-from rowbatch.consumer.sources.pubsub.errors import PubSubConfigError
+from rowbatch.consumer.sources.pubsub.errors import PubSubConfigError, PubSubUnreachable
 from rowbatch.consumer.sources.pubsub.settings import PubSubSettings
 from rowbatch.wire.chunks.encode import EncodedChunk, encode_chunk
 from rowbatch.wire.dead_letter import (
@@ -476,3 +478,38 @@ async def test_check_names_what_is_missing(sources: Sources) -> None:
     for settings, says in sources.broker.missing():
         with pytest.raises(sources.broker.config_error, match=re.escape(says)):
             await sources.make(settings).check()
+
+
+@pytest.mark.parametrize("kind", ["pubsub-pull", "pubsub-streaming", "kafka"])
+async def test_check_names_the_address_of_a_broker_that_does_not_answer(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No broker needed: nothing listens at the address (Pub/Sub: ``PUBSUB_EMULATOR_HOST``,
+    where the sources find the emulator)."""
+    address = f"127.0.0.1:{free_port()}"
+    settings: SourceSettings
+    error: type[SourceUnreachable]
+    if kind == "kafka":
+        settings = KafkaSettings(
+            bootstrap_servers=address, topic="t", group_id="g", check_timeout_s=3.0
+        )
+        error, says = KafkaUnreachable, f"cannot reach Kafka at {address}"
+    else:
+        monkeypatch.setenv("PUBSUB_EMULATOR_HOST", address)
+        settings = PubSubSettings.model_validate(
+            {
+                "subscription": "projects/rowbatch/subscriptions/any",
+                "dead_letter_topic": "projects/rowbatch/topics/any-dlq",
+                "mode": kind.removeprefix("pubsub-"),
+                "check_timeout_s": 1.0,
+            }
+        )
+        error, says = PubSubUnreachable, f"Pub/Sub at {address} did not answer"
+    source = make_source(settings)
+    started = time.monotonic()
+    try:
+        with pytest.raises(error, match=re.escape(says)):
+            await source.check()
+    finally:
+        await source.close()
+    assert time.monotonic() - started < 15

@@ -2,7 +2,7 @@
 source promises (``test_source_contract.py``: delivery, nack, dead letters, pause, close, the
 start-up check): attempts without a dead-letter policy, the dead-letter record in detail,
 dead-lettering through the subscription's policy, lease extension, flow control, the buffer
-while paused and at close, a deleted subscription, an unreachable host.
+while paused and at close, and a deleted subscription.
 
 Emulator quirk (cloud-pubsub-emulator 0.8.20): when a client cancels a streaming pull, the
 emulator fails in ``onRstStreamRead`` (``NoSuchMethodError`` from its bundled gRPC, visible in
@@ -23,16 +23,13 @@ from datetime import UTC, datetime
 import pytest
 from google.api_core import exceptions as gexc
 
-from harness.proc import free_port
 from harness.pubsub import PubSubEndpoint
 from rowbatch.consumer.sources.delivery import DeadLetterReason, Delivery
 from rowbatch.consumer.sources.pubsub.dead_letters import DLQ_MESSAGE_MAX_BYTES
 from rowbatch.consumer.sources.pubsub.errors import (
     PubSubConfigError,
     PubSubStreamError,
-    PubSubUnreachable,
 )
-from rowbatch.consumer.sources.pubsub.settings import PubSubSettings
 from rowbatch.consumer.sources.pubsub.streaming import PubSubSource
 from rowbatch.wire.dead_letter import (
     ATTR_CODE,
@@ -281,25 +278,3 @@ async def test_close_counts_the_buffer_and_forgets_what_was_held(bench: Bench) -
     await source.close()
     with pytest.raises(ValueError, match="not held"):
         await source.ack(handed_out[0])
-
-
-async def test_check_names_unreachable_host(pubsub: PubSubEndpoint) -> None:
-    nowhere = PubSubEndpoint(host=f"127.0.0.1:{free_port()}", project="rowbatch", kind="emulator")
-    publisher, subscriber = nowhere.publisher(), nowhere.subscriber()
-    source = PubSubSource(
-        PubSubSettings(
-            subscription="projects/rowbatch/subscriptions/any",
-            dead_letter_topic="projects/rowbatch/topics/any-dlq",
-            check_timeout_s=1.0,
-        ),
-        publisher=publisher,
-        subscriber=subscriber,
-        host=nowhere.host,
-    )
-    try:
-        with pytest.raises(PubSubUnreachable, match=f"Pub/Sub at {nowhere.host} did not answer"):
-            await source.check()
-    finally:
-        await source.close()
-        publisher.transport.close()
-        subscriber.close()

@@ -30,7 +30,7 @@ from rowbatch.consumer.sources.pubsub.clients import (
     default_subscriber,
 )
 from rowbatch.consumer.sources.pubsub.settings import RPC_CHUNK, PubSubSettings
-from rowbatch.wire.pubsub_env import project_of
+from rowbatch.pubsub_env import project_of
 
 LEASE_S: Final = 60
 """The default ack deadline held letters get, renewed every third of it: a command killed

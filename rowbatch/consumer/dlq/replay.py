@@ -9,18 +9,33 @@ confirmed stops the replay: no new letter is started, those in flight finish."""
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
 from rowbatch.consumer.dlq.letters import REPLAYED_FROM, DeadLetter
 from rowbatch.consumer.dlq.queue import DeadLetterQueue, DeadLetterQueueError
 from rowbatch.consumer.dlq.selection import Selection
+from rowbatch.timing import SYSTEM_CLOCKS, Clock, Clocks, Sleep
 
 DEFAULT_MAX_REPLAYS = 3
 DEFAULT_IN_FLIGHT = 16
 """Letters published and not yet removed at once (each waits for its own confirmation)."""
+
+
+@dataclass(frozen=True)
+class ReplayPlan:
+    """Where a replay publishes (``target``) and how: at most ``limit`` letters (None: all
+    selected), only counted when ``dry_run``, holding back those replayed ``max_replays``
+    times already, with up to ``in_flight`` between publish and removal, starting at most
+    ``rate`` letters a second (None: as fast as they are confirmed)."""
+
+    target: str
+    limit: int | None = None
+    dry_run: bool = False
+    max_replays: int = DEFAULT_MAX_REPLAYS
+    in_flight: int = DEFAULT_IN_FLIGHT
+    rate: float | None = None
 
 
 @dataclass
@@ -64,25 +79,21 @@ class ReplaySummary:
 async def replay(
     queue: DeadLetterQueue,
     selection: Selection,
+    plan: ReplayPlan,
     *,
-    target: str,
-    limit: int | None = None,
-    dry_run: bool = False,
-    max_replays: int = DEFAULT_MAX_REPLAYS,
-    in_flight: int = DEFAULT_IN_FLIGHT,
-    rate: float | None = None,
     progress: Callable[[ReplaySummary], None] | None = None,
     progress_every_s: float = 2.0,
-    clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    clocks: Clocks = SYSTEM_CLOCKS,
 ) -> ReplaySummary:
-    """Replay what ``selection`` picks (at most ``limit``) to ``target``; ``progress`` is
-    called every ``progress_every_s`` and at the end. Broker errors end the replay early with
-    ``failed`` set; they are not raised (an error reading the queue is, once the letters in
-    flight have finished). ``rate``: start at most that many letters per second (so a big
-    replay does not flood the consumers)."""
+    """Replay what ``selection`` picks (at most ``plan.limit``) to ``plan.target``;
+    ``progress`` is called every ``progress_every_s`` (on ``clocks.monotonic``) and at the
+    end. Broker errors end the replay early with ``failed`` set; they are not raised (an error
+    reading the queue is, once the letters in flight have finished). ``plan.rate``: start at
+    most that many letters per second (so a big replay does not flood the consumers)."""
+    target, limit, dry_run, rate = plan.target, plan.limit, plan.dry_run, plan.rate
+    clock, sleep = clocks.monotonic, clocks.sleep
     summary = ReplaySummary(target=target, dry_run=dry_run)
-    flight = _Flight(summary, in_flight)
+    flight = _Flight(summary, plan.in_flight)
     started: set[str] = set()
     shown = begun = clock()
     try:
@@ -98,7 +109,7 @@ async def replay(
             if limit is not None and len(started) >= limit:
                 break
             summary.matched += 1
-            if letter.replays >= max_replays:
+            if letter.replays >= plan.max_replays:
                 summary.held_back += 1
                 continue
             if rate is not None and not dry_run:
@@ -118,9 +129,7 @@ async def replay(
     return summary
 
 
-async def _paced(
-    due: float, clock: Callable[[], float], sleep: Callable[[float], Awaitable[None]]
-) -> None:
+async def _paced(due: float, clock: Clock, sleep: Sleep) -> None:
     """Wait until ``clock()`` reaches ``due``."""
     if due > clock():
         await sleep(due - clock())
@@ -195,6 +204,7 @@ async def _replay_one(queue: DeadLetterQueue, letter: DeadLetter, target: str) -
 __all__ = [
     "DEFAULT_IN_FLIGHT",
     "DEFAULT_MAX_REPLAYS",
+    "ReplayPlan",
     "ReplayStopped",
     "ReplaySummary",
     "replay",

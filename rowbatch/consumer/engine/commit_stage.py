@@ -22,7 +22,7 @@ from rowbatch.consumer.engine.ledger import Entry
 from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.sinks.base import CommitsWrites
 from rowbatch.consumer.sources.base import WrittenRows
-from rowbatch.timing import Clock, Sleep
+from rowbatch.timing import SYSTEM_CLOCKS, Clocks
 
 
 class CommitStage:
@@ -35,10 +35,12 @@ class CommitStage:
         interval_s: float,
         pressure_bytes: int,
         metrics: Metrics,
-        clock: Clock,
-        sleep: Sleep = asyncio.sleep,
+        clocks: Clocks = SYSTEM_CLOCKS,
         rows_committed: Callable[[Sequence[WrittenRows]], Awaitable[None]] | None = None,
     ) -> None:
+        """``retrying``: the sink's retry (``SinkRetry.retrying``), through which each commit
+        goes; ``settle_many``: settles the messages a commit made part of the table;
+        ``clocks``: its ``monotonic`` clock and ``sleep``."""
         self._sink = sink
         self._rows_committed = rows_committed
         self._rows: list[WrittenRows] = []
@@ -48,8 +50,8 @@ class CommitStage:
         self._interval_s = interval_s
         self._pressure_bytes = pressure_bytes
         self._metrics = metrics
-        self._clock = clock
-        self._sleep = sleep
+        self._clock = clocks.monotonic
+        self._sleep = clocks.sleep
         self._held: list[Entry] = []
         self._held_bytes = 0
         self._since: float | None = None

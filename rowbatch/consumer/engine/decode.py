@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from rowbatch.consumer.engine.budget import arrays_overhead, attributes_bytes, held_cost
 from rowbatch.consumer.model.mismatch import SchemaMismatch
+from rowbatch.consumer.observe.costs import arrays_overhead, attributes_bytes, held_cost
 from rowbatch.consumer.sources.delivery import DeadLetterReason, Delivery
 from rowbatch.wire.chunks.decode import DecodedChunk, decode_chunk
 from rowbatch.wire.dead_letter import ReasonClass
@@ -46,7 +46,7 @@ class MessageRows:
     """The delivery's attributes' names and values, their lengths summed (for its cost)."""
     array_overhead: int = 0
     """What the arrays of ``columns`` and ``nulls`` cost beyond their data (see
-    ``rowbatch.consumer.engine.budget.arrays_overhead``)."""
+    ``rowbatch.consumer.observe.costs.arrays_overhead``)."""
 
     @classmethod
     def _of(
@@ -76,8 +76,9 @@ class MessageRows:
 
 
 def rows_cost(delivery: Delivery, rows: MessageRows, output_bytes: int) -> int:
-    """What holding ``delivery``, decoded as ``rows``, costs (``budget.message_cost``) from the
-    sizes the decoder measured, with ``output_bytes`` of answers to come."""
+    """What holding ``delivery``, decoded as ``rows``, costs
+    (:func:`rowbatch.consumer.observe.costs.held_cost`) from the sizes the decoder measured, with
+    ``output_bytes`` of answers to come."""
     return held_cost(
         len(delivery.payload),
         attribute_bytes=rows.attribute_bytes,

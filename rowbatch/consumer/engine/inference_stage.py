@@ -14,6 +14,7 @@ from rowbatch.consumer.engine.answered_queue import AnsweredQueue
 from rowbatch.consumer.engine.batcher import Batch, Segment
 from rowbatch.consumer.engine.poison import isolate
 from rowbatch.consumer.engine.results import Answered
+from rowbatch.consumer.engine.settle import Settler
 from rowbatch.consumer.engine.stage_context import StageContext
 from rowbatch.consumer.model.answer import Answer
 from rowbatch.consumer.model.handler import ModelHandler
@@ -27,28 +28,28 @@ class InferenceStage:
     """Batches from the batcher (``flush``) through the model handler (``work``, one task per
     request in flight) into ``answered`` (waiting for room there: it is bounded in rows); a
     batch that fails is isolated (bisected by :func:`rowbatch.consumer.engine.poison.isolate`,
-    one isolation at a time), and the messages failing for good are nacked."""
+    one isolation at a time), and the messages failing for good are nacked (``settler``)."""
 
     def __init__(
         self,
         context: StageContext,
         *,
+        settler: Settler,
         batches: asyncio.Queue[Batch | None],
         answered: AnsweredQueue,
         model: ModelHandler,
         intake_done: asyncio.Event,
     ) -> None:
+        self._settler = settler
         self._batcher = context.batcher
         self._batches = batches
         self._answered = answered
         self._model = model
-        self._fail = context.settler.fail
-        self._abandon = context.settler.abandon
-        self._metrics = context.metrics
+        self._metrics = context.telemetry.metrics
         self._rows_queued = context.rows_queued
         self._intake_done = intake_done
-        self._clock = context.clock
-        self._tracing = context.tracing
+        self._clock = context.clocks.monotonic
+        self._tracing = context.telemetry.tracing
         self.in_flight = 0
         """Requests at the model server now."""
         self._isolating = asyncio.Lock()
@@ -106,7 +107,7 @@ class InferenceStage:
         except Exception as exc:
             if not self._model.is_poison(exc) and len(batch.segments) == 1:
                 log.exception("inference failed for good; nacking the batch's messages")
-                await self._abandon(batch.segments)
+                await self._settler.abandon(batch.segments)
                 return []
             with self._tracing.span("isolate", **{"rowbatch.messages": len(batch.segments)}):
                 return await self._isolated(batch, span)
@@ -129,7 +130,7 @@ class InferenceStage:
                 )
         except Exception:
             log.exception("inference failed for good; nacking the batch's messages")
-            await self._abandon(batch.segments)
+            await self._settler.abandon(batch.segments)
             return []
         good = [(batch.select(segments), answer) for segments, answer in found.good]
         bad = found.bad + found.failed
@@ -137,7 +138,7 @@ class InferenceStage:
         for segment, error in bad:
             if self._model.is_poison(error):
                 reason = DeadLetterReason(ReasonClass.REJECTED_BY_MODEL, f"{error}")
-                await self._fail(segment, reason)
+                await self._settler.fail(segment, reason)
             else:
                 nacked.append(segment)
         if nacked:
@@ -149,7 +150,7 @@ class InferenceStage:
                 sum(len(sub.segments) for sub, _ in good),
                 next(error for _, error in bad if not self._model.is_poison(error)),
             )
-            await self._abandon(nacked)
+            await self._settler.abandon(nacked)
         return [Answered(sub, answer.outputs, answer.model_version, span) for sub, answer in good]
 
     async def _timed_run(self, batch: Batch) -> Answer:

@@ -9,12 +9,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
 
-from rowbatch.consumer.engine.budget import ByteBudget
 from rowbatch.consumer.engine.decode import MessageDecoder, MessageRows, PoisonMessage, rows_cost
 from rowbatch.consumer.engine.gate import Gate
+from rowbatch.consumer.engine.settle import Settler
 from rowbatch.consumer.engine.stage_context import StageContext
 from rowbatch.consumer.observe.metrics import observe_many
-from rowbatch.consumer.observe.scaling import ScalingSignal
 from rowbatch.consumer.sources.base import (
     BoundsReadAhead,
     DeliversVectors,
@@ -30,45 +29,49 @@ _INTAKE_YIELD_EVERY = 32
 budget is near full), so a source that never suspends cannot starve the other stages."""
 
 
+def _nothing() -> None:
+    return None
+
+
 class IntakeStage:
     """The one task that takes deliveries; a slow stage further on slows it through the work
     bound (rows queued and not yet batched), the budget (held until settled) and the gate
-    (closed while backing off). ``rows_taken`` is set whenever rows leave the batcher."""
+    (closed while backing off). ``rows_taken`` is set whenever rows leave the batcher.
+
+    ``settler`` settles what intake ends itself (poison, empty messages, what it holds when
+    cancelled) and drops what the source takes back; ``on_withdraw`` is called first whenever
+    the source takes deliveries back (a committing sink's commit stage commits at once)."""
 
     def __init__(
         self,
         context: StageContext,
         *,
+        settler: Settler,
         source: Source,
         decoder: MessageDecoder,
         gate: Gate,
-        budget: ByteBudget,
         work: WorkBound,
         output_bytes_per_row: int,
-        wall: Callable[[], float],
-        signal: ScalingSignal | None = None,
+        on_withdraw: Callable[[], None] = _nothing,
     ) -> None:
-        settler = context.settler
+        self._settler = settler
+        self._on_withdraw = on_withdraw
         self._source = source
         self._intake = decoder
         self._gate = gate
-        self._budget = budget
+        self._budget = context.budget
         self._ledger = context.ledger
         self._batcher = context.batcher
-        self._settle = settler.settle
-        self._withdraw = settler.withdraw
         self._settling: set[asyncio.Task[None]] = set()
-        self._nack = settler.nack
-        self._dead_letter = settler.dead_letter
-        self._metrics = context.metrics
+        self._metrics = context.telemetry.metrics
         self._rows_queued = context.rows_queued
         self._rows_taken = context.rows_taken
         self._work = work
         self._output_bytes_per_row = output_bytes_per_row
-        self._clock = context.clock
-        self._wall = wall
-        self._signal = signal
-        self._tracing = context.tracing
+        self._clock = context.clocks.monotonic
+        self._wall = context.clocks.wall
+        self._signal = context.telemetry.signal
+        self._tracing = context.telemetry.tracing
         self.waiting_for_room = False
         """Intake has a message in hand and waits for the work bound or the budget: more is
         on offer than the pipeline takes (the replica is saturated)."""
@@ -125,7 +128,7 @@ class IntakeStage:
                     rows = self._intake.rows(delivery)
                 except PoisonMessage as poison:
                     self._at = at + 1  # settled by the dead letter, whatever happens
-                    await self._dead_letter(delivery, poison.reason, None)
+                    await self._settler.dead_letter(delivery, poison.reason, None)
                     continue
                 reserve = self._cost(delivery, rows)
                 if gate.is_open and batcher.pending_rows < work.rows and budget.fits(reserve):
@@ -145,7 +148,7 @@ class IntakeStage:
                     await asyncio.sleep(0)
         except asyncio.CancelledError:
             for delivery in self._in_hand():
-                await self._nack(delivery)
+                await self._settler.nack(delivery)
             raise
         finally:
             self._hand = ()
@@ -188,7 +191,8 @@ class IntakeStage:
         """The source takes ``deliveries`` back: drop those not yet sent to the model (queued
         in the batcher, waiting to be admitted, or not yet taken from the vector in hand)
         and return them."""
-        dropped = self._withdraw(deliveries)
+        self._on_withdraw()
+        dropped = self._settler.withdraw(deliveries)
         wanted = set(deliveries)
         waiting = self._admitting
         if waiting is not None and not self._admitting_withdrawn and waiting in wanted:
@@ -235,7 +239,7 @@ class IntakeStage:
             assert done is not None
             # Nothing to infer or write: settle at once. The task is kept referenced until it
             # ends (the loop holds tasks only weakly).
-            task = asyncio.get_running_loop().create_task(self._settle(done))
+            task = asyncio.get_running_loop().create_task(self._settler.settle(done))
             self._settling.add(task)
             task.add_done_callback(self._settling.discard)
             return

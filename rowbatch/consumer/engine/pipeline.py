@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -64,22 +63,20 @@ from rowbatch.consumer.engine.results import (
     split_by_message,
 )
 from rowbatch.consumer.engine.settle import Settler
-from rowbatch.consumer.engine.sink_writer import SinkWriter
-from rowbatch.consumer.engine.stage_context import StageContext
+from rowbatch.consumer.engine.sink_writer import SinkRetry, SinkWriter
+from rowbatch.consumer.engine.stage_context import StageContext, Telemetry
 from rowbatch.consumer.engine.watch import WATCH_INTERVAL_S, PipelineState, Watch
-from rowbatch.consumer.engine.write_stage import WriteStage
+from rowbatch.consumer.engine.write_stage import WriteLimits, WriteStage
 from rowbatch.consumer.model.handler import ModelHandler
-from rowbatch.consumer.observe.metrics import Metrics
-from rowbatch.consumer.observe.scaling import ScalingSignal
-from rowbatch.consumer.observe.tracing import NO_TRACING, PipelineTracer
 from rowbatch.consumer.sinks.base import BuffersFiles, CommitsWrites, Sink
 from rowbatch.consumer.sources.base import KeepsRowProgress, Source, WorkBound
-from rowbatch.timing import Backoff, Clock, Sleep
+from rowbatch.timing import SYSTEM_CLOCKS, Backoff, Clocks
 
 __all__ = [
     "QUEUED_BATCHES_PER_REQUEST",
     "Pipeline",
     "PipelineFailed",
+    "PipelineHooks",
     "PipelineSettings",
 ]
 
@@ -130,6 +127,8 @@ class PipelineSettings:
     """Most rows queued for batching (taken in, not yet in a batch) before intake waits; a
     reading-ahead source holds no more than this either. 0: ``QUEUED_BATCHES_PER_REQUEST``
     target batches per request in flight. Never below one target batch."""
+    watch_interval_s: float = WATCH_INTERVAL_S
+    """How often the watch reports the pipeline's state (and trims memory, when it does)."""
 
     @property
     def work(self) -> WorkBound:
@@ -145,6 +144,11 @@ class PipelineSettings:
     def write_rows(self) -> int:
         """Most rows of one sink write (``max_write_rows``, or four target batches)."""
         return self.max_write_rows or 4 * self.target_batch_size
+
+    @property
+    def write_limits(self) -> WriteLimits:
+        """What one sink write coalesces (``write_rows``, ``max_write_bytes``)."""
+        return WriteLimits(self.write_rows, self.max_write_bytes, self.output_bytes_per_row)
 
     @property
     def answered_rows(self) -> int:
@@ -206,6 +210,23 @@ class PipelineFailed(RuntimeError):
     """A part of the pipeline failed for good; unsettled messages were nacked."""
 
 
+def _nothing() -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class PipelineHooks:
+    """What the pipeline is wired to in the process around it, besides its source, sink and
+    model: the backoff ``gate`` it shares with the model's retries (built first, so the
+    retries are given its :meth:`~Gate.backoff_started` and :meth:`~Gate.backoff_ended`), the
+    ``clocks`` its stages run on, and ``trim``, which hands freed memory back to the system
+    every watch interval (the service passes malloc's; None: never)."""
+
+    gate: Gate
+    clocks: Clocks = SYSTEM_CLOCKS
+    trim: Callable[[], None] | None = None
+
+
 class Pipeline:
     def __init__(
         self,
@@ -216,93 +237,67 @@ class Pipeline:
         model: ModelHandler,
         settings: PipelineSettings,
         budget: ByteBudget,
-        metrics: Metrics,
-        clock: Clock = time.monotonic,
-        wall: Callable[[], float] = time.time,
-        sleep: Sleep = asyncio.sleep,
-        signal: ScalingSignal | None = None,
-        watch_interval_s: float = WATCH_INTERVAL_S,
-        trim: Callable[[], None] | None = None,
-        tracing: PipelineTracer | None = None,
+        telemetry: Telemetry,
+        hooks: PipelineHooks,
     ) -> None:
-        """``signal``: told of rows received and written and, every ``watch_interval_s``, of
-        the pipeline's state (the autoscaling figure). ``trim``: hands freed memory back to
-        the system, every ``watch_interval_s`` (the service passes malloc's). ``tracing``:
-        the spans, when tracing is on (``None``: off, the stages get ``NO_TRACING``)."""
-        tracer = NO_TRACING if tracing is None else tracing
+        """``telemetry``: the metrics, the scaling signal (told of rows received and written
+        and, every ``settings.watch_interval_s``, of the pipeline's state) and the spans;
+        ``hooks``: the backoff gate, the clocks and the memory trim."""
+        clocks = hooks.clocks
+        metrics = telemetry.metrics
         self._source = source
         self._s = settings
         self._metrics = metrics
         rows_taken = asyncio.Event()
         self._batcher = Batcher(
-            settings.target_batch_size, settings.max_wait_s, clock, on_shrink=rows_taken.set
+            settings.target_batch_size,
+            settings.max_wait_s,
+            clocks.monotonic,
+            on_shrink=rows_taken.set,
         )
         self._ledger = Ledger()
-        self.gate = Gate(self._gate_changed)
+        self.gate = hooks.gate
+        self.gate.watch(self._source_follows_gate)
         rows_queued = asyncio.Event()
         self._rows_queued = rows_queued
         self._intake_done = asyncio.Event()
         self._batches: asyncio.Queue[Batch | None] = asyncio.Queue(maxsize=settings.max_in_flight)
         # Bounded in rows, so inference waits for the sink instead of running ahead of it.
         self._answered = AnsweredQueue(settings.answered_rows)
+        context = StageContext(
+            ledger=self._ledger,
+            batcher=self._batcher,
+            budget=budget,
+            telemetry=telemetry,
+            clocks=clocks,
+            rows_queued=rows_queued,
+            rows_taken=rows_taken,
+        )
         results = ResultBuilder(
             self._ledger,
             outputs=settings.outputs,
             passthrough=settings.passthrough,
             model_name=settings.model_name,
             model_version=settings.model_version,
-            wall=wall,
+            wall=clocks.wall,
+        )
+        # One retry for everything done to the sink (writes, deletes, commits): an outage
+        # closes the gate once, whoever meets it.
+        retry = SinkRetry(
+            metrics=metrics,
+            backoff=settings.sink_backoff,
+            on_pause=self.gate.close,
+            on_resume=self.gate.reopen,
+            clocks=clocks,
         )
         writer = SinkWriter[Answered](
             sink.write,
             build=results.build,
             split=split_by_message,
             metrics=metrics,
-            backoff=settings.sink_backoff,
-            on_pause=self.gate.close,
-            on_resume=self.gate.reopen,
-            sleep=sleep,
+            retry=retry,
         )
-        self._settler = Settler(
-            source=source,
-            sink=sink,
-            writer=writer,
-            ledger=self._ledger,
-            batcher=self._batcher,
-            budget=budget,
-            metrics=metrics,
-            wall=wall,
-            signal=signal,
-            tracing=tracer,
-        )
-        context = StageContext(
-            ledger=self._ledger,
-            settler=self._settler,
-            batcher=self._batcher,
-            metrics=metrics,
-            clock=clock,
-            rows_queued=rows_queued,
-            rows_taken=rows_taken,
-            tracing=tracer,
-        )
-        self._intake = IntakeStage(
-            context,
-            source=source,
-            decoder=decoder,
-            gate=self.gate,
-            budget=budget,
-            work=settings.work,
-            output_bytes_per_row=settings.output_bytes_per_row,
-            wall=wall,
-            signal=signal,
-        )
-        self._inference = InferenceStage(
-            context,
-            batches=self._batches,
-            answered=self._answered,
-            model=model,
-            intake_done=self._intake_done,
-        )
+        self._settler = Settler(context, source=source, sink=sink, retry=retry)
         share = pipeline_share(settings, budget.limit)
         # A file sink's open row groups, within what is left of the half that may be set aside.
         files = (
@@ -318,59 +313,64 @@ class Pipeline:
                 raise ValueError(f"{type(sink).__name__} commits its writes: set commit_interval_s")
             self._commits = CommitStage(
                 sink,
-                retrying=writer.retrying,
+                retrying=retry.retrying,
                 settle_many=self._settler.settle_many,
                 interval_s=settings.commit_interval_s,
                 pressure_bytes=max(1, (budget.limit - share.total - files) // 2),
                 metrics=metrics,
-                clock=clock,
-                sleep=sleep,
+                clocks=clocks,
                 rows_committed=progress,
             )
-            self._settler.on_withdraw = self._commits.commit_soon
+        self._intake = IntakeStage(
+            context,
+            settler=self._settler,
+            source=source,
+            decoder=decoder,
+            gate=self.gate,
+            work=settings.work,
+            output_bytes_per_row=settings.output_bytes_per_row,
+            # A rebalance: what waits for a commit is committed at once.
+            on_withdraw=_nothing if self._commits is None else self._commits.commit_soon,
+        )
+        self._inference = InferenceStage(
+            context,
+            settler=self._settler,
+            batches=self._batches,
+            answered=self._answered,
+            model=model,
+            intake_done=self._intake_done,
+        )
         self._writers = WriteStage(
             context,
+            settler=self._settler,
             answered=self._answered,
             writer=writer,
-            max_write_rows=settings.write_rows,
-            max_write_bytes=settings.max_write_bytes,
-            output_bytes_per_row=settings.output_bytes_per_row,
+            limits=settings.write_limits,
+            settle_written=(
+                self._settler.settle_many if self._commits is None else self._commits.hold
+            ),
             allowance=ByteBudget(share.writes),
-            settle_written=None if self._commits is None else self._commits.hold,
             rows_written=progress
             if self._commits is None or progress is None
             else self._commits.hold_rows,
         )
         self.watch = Watch(
-            ledger=self._ledger,
-            metrics=metrics,
+            context,
             state=PipelineState(
                 waiting_for_room=lambda: self._intake.waiting_for_room,
                 backing_off=lambda: not self.gate.is_open,
                 in_flight=lambda: self._inference.in_flight,
                 max_in_flight=settings.max_in_flight,
             ),
-            signal=signal,
-            clock=clock,
-            wall=wall,
-            interval_s=watch_interval_s,
-            trim=trim,
+            interval_s=settings.watch_interval_s,
+            trim=hooks.trim,
         )
         metrics.budget_bytes.set(budget.limit)
         metrics.read_ahead_bytes.set_function(lambda: budget.ahead)
         metrics.target_batch_size.set(settings.target_batch_size)
 
-    # --- backoff hooks (passed to the inferencer and the sink writer) -----------------------
-
-    def backoff_started(self) -> None:
-        self._metrics.backoffs.inc()
-        self.gate.close()
-
-    def backoff_ended(self) -> None:
-        self.gate.reopen()
-
-    def _gate_changed(self, is_open: bool) -> None:
-        self._metrics.paused.labels("backoff").set(0 if is_open else 1)
+    def _source_follows_gate(self, is_open: bool) -> None:
+        """Consumption pauses while the gate is closed (something is backing off)."""
         if is_open:
             self._source.resume()
         else:

@@ -14,12 +14,8 @@ from numpy.typing import NDArray
 
 from rowbatch.consumer.engine.batcher import Batch
 from rowbatch.consumer.engine.ledger import Ledger
+from rowbatch.consumer.observe.costs import write_bytes
 from rowbatch.consumer.sinks.base import ENCODE_SLICE_BYTES, ResultRows
-
-WRITE_ROW_OVERHEAD_BYTES = 256
-"""Per row of a sink write, what building and encoding it holds besides the row's values: the
-key and id arrays (chunk and message ids as object arrays, row indexes) and the sinks' own
-per-row objects (SQLite's row tuples, PostgreSQL's COPY fields of a slice)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -55,15 +51,12 @@ def part_bytes(part: Answered) -> int:
 
 
 def write_cost(parts: Sequence[Answered]) -> int:
-    """What one sink write of ``parts`` holds on top of what their messages are charged: the
-    joined batch (a copy of every column and output, when there are several parts),
-    ``WRITE_ROW_OVERHEAD_BYTES`` a row, and the sink's encode buffers (two slices of
-    ``ENCODE_SLICE_BYTES``, the one being encoded and the one being sent; at most twice the
-    write's values, for small writes)."""
+    """What one sink write of ``parts`` holds on top of what their messages are charged
+    (:func:`rowbatch.consumer.observe.costs.write_bytes`: the parts are joined when there are
+    several, and encoded in slices of ``ENCODE_SLICE_BYTES``)."""
     rows = sum(len(p.batch) for p in parts)
     data = sum(map(part_bytes, parts))
-    joined = data if len(parts) > 1 else 0
-    return joined + rows * WRITE_ROW_OVERHEAD_BYTES + min(2 * ENCODE_SLICE_BYTES, 2 * data)
+    return write_bytes(rows, data, joined=len(parts) > 1, encode_slice_bytes=ENCODE_SLICE_BYTES)
 
 
 def largest_write_cost(
@@ -74,8 +67,7 @@ def largest_write_cost(
     outputs (so at most one batch past it)."""
     rows = max(max_write_rows, batch_rows)
     data = min(rows * row_bytes, max_write_bytes + batch_rows * row_bytes)
-    joined = data if rows > batch_rows else 0
-    return joined + rows * WRITE_ROW_OVERHEAD_BYTES + min(2 * ENCODE_SLICE_BYTES, 2 * data)
+    return write_bytes(rows, data, joined=rows > batch_rows, encode_slice_bytes=ENCODE_SLICE_BYTES)
 
 
 def merge(parts: Sequence[Answered]) -> tuple[Batch, Mapping[str, NDArray[Any]]]:

@@ -7,16 +7,13 @@ budget bytes."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 
-from rowbatch.consumer.engine.batcher import Batcher, Segment
-from rowbatch.consumer.engine.budget import ByteBudget
-from rowbatch.consumer.engine.ledger import Entry, Ledger
-from rowbatch.consumer.engine.results import Answered
-from rowbatch.consumer.engine.sink_writer import SinkWriter
-from rowbatch.consumer.observe.metrics import Metrics, observe_many
-from rowbatch.consumer.observe.scaling import ScalingSignal
-from rowbatch.consumer.observe.tracing import NO_TRACING, PipelineTracer
+from rowbatch.consumer.engine.batcher import Segment
+from rowbatch.consumer.engine.ledger import Entry
+from rowbatch.consumer.engine.sink_writer import SinkRetry
+from rowbatch.consumer.engine.stage_context import StageContext
+from rowbatch.consumer.observe.metrics import observe_many
 from rowbatch.consumer.sinks.base import Sink
 from rowbatch.consumer.sources.base import AcksVectors, KeepsRowProgress, Source
 from rowbatch.consumer.sources.delivery import DeadLetterReason, Delivery
@@ -26,36 +23,27 @@ log = logging.getLogger(__name__)
 
 class Settler:
     """Ends each message's time in flight, through the ledger: every message the pipeline took
-    is settled here exactly once (acked, dead-lettered or nacked)."""
+    is settled here exactly once (acked, dead-lettered or nacked), its budget released.
+
+    ``sink``: where a dead-lettered message's written rows are deleted, through ``retry`` (the
+    retry of the pipeline's sink writes)."""
 
     def __init__(
-        self,
-        *,
-        source: Source,
-        sink: Sink,
-        writer: SinkWriter[Answered],
-        ledger: Ledger,
-        batcher: Batcher,
-        budget: ByteBudget,
-        metrics: Metrics,
-        wall: Callable[[], float],
-        signal: ScalingSignal | None = None,
-        tracing: PipelineTracer = NO_TRACING,
+        self, context: StageContext, *, source: Source, sink: Sink, retry: SinkRetry
     ) -> None:
         self._source = source
         self._deletes_dead_letters = not isinstance(source, KeepsRowProgress)
         """Whether a dead-lettered message's written rows are deleted (see the module)."""
-        self._tracing = tracing
-        self._signal = signal
+        telemetry = context.telemetry
+        self._tracing = telemetry.tracing
+        self._signal = telemetry.signal
+        self._metrics = telemetry.metrics
         self._sink = sink
-        self._writer = writer
-        self._ledger = ledger
-        self._batcher = batcher
-        self._budget = budget
-        self._metrics = metrics
-        self._wall = wall
-        self.on_withdraw: Callable[[], None] | None = None
-        """Called when the source takes deliveries back (the commit stage commits at once)."""
+        self._retry = retry
+        self._ledger = context.ledger
+        self._batcher = context.batcher
+        self._budget = context.budget
+        self._wall = context.clocks.wall
 
     async def settle(self, entry: Entry) -> None:
         """Ack ``entry``'s message, or (when a row failed for good) delete its written rows and
@@ -69,7 +57,7 @@ class Settler:
             self._tracing.closed(entry.key, "acked")
         else:
             if entry.written_rows and self._deletes_dead_letters:
-                await self._writer.retrying(
+                await self._retry.retrying(
                     lambda: self._sink.delete_chunks([entry.chunk_id]),
                     f"delete of chunk {entry.chunk_id!r}",
                 )
@@ -129,8 +117,6 @@ class Settler:
         messages none of whose rows has been batched yet, out of the batcher and the ledger,
         their budget released, neither acked nor nacked; returns their deliveries. The others
         (in a request, answered or being written) finish as usual."""
-        if self.on_withdraw is not None:
-            self.on_withdraw()
         wanted = set(deliveries)
         keys = [e.key for e in self._ledger.unsettled() if e.delivery in wanted]
         dropped = [self._ledger.abandon(key) for key in self._batcher.withdraw(keys)]

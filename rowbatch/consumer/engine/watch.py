@@ -10,10 +10,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from rowbatch.consumer.engine.ledger import Ledger
-from rowbatch.consumer.observe.metrics import Metrics
-from rowbatch.consumer.observe.scaling import ScalingSignal
-from rowbatch.timing import Clock
+from rowbatch.consumer.engine.stage_context import StageContext
 
 log = logging.getLogger(__name__)
 
@@ -37,23 +34,20 @@ class Watch:
 
     def __init__(
         self,
+        context: StageContext,
         *,
-        ledger: Ledger,
-        metrics: Metrics,
         state: PipelineState,
-        signal: ScalingSignal | None,
-        clock: Clock,
-        wall: Callable[[], float],
         interval_s: float = WATCH_INTERVAL_S,
         trim: Callable[[], None] | None = None,
     ) -> None:
-        """``trim``: called every ``interval_s`` in a worker thread (it may take a few ms)."""
-        self._ledger = ledger
-        self._metrics = metrics
+        """Reads the ledger and reports to the telemetry of ``context``. ``trim``: called
+        every ``interval_s`` in a worker thread (it may take a few ms)."""
+        self._ledger = context.ledger
+        self._metrics = context.telemetry.metrics
         self._state = state
-        self._signal = signal
-        self._clock = clock
-        self._wall = wall
+        self._signal = context.telemetry.signal
+        self._clock = context.clocks.monotonic
+        self._wall = context.clocks.wall
         self.interval_s = interval_s
         self._trim = trim
 

@@ -12,16 +12,29 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 
 from rowbatch.consumer.engine.answered_queue import AnsweredQueue
 from rowbatch.consumer.engine.budget import ByteBudget
 from rowbatch.consumer.engine.ledger import Entry
 from rowbatch.consumer.engine.results import Answered, write_cost
+from rowbatch.consumer.engine.settle import Settler
 from rowbatch.consumer.engine.sink_writer import SinkWriter
 from rowbatch.consumer.engine.stage_context import StageContext
 from rowbatch.consumer.sources.base import WrittenRows
 from rowbatch.consumer.sources.delivery import DeadLetterReason
 from rowbatch.wire.dead_letter import ReasonClass
+
+
+@dataclass(frozen=True)
+class WriteLimits:
+    """How much one sink write coalesces: up to ``max_rows`` rows (never past it unless one
+    batch is larger), taken while their outputs (``output_bytes_per_row`` a row) are under
+    ``max_bytes``."""
+
+    max_rows: int
+    max_bytes: int
+    output_bytes_per_row: int
 
 
 class WriteStage:
@@ -32,37 +45,36 @@ class WriteStage:
         self,
         context: StageContext,
         *,
+        settler: Settler,
         answered: AnsweredQueue,
         writer: SinkWriter[Answered],
-        max_write_rows: int,
-        max_write_bytes: int,
-        output_bytes_per_row: int,
+        limits: WriteLimits,
+        settle_written: Callable[[Sequence[Entry]], Awaitable[None]],
         allowance: ByteBudget | None = None,
-        cost: Callable[[Sequence[Answered]], int] = write_cost,
-        settle_written: Callable[[Sequence[Entry]], Awaitable[None]] | None = None,
         rows_written: Callable[[Sequence[WrittenRows]], Awaitable[None]] | None = None,
     ) -> None:
-        """``allowance``: the writers' share of the memory budget (``None``: not counted);
-        ``cost``: what a write of some parts takes from it; ``settle_written``: what is done
-        with messages whose rows are all written (default: ack them; a committing sink's
+        """``settler``: fails the messages of the parts the sink rejects;
+        ``settle_written``: what is done with messages whose rows are all written (the
+        settler's ``settle_many`` acks them; a committing sink's
         :class:`~rowbatch.consumer.engine.commit_stage.CommitStage` holds them for its
-        commit); ``rows_written``: told after each write which rows of which messages it
-        wrote, before any of them is settled (a source that keeps progress per row, or the
-        commit stage that tells it after its commit)."""
+        commit); ``allowance``: the writers' share of the memory budget, each write taking
+        its :func:`~rowbatch.consumer.engine.results.write_cost` (``None``: not counted);
+        ``rows_written``: told after each write which rows of which messages it wrote, before
+        any of them is settled (a source that keeps progress per row, or the commit stage that
+        tells it after its commit)."""
         self._answered = answered
         self._rows_written = rows_written
         self._writer = writer
         self._ledger = context.ledger
-        self._settle_many = settle_written or context.settler.settle_many
-        self._fail = context.settler.fail
-        self._metrics = context.metrics
-        self._max_write_rows = max_write_rows
-        self._max_write_bytes = max_write_bytes
-        self._per_row = max(1, output_bytes_per_row)
-        self._clock = context.clock
+        self._settler = settler
+        self._settle_written = settle_written
+        self._metrics = context.telemetry.metrics
+        self._max_write_rows = limits.max_rows
+        self._max_write_bytes = limits.max_bytes
+        self._per_row = max(1, limits.output_bytes_per_row)
+        self._clock = context.clocks.monotonic
         self._allowance = allowance
-        self._cost = cost
-        self._tracing = context.tracing
+        self._tracing = context.telemetry.tracing
 
     async def write(self) -> None:
         # Taken but not in this write (of another model version, or past the allowance):
@@ -99,9 +111,9 @@ class WriteStage:
         if allowance is None:
             await self._write(parts)
             return
-        while len(parts) > 1 and self._cost(parts) > allowance.limit:
+        while len(parts) > 1 and write_cost(parts) > allowance.limit:
             held.appendleft(parts.pop())
-        cost = self._cost(parts)
+        cost = write_cost(parts)
         await allowance.acquire(cost)
         self._metrics.write_bytes.set(allowance.used)
         try:
@@ -121,7 +133,7 @@ class WriteStage:
         for part, error in rejected:
             reason = DeadLetterReason(ReasonClass.REJECTED_BY_SINK, f"{error}", error.code)
             for segment in part.batch.segments:
-                await self._fail(segment, reason)
+                await self._settler.fail(segment, reason)
         done = []
         ranges: list[WrittenRows] = []
         for part in live:
@@ -136,7 +148,7 @@ class WriteStage:
                     done.append(entry)
         if ranges and self._rows_written is not None:
             await self._rows_written(ranges)
-        await self._settle_many(done)
+        await self._settle_written(done)
 
     def _live(self, part: Answered) -> Answered | None:
         """The part without the segments of messages settled meanwhile (abandoned, or failed

@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import logging
 import random
-import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -34,7 +33,7 @@ from rowbatch.consumer.model.inference.errors import (
     is_exhausted,
 )
 from rowbatch.consumer.model.spec import ModelSpec
-from rowbatch.timing import Clock, Sleep
+from rowbatch.timing import SYSTEM_CLOCKS, Clocks
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +56,8 @@ class Balancer:
     :meth:`update` (or :meth:`follow`) as DNS changes; :meth:`close`.
 
     ``meter`` gives each endpoint its metrics, ``on_error`` sees every failed request (the
-    consumer's error counter); ``clock``, ``sleep`` and ``rng`` are injectable for tests."""
+    consumer's error counter); ``clocks`` (its monotonic clock, ``sleep`` and jitter ``rng``)
+    is injectable for tests."""
 
     def __init__(
         self,
@@ -67,19 +67,17 @@ class Balancer:
         meter: Callable[[str], EndpointMeter] = _no_meter,
         on_error: Callable[[InferenceError], None] = _ignore,
         timing: HealthTiming | None = None,
-        clock: Clock = time.monotonic,
-        sleep: Sleep = asyncio.sleep,
-        rng: random.Random | None = None,
+        clocks: Clocks = SYSTEM_CLOCKS,
     ) -> None:
         self.model = model
         self._connect = connect
         self._meter = meter
         self._on_error = on_error
         self._timing = timing or HealthTiming()
-        self._clock = clock
-        self._sleep = sleep
-        self._rng = rng or random.Random()  # noqa: S311 (jitter, not secrets)
-        self._prober = Prober(self._timing, self._set_health, sleep=sleep, rng=self._rng)
+        self._clock = clocks.monotonic
+        self._sleep = clocks.sleep
+        self._rng = clocks.rng or random.Random()  # noqa: S311 (jitter, not secrets)
+        self._prober = Prober(self._timing, self._set_health, sleep=clocks.sleep, rng=self._rng)
         self._endpoints: list[Endpoint] = []
         self._turn = 0
         self._wake = asyncio.Event()

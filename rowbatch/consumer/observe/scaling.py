@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
 from prometheus_client import CollectorRegistry, Gauge
 
@@ -176,26 +176,59 @@ class OwnRates:
     """Mean receive age (receive time - publish time) of the rows received recently."""
 
 
+class SignalInputs(Protocol):
+    """The ``[source]`` fields of the figure that every broker shares. They are declared once,
+    with their defaults, bounds and meaning, in
+    ``rowbatch.consumer.sources.scaling_settings.ScalingInputs`` (which each broker's settings
+    extend); the signal, a layer below the sources, reads them through this."""
+
+    @property
+    def rows_per_s_per_replica(self) -> float | None:
+        """None: measured while this replica is saturated (``ThroughputMeter``)."""
+        ...
+
+    @property
+    def rate_window_s(self) -> float:
+        """Write and receive rates are means over this span."""
+        ...
+
+    @property
+    def max_replicas(self) -> int | None:
+        """Cap (None: none); Kafka adds the partition count."""
+        ...
+
+
 @dataclass(frozen=True)
 class SignalSettings:
-    """The ``[source]`` settings the figure is computed with."""
+    """What the figure is computed with: the view, the target latency (each source's own
+    ``[source]`` field, its default differing per broker), the shared ``[source]`` fields as
+    configured (``inputs``), and the safeguards' constants."""
 
     view: Literal["fleet", "share"]
     """``fleet``: the source reports the group's backlog (Kafka); ``share``: the replica's own
     receipts are its view (Pub/Sub)."""
     target_latency_s: float
-    rows_per_s_per_replica: float | None = None
-    """None: measured while this replica is saturated (``ThroughputMeter``)."""
-    rate_window_s: float = 60.0
-    """Write and receive rates are means over this span."""
-    max_replicas: int | None = None
-    """Cap (the replicas the model servers can feed); Kafka adds the partition count."""
+    inputs: SignalInputs
+    """``rows_per_s_per_replica``, ``rate_window_s`` and ``max_replicas``: the ``[source]``
+    section itself (or a ``ScalingInputs``), never copies of its fields."""
     min_replicas: int = 1
     slots_fill_server: bool = True
     """Whether busy inference slots mean a full server: true when the in-flight limit comes
     from the server's own model configuration (enough to keep every instance busy), false
     when ``model.max_in_flight`` was set by hand."""
     tolerance: float = TOLERANCE
+
+    @property
+    def rows_per_s_per_replica(self) -> float | None:
+        return self.inputs.rows_per_s_per_replica
+
+    @property
+    def rate_window_s(self) -> float:
+        return self.inputs.rate_window_s
+
+    @property
+    def max_replicas(self) -> int | None:
+        return self.inputs.max_replicas
 
 
 class ScalingGauges:
@@ -367,6 +400,7 @@ __all__ = [
     "Safeguards",
     "ScalingGauges",
     "ScalingSignal",
+    "SignalInputs",
     "SignalSettings",
     "Window",
     "balanced",

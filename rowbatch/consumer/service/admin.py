@@ -24,7 +24,7 @@ from rowbatch.consumer.sources.admin_plan import AdminFailed, AdminUnreachable, 
 from rowbatch.consumer.sources.base import SourceConfigError
 from rowbatch.consumer.sources.kafka.settings import KafkaSettings
 from rowbatch.consumer.sources.pubsub.settings import PubSubSettings
-from rowbatch.wire.pubsub_env import project_of
+from rowbatch.pubsub_env import project_of
 
 if TYPE_CHECKING:  # each broker's client is imported only when its source is configured
     from rowbatch.consumer.sources.pubsub.admin import PubSubLayout

@@ -4,8 +4,6 @@ waits while it is unreachable."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Literal
 
@@ -29,10 +27,11 @@ from rowbatch.consumer.sources.base import Source, SourceUnreachable
 from rowbatch.consumer.sources.delivery import DeadLetterReason, Delivery
 from rowbatch.consumer.sources.kafka.settings import KafkaSettings
 from rowbatch.consumer.sources.pubsub.settings import PubSubSettings
+from rowbatch.consumer.sources.scaling_settings import ScalingInputs
 from rowbatch.consumer.sources.table.settings import TableSettings
-from rowbatch.timing import Backoff, Clock, Sleep
+from rowbatch.pubsub_env import project_of
+from rowbatch.timing import SYSTEM_CLOCKS, Backoff, Clocks
 from rowbatch.wire.columns.column_type import ColumnType
-from rowbatch.wire.pubsub_env import project_of
 
 if TYPE_CHECKING:
     from rowbatch.consumer.sources.table.source import TableSource
@@ -57,17 +56,12 @@ def scaling_signal(
     view: Literal["fleet", "share"] = "fleet" if isinstance(settings, KafkaSettings) else "share"
     if isinstance(settings, TableSettings):  # a table run is sized by its shards, not scaled
         return ScalingSignal(
-            SignalSettings(view, 10.0, None, slots_fill_server=slots_fill_server),
+            SignalSettings(view, 10.0, ScalingInputs(), slots_fill_server=slots_fill_server),
             metrics.scaling,
         )
     return ScalingSignal(
         SignalSettings(
-            view,
-            settings.target_latency_s,
-            settings.rows_per_s_per_replica,
-            rate_window_s=settings.rate_window_s,
-            max_replicas=settings.max_replicas,
-            slots_fill_server=slots_fill_server,
+            view, settings.target_latency_s, settings, slots_fill_server=slots_fill_server
         ),
         metrics.scaling,
     )
@@ -131,7 +125,7 @@ def make_table_source(
 ) -> TableSource:
     """The table source of an offline run: its progress is keyed by the model (name and
     version) and the binding; its first chunk is checked with ``decoder`` at start-up."""
-    from rowbatch.consumer.sources.table.source import TableSource  # noqa: PLC0415
+    from rowbatch.consumer.sources.table.source import TableModel, TableSource  # noqa: PLC0415
 
     def probe(delivery: Delivery) -> DeadLetterReason | None:
         try:
@@ -142,9 +136,7 @@ def make_table_source(
 
     return TableSource(
         settings,
-        model=spec.name,
-        model_version=spec.version,
-        binding=binding.model_dump(),
+        model=TableModel(spec.name, spec.version, binding.model_dump()),
         columns=(*binding.inputs, *binding.passthrough),
         probe=probe,
         registry=metrics.registry if metrics is not None else None,
@@ -230,8 +222,7 @@ async def open_source(
     source: Source,
     settings: SourceSettings,
     *,
-    sleep: Sleep = asyncio.sleep,
-    clock: Clock = time.monotonic,
+    clocks: Clocks = SYSTEM_CLOCKS,
 ) -> None:
     """``source.check()``, again with backoff while the broker does not answer
     (``SourceUnreachable``: a check that raises it can be called again), up to the source's
@@ -245,8 +236,7 @@ async def open_source(
             wait_s=getattr(settings, "startup_wait_s", 0.0),
             backoff=SOURCE_STARTUP_BACKOFF,
             setting="source.startup_wait_s",
-            sleep=sleep,
-            clock=clock,
+            clocks=clocks,
         )
     except BaseException:
         await source.close()
@@ -258,8 +248,7 @@ async def open_sink(
     table: TableSpec,
     settings: SinkSettings,
     *,
-    sleep: Sleep = asyncio.sleep,
-    clock: Clock = time.monotonic,
+    clocks: Clocks = SYSTEM_CLOCKS,
 ) -> None:
     """``sink.open(table)``, waiting (with backoff, up to ``settings.startup_wait_s``) while the
     sink is unreachable: a database that restarts with the consumer is not a reason to exit."""
@@ -270,6 +259,5 @@ async def open_sink(
         wait_s=settings.startup_wait_s,
         backoff=settings.backoff,
         setting="sink.startup_wait_s",
-        sleep=sleep,
-        clock=clock,
+        clocks=clocks,
     )

@@ -6,7 +6,6 @@ endpoint. The model handler the engine calls is
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -20,7 +19,7 @@ from rowbatch.consumer.model.settings import ModelSettings
 from rowbatch.consumer.model.spec import SOURCE_NAMES, ModelSpec
 from rowbatch.consumer.model.spec_match import same_spec
 from rowbatch.consumer.service.startup import wait_for
-from rowbatch.timing import Clock, Sleep
+from rowbatch.timing import SYSTEM_CLOCKS, Clocks
 
 
 def connector(settings: ModelSettings, membership: Membership) -> Callable[[str], InferenceClient]:
@@ -46,8 +45,7 @@ async def discover_endpoints_waiting(
     membership: Membership,
     settings: ModelSettings,
     *,
-    sleep: Sleep = asyncio.sleep,
-    clock: Clock = time.monotonic,
+    clocks: Clocks = SYSTEM_CLOCKS,
 ) -> dict[str, ModelSpec]:
     """Endpoint address -> the model spec it serves, for every endpoint that answered (in
     configured order), waiting with backoff (up to ``model.startup_wait_s``) while none does.
@@ -82,8 +80,7 @@ async def discover_endpoints_waiting(
         wait_s=settings.startup_wait_s,
         backoff=settings.backoff,
         setting="model.startup_wait_s",
-        sleep=sleep,
-        clock=clock,
+        clocks=clocks,
     )
 
 

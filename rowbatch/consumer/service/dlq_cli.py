@@ -17,6 +17,7 @@ from rowbatch.consumer.dlq.queue import DeadLetterQueue, DeadLetterQueueError
 from rowbatch.consumer.dlq.replay import (
     DEFAULT_IN_FLIGHT,
     DEFAULT_MAX_REPLAYS,
+    ReplayPlan,
     ReplaySummary,
     replay,
 )
@@ -202,17 +203,15 @@ async def _replay(queue: DeadLetterQueue, selection: Selection, args: argparse.N
     def progress(summary: ReplaySummary) -> None:
         print(f"  {summary.replayed} replayed of {summary.read} read", file=sys.stderr)
 
-    summary = await replay(
-        queue,
-        selection,
+    plan = ReplayPlan(
         target=target,
         limit=args.limit,
         dry_run=args.dry_run,
         max_replays=args.max_replays,
         in_flight=args.in_flight,
         rate=args.rate,
-        progress=progress,
     )
+    summary = await replay(queue, selection, plan, progress=progress)
     print("\n".join(summary.lines()))
     return EXIT_FAILED if summary.failed else 0
 

@@ -10,7 +10,9 @@ from dataclasses import dataclass
 
 from rowbatch.consumer.engine.budget import ByteBudget
 from rowbatch.consumer.engine.decode import DecodeLimits, MessageDecoder
-from rowbatch.consumer.engine.pipeline import Pipeline, PipelineSettings
+from rowbatch.consumer.engine.gate import Gate
+from rowbatch.consumer.engine.pipeline import Pipeline, PipelineHooks, PipelineSettings
+from rowbatch.consumer.engine.stage_context import Telemetry
 from rowbatch.consumer.model.balancer import Balancer
 from rowbatch.consumer.model.binding import (
     Binding,
@@ -26,7 +28,7 @@ from rowbatch.consumer.model.spec_match import same_spec
 from rowbatch.consumer.observe.memory import trim
 from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.observe.scaling import ScalingSignal
-from rowbatch.consumer.observe.tracing import SYSTEMS, PipelineTracing
+from rowbatch.consumer.observe.tracing import NO_TRACING, SYSTEMS, PipelineTracer, PipelineTracing
 from rowbatch.consumer.service.build_io import (
     make_sink,
     make_source,
@@ -106,10 +108,11 @@ def decode_limits(config: ConsumerConfig) -> DecodeLimits:
     return DecodeLimits(config.max_message_bytes, config.max_attributes_bytes)
 
 
-def pipeline_tracing(config: ConsumerConfig, model: str) -> PipelineTracing | None:
-    """The pipeline's spans when this process started tracing (the CLI, from ``[tracing]``)."""
+def pipeline_tracing(config: ConsumerConfig, model: str) -> PipelineTracer:
+    """The pipeline's spans when this process started tracing (the CLI, from ``[tracing]``);
+    ``NO_TRACING`` when it did not."""
     if not tracing_active():
-        return None
+        return NO_TRACING
     return PipelineTracing(
         system=SYSTEMS[config.source.kind],
         model=model,
@@ -211,15 +214,17 @@ async def run_consumer(
         signal = scaling_signal(
             config.source, metrics, slots_fill_server=config.model.max_in_flight is None
         )
-        pipeline: Pipeline
+        # Closed while the model's retries (or the sink's) back off: intake waits, the source
+        # is paused. Made before the retries, which close it, and given to the pipeline.
+        gate = Gate(metrics)
         inferencer = RetryingInferencer(  # backs off only when no endpoint is left to try
             balancer,
             InferenceRetry(
                 config.model.backoff,
                 client_timeout_s=config.model.timeout_s,
             ),
-            on_backoff_start=lambda: pipeline.backoff_started(),  # noqa: PLW0108 (bound later)
-            on_backoff_end=lambda: pipeline.backoff_ended(),  # noqa: PLW0108
+            on_backoff_start=gate.backoff_started,
+            on_backoff_end=gate.backoff_ended,
             probe=balancer.any_healthy,
         )
         handler = OipHandler(inferencer, spec, binding, passthrough_types, target)
@@ -249,10 +254,8 @@ async def run_consumer(
             model=handler,
             settings=settings,
             budget=ByteBudget(config.budget_bytes),
-            metrics=metrics,
-            signal=signal,
-            trim=trim,
-            tracing=pipeline_tracing(config, spec.name),
+            telemetry=Telemetry(metrics, signal, pipeline_tracing(config, spec.name)),
+            hooks=PipelineHooks(gate, trim=trim),
         )
         log.info(
             "consuming: model %s v%s on %s (spec from %s), batch size %d, %d in flight (%s), "

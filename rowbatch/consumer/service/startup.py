@@ -5,14 +5,12 @@ certificate, a wrong table) fails at once."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import random
-import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from rowbatch.timing import Backoff, Clock, Sleep
+from rowbatch.timing import SYSTEM_CLOCKS, Backoff, Clocks
 
 log = logging.getLogger(__name__)
 
@@ -35,14 +33,13 @@ async def wait_for(
     wait_s: float,
     backoff: Backoff,
     setting: str,
-    sleep: Sleep = asyncio.sleep,
-    clock: Clock = time.monotonic,
-    rng: random.Random | None = None,
+    clocks: Clocks = SYSTEM_CLOCKS,
 ) -> T:
     """``op()``, retried with ``backoff`` while it raises ``unavailable``, for up to ``wait_s``
     seconds; then :class:`StillUnavailable` naming ``what``, the ``setting`` that bounds the
-    wait, and the last error."""
-    jitter = rng or random.Random()  # noqa: S311 (jitter, not secrets)
+    wait, and the last error. ``clocks``: its monotonic clock, ``sleep`` and jitter ``rng``."""
+    clock, sleep = clocks.monotonic, clocks.sleep
+    jitter = clocks.rng or random.Random()  # noqa: S311 (jitter, not secrets)
     deadline = clock() + wait_s
     attempt = 0
     while True:

@@ -64,11 +64,11 @@ class Delivery:
         source: str,
         ordering_key: str,
         size: int,
-        row_offset: int = 0,
     ) -> Delivery:
-        """The instance, without the frozen dataclass's per-field ``__init__`` (the sources
-        build one per message)."""
+        """A broker message (a whole chunk: ``row_offset`` 0), without the frozen dataclass's
+        per-field ``__init__`` (the sources build one per message)."""
         out = object.__new__(cls)
+        # row_offset is left to the class default: one dict entry fewer per message.
         out.__dict__.update(
             message_id=message_id,
             payload=payload,
@@ -79,6 +79,33 @@ class Delivery:
             ordering_key=ordering_key,
             size=size,
         )
-        if row_offset:  # else the class default: one dict entry fewer per broker message
+        return out
+
+    @classmethod
+    def of_rows(
+        cls,
+        *,
+        message_id: str,
+        payload: bytes,
+        attributes: Mapping[str, str],
+        publish_time: float,
+        delivery_attempt: int,
+        source: str,
+        size: int,
+        row_offset: int,
+    ) -> Delivery:
+        """Rows read from a table (table mode: no ordering key) whose first is row
+        ``row_offset`` of its chunk; one instance, as :meth:`of`."""
+        out = cls.of(
+            message_id=message_id,
+            payload=payload,
+            attributes=attributes,
+            publish_time=publish_time,
+            delivery_attempt=delivery_attempt,
+            source=source,
+            ordering_key="",
+            size=size,
+        )
+        if row_offset:  # else the class default, as for a broker message
             out.__dict__["row_offset"] = row_offset
         return out

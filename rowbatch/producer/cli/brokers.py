@@ -9,8 +9,8 @@ from typing import Any
 
 from rowbatch.producer.cli.running import UsageError
 from rowbatch.producer.publishers.base import Publisher
-from rowbatch.producer.publishers.kafka import KafkaPublisher
-from rowbatch.producer.publishers.pubsub import PubSubPublisher
+from rowbatch.producer.publishers.kafka import KafkaPublisher, KafkaPublisherSettings
+from rowbatch.producer.publishers.pubsub import PubSubPublisher, PubSubPublisherSettings
 from rowbatch.producer.publishers.retry import PublishRetry
 
 PublisherFactory = Callable[[argparse.Namespace], Publisher]
@@ -30,10 +30,12 @@ def make_publisher(opts: argparse.Namespace) -> Publisher:
                 opts.topic,
                 project=opts.project,
                 emulator_host=opts.emulator_host,
-                ordering=opts.ordering_key is not None,
-                retry=retry,
-                connect_timeout_s=opts.connect_timeout,
-                **kwargs,
+                settings=PubSubPublisherSettings(
+                    ordering=opts.ordering_key is not None,
+                    retry=retry,
+                    connect_timeout_s=opts.connect_timeout,
+                    **kwargs,
+                ),
             )
         except ValueError as exc:
             raise UsageError(str(exc)) from None
@@ -46,10 +48,12 @@ def make_publisher(opts: argparse.Namespace) -> Publisher:
         return KafkaPublisher(
             opts.bootstrap,
             opts.topic,
-            compression=None if opts.compression == "none" else opts.compression,
-            connect_timeout_s=opts.connect_timeout,
-            retry=retry,
-            **kwargs,
+            settings=KafkaPublisherSettings(
+                compression=None if opts.compression == "none" else opts.compression,
+                connect_timeout_s=opts.connect_timeout,
+                retry=retry,
+                **kwargs,
+            ),
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None

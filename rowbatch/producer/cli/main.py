@@ -19,9 +19,9 @@ from rowbatch.producer.cli.publish import run_publish
 from rowbatch.producer.cli.report import report, write_manifest
 from rowbatch.producer.cli.running import Outcome, RunFailed, UsageError
 from rowbatch.producer.publishers.errors import PublisherConfigError, PublishError
+from rowbatch.tables.errors import InputError
 from rowbatch.timing import Clock, Sleep
 from rowbatch.tracing import TracingError, TracingSettings, start_tracing
-from rowbatch.wire.readers.errors import InputError
 
 
 def _setup_logging(verbose: bool) -> None:

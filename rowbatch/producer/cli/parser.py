@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Final
 
 from rowbatch.producer.loadgen.spec import DECODE_KINDS, MalformedKind
+from rowbatch.tables.formats import InputFormat
 from rowbatch.wire.headers.fields import Encoding
-from rowbatch.wire.readers.formats import InputFormat
 
 PROG: Final = "rowbatch-producer"
 ENCODINGS: Final = {"json": Encoding.JSON, "arrow": Encoding.ARROW}

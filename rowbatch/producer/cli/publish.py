@@ -23,17 +23,17 @@ from rowbatch.producer.cli.running import Outcome, Submit, Tally, UsageError, ru
 from rowbatch.producer.publishers.base import Publisher
 from rowbatch.producer.publishers.splitting import split_for
 from rowbatch.progress import Progress
+from rowbatch.tables.convert import wire_columns
+from rowbatch.tables.errors import InputError
+from rowbatch.tables.formats import STDIN, InputFormat
+from rowbatch.tables.rechunk import rechunk
+from rowbatch.tables.schema import parse_schema
+from rowbatch.tables.source import TableFileReader, open_source
 from rowbatch.timing import Clock
-from rowbatch.wire.chunks.encode import EncodedChunk
+from rowbatch.wire.chunks.encode import EncodedChunk, EncodeOptions
 from rowbatch.wire.columns.column_type import ColumnType
 from rowbatch.wire.errors import RowTooLarge, WireError
 from rowbatch.wire.headers.fields import MAX_TABLE_LEN, Encoding, check_table, derive_chunk_id
-from rowbatch.wire.readers.convert import wire_columns
-from rowbatch.wire.readers.errors import InputError
-from rowbatch.wire.readers.formats import STDIN, InputFormat
-from rowbatch.wire.readers.rechunk import rechunk
-from rowbatch.wire.readers.schema import parse_schema
-from rowbatch.wire.readers.source import TableFileReader, open_source
 
 _UNSAFE: Final = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -116,8 +116,7 @@ class _ChunkReader:
                 self.encoding,
                 chunk_id,
                 schema=types,
-                ordering_key=self.ordering_key,
-                compression=self.compression,
+                options=EncodeOptions(ordering_key=self.ordering_key, compression=self.compression),
             )
         except RowTooLarge as exc:
             row = "a row" if exc.row_index is None else f"data row {first_row + exc.row_index + 1}"

@@ -14,8 +14,8 @@ from rowbatch.producer.publishers.errors import PublishError
 from rowbatch.producer.publishers.messages import Message, PublishedChunk
 from rowbatch.producer.publishers.window import PublishWindow
 from rowbatch.progress import Progress, Summary
+from rowbatch.tables.errors import InputError
 from rowbatch.timing import Clock
-from rowbatch.wire.readers.errors import InputError
 
 Submit = Callable[[Message, int | None], Awaitable[None]]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
 from typing import Any, Final, Literal
 
 from aiokafka import AIOKafkaProducer, codec
@@ -72,17 +73,36 @@ def check_kafka_compression(compression: str | None) -> None:
         )
 
 
+@dataclass(frozen=True)
+class KafkaPublisherSettings:
+    """How a :class:`KafkaPublisher` publishes. ``max_message_bytes``: the topic's
+    ``max.message.bytes`` (and the producer's ``max_request_size``); 1 MiB by default, as
+    Kafka's. ``compression``: the producer's record-batch compression (``zstd``/``lz4``/
+    ``snappy`` need ``cramjam``). ``linger_ms``, ``request_timeout_ms`` and ``client_id``: the
+    producer's. ``connect_timeout_s``: for the start and the topic check. ``retry``: of
+    transient errors."""
+
+    max_message_bytes: int = KAFKA_DEFAULT_MAX_MESSAGE_BYTES
+    compression: KafkaCompression | None = None
+    linger_ms: int = 5
+    request_timeout_ms: int = 30_000
+    connect_timeout_s: float = 10.0
+    retry: PublishRetry = field(default_factory=PublishRetry)
+    client_id: str = "rowbatch-producer"
+
+
+_SETTINGS_FIELDS: Final = frozenset(f.name for f in fields(KafkaPublisherSettings))
+
+
 class KafkaPublisher(StartClose):
     """Publishes to an Apache Kafka topic with ``aiokafka``: an idempotent producer with
     ``acks=all``; each chunk is one record whose headers are the chunk headers and whose key is
     the ordering key, else the chunk id (so a re-sent chunk lands on the same partition).
 
-    ``max_message_bytes``: the topic's ``max.message.bytes`` (and the producer's
-    ``max_request_size``); 1 MiB by default, as Kafka's. ``compression``: the producer's
-    record-batch compression (``zstd``/``lz4``/``snappy`` need ``cramjam``). Extra keyword
-    arguments go to ``AIOKafkaProducer`` (security: ``security_protocol``,
-    ``sasl_mechanism``, ``ssl_context``...). ``producer_factory`` replaces ``AIOKafkaProducer``
-    (tests).
+    ``settings``: the message limit, compression, producer tuning, retries and timeouts
+    (:class:`KafkaPublisherSettings`). Extra keyword arguments go to ``AIOKafkaProducer``
+    (security: ``security_protocol``, ``sasl_mechanism``, ``ssl_context``...).
+    ``producer_factory`` replaces ``AIOKafkaProducer`` (tests).
     """
 
     broker = "kafka"
@@ -92,17 +112,19 @@ class KafkaPublisher(StartClose):
         bootstrap_servers: str,
         topic: str,
         *,
-        max_message_bytes: int = KAFKA_DEFAULT_MAX_MESSAGE_BYTES,
-        compression: KafkaCompression | None = None,
-        linger_ms: int = 5,
-        request_timeout_ms: int = 30_000,
-        connect_timeout_s: float = 10.0,
-        retry: PublishRetry | None = None,
-        client_id: str = "rowbatch-producer",
+        settings: KafkaPublisherSettings | None = None,
         sleep: Sleep = asyncio.sleep,
         producer_factory: Callable[..., Any] | None = None,
         **client_options: Any,
     ) -> None:
+        misplaced = sorted(set(client_options) & _SETTINGS_FIELDS)
+        if misplaced:  # they would reach AIOKafkaProducer, beside the values set from settings
+            raise TypeError(
+                f"KafkaPublisher: {', '.join(misplaced)} belong in "
+                "settings=KafkaPublisherSettings(...)"
+            )
+        settings = settings or KafkaPublisherSettings()
+        max_message_bytes, compression = settings.max_message_bytes, settings.compression
         if max_message_bytes <= 2 * (_KAFKA_FRAMING_BYTES + _KAFKA_MAX_KEY_BYTES):
             raise ValueError(f"max_message_bytes is too small: {max_message_bytes}")
         if not topic:
@@ -112,11 +134,11 @@ class KafkaPublisher(StartClose):
         self._topic = topic
         self._max_message_bytes = max_message_bytes
         self._compression = compression
-        self._linger_ms = linger_ms
-        self._request_timeout_ms = request_timeout_ms
-        self._connect_timeout_s = connect_timeout_s
-        self._retry = retry or PublishRetry()
-        self._client_id = client_id
+        self._linger_ms = settings.linger_ms
+        self._request_timeout_ms = settings.request_timeout_ms
+        self._connect_timeout_s = settings.connect_timeout_s
+        self._retry = settings.retry
+        self._client_id = settings.client_id
         self._sleep = sleep
         self._factory = producer_factory
         self._client_options = client_options
@@ -286,4 +308,9 @@ class KafkaPublisher(StartClose):
         return refused(where, chunk_id, exc, topic=self._topic, address=self._bootstrap)
 
 
-__all__ = ["KafkaCompression", "KafkaPublisher", "check_kafka_compression"]
+__all__ = [
+    "KafkaCompression",
+    "KafkaPublisher",
+    "KafkaPublisherSettings",
+    "check_kafka_compression",
+]

@@ -9,7 +9,7 @@ import logging
 import os
 import re
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import grpc
@@ -43,12 +43,7 @@ from rowbatch.producer.publishers.errors import (
 from rowbatch.producer.publishers.messages import Message, chunk_id_of, message_size
 from rowbatch.producer.publishers.retry import PublishRetry, make_retrying
 from rowbatch.producer.publishers.tracing import send_span
-from rowbatch.timing import Sleep
-from rowbatch.tracing import TRACE_CONTEXT_BYTES
-from rowbatch.tracing import active as tracing_active
-from rowbatch.wire.chunks.split import PUBSUB_MAX_MESSAGE_BYTES
-from rowbatch.wire.headers.fields import H_ORDERING_KEY
-from rowbatch.wire.pubsub_env import (
+from rowbatch.pubsub_env import (
     CredentialsLookup,
     credentials_message,
     emulator_host,
@@ -57,6 +52,11 @@ from rowbatch.wire.pubsub_env import (
     project_of,
     pubsub_address,
 )
+from rowbatch.timing import Sleep
+from rowbatch.tracing import TRACE_CONTEXT_BYTES
+from rowbatch.tracing import active as tracing_active
+from rowbatch.wire.chunks.split import PUBSUB_MAX_MESSAGE_BYTES
+from rowbatch.wire.headers.fields import H_ORDERING_KEY
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +88,23 @@ class PubSubFlowControl:
 
     max_messages: int = 1000
     max_bytes: int = 100_000_000
+
+
+@dataclass(frozen=True)
+class PubSubPublisherSettings:
+    """How a :class:`PubSubPublisher` publishes. ``ordering``: enable ordering keys (needed to
+    publish with ``key``). ``max_message_bytes``: a message limit below Pub/Sub's own.
+    ``retry``: of transient errors. ``connect_timeout_s``: for the start-up check of the topic;
+    ``rpc_timeout_s``: for each publish call. ``batch`` and ``flow_control``: the client's,
+    when the publisher makes it."""
+
+    ordering: bool = False
+    max_message_bytes: int = PUBSUB_MAX_MESSAGE_BYTES
+    retry: PublishRetry = field(default_factory=PublishRetry)
+    connect_timeout_s: float = 10.0
+    rpc_timeout_s: float = 60.0
+    batch: PubSubBatchSettings = PubSubBatchSettings()
+    flow_control: PubSubFlowControl = PubSubFlowControl()
 
 
 def pubsub_topic_path(topic: str, project: str | None = None) -> str:
@@ -136,13 +153,13 @@ class PubSubPublisher(StartClose):
     """Publishes to a Google Cloud Pub/Sub topic with ``google-cloud-pubsub``.
 
     ``client``: a ``PublisherClient`` to use (the caller keeps ownership and its settings);
-    otherwise one is made with ``batch`` and ``flow_control``, talking to ``emulator_host``
-    when given (else wherever ``$PUBSUB_EMULATOR_HOST`` or the default credentials point).
-    Without an emulator and without Google credentials ``start`` raises
+    otherwise one is made with the ``settings``' ``batch`` and ``flow_control``, talking to
+    ``emulator_host`` when given (else wherever ``$PUBSUB_EMULATOR_HOST`` or the default
+    credentials point). Without an emulator and without Google credentials ``start`` raises
     ``PublisherConfigError`` naming what to set; ``credentials`` looks them up (tests).
-    ``ordering``: enable ordering keys (needed to publish with ``key``). The client's blocking
-    calls (publish under flow control, get_topic, stop) run in worker threads; its futures are
-    bridged into asyncio.
+    ``settings``: ordering keys, limits, retries and timeouts
+    (:class:`PubSubPublisherSettings`). The client's blocking calls (publish under flow
+    control, get_topic, stop) run in worker threads; its futures are bridged into asyncio.
     """
 
     broker = "pubsub"
@@ -154,16 +171,12 @@ class PubSubPublisher(StartClose):
         project: str | None = None,
         client: Any = None,
         emulator_host: str | None = None,
-        batch: PubSubBatchSettings | None = None,
-        flow_control: PubSubFlowControl | None = None,
-        ordering: bool = False,
-        max_message_bytes: int = PUBSUB_MAX_MESSAGE_BYTES,
-        retry: PublishRetry | None = None,
-        connect_timeout_s: float = 10.0,
-        rpc_timeout_s: float = 60.0,
+        settings: PubSubPublisherSettings | None = None,
         sleep: Sleep = asyncio.sleep,
         credentials: CredentialsLookup = google_default_credentials,
     ) -> None:
+        settings = settings or PubSubPublisherSettings()
+        max_message_bytes = settings.max_message_bytes
         if not 0 < max_message_bytes <= PUBSUB_MAX_MESSAGE_BYTES:
             raise ValueError(
                 f"max_message_bytes must be in 1..{PUBSUB_MAX_MESSAGE_BYTES} (Pub/Sub's limit), "
@@ -173,13 +186,13 @@ class PubSubPublisher(StartClose):
         self._client = client
         self._owns_client = client is None
         self._emulator_host = emulator_host
-        self._batch = batch or PubSubBatchSettings()
-        self._flow = flow_control or PubSubFlowControl()
-        self._ordering = ordering
+        self._batch = settings.batch
+        self._flow = settings.flow_control
+        self._ordering = settings.ordering
         self._max_message_bytes = max_message_bytes
-        self._retry = retry or PublishRetry()
-        self._connect_timeout_s = connect_timeout_s
-        self._rpc_timeout_s = rpc_timeout_s
+        self._retry = settings.retry
+        self._connect_timeout_s = settings.connect_timeout_s
+        self._rpc_timeout_s = settings.rpc_timeout_s
         self._sleep = sleep
         self._credentials = credentials
         # One thread: publish calls reach the client in the order they were made (ordering
@@ -426,4 +439,10 @@ class PubSubPublisher(StartClose):
         return refused(where, chunk_id, exc, topic=self._topic, address=self.address)
 
 
-__all__ = ["PubSubBatchSettings", "PubSubFlowControl", "PubSubPublisher", "pubsub_topic_path"]
+__all__ = [
+    "PubSubBatchSettings",
+    "PubSubFlowControl",
+    "PubSubPublisher",
+    "PubSubPublisherSettings",
+    "pubsub_topic_path",
+]

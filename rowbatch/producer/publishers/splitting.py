@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from datetime import datetime
 
 from rowbatch.producer.publishers.base import Publisher
 from rowbatch.producer.publishers.messages import PublishedChunk
-from rowbatch.wire.chunks.encode import EncodedChunk
+from rowbatch.wire.chunks.encode import NO_OPTIONS, EncodedChunk, EncodeOptions
 from rowbatch.wire.chunks.split import split_rows
-from rowbatch.wire.codec_arrow import Compression
 from rowbatch.wire.columns.caller_data import ColumnData
 from rowbatch.wire.columns.column_type import ColumnType
 from rowbatch.wire.columns.schema import TableSchema
@@ -26,9 +24,7 @@ def split_for(
     chunk_id: str,
     *,
     schema: TableSchema | Mapping[str, ColumnType] | None = None,
-    ordering_key: str | None = None,
-    compression: Compression | None = None,
-    produced_at: datetime | None = None,
+    options: EncodeOptions = NO_OPTIONS,
 ) -> list[EncodedChunk]:
     """:func:`~rowbatch.wire.chunks.split.split_rows` with the publisher's message limit
     (CPU-bound: call it in a worker thread from async code)."""
@@ -39,9 +35,7 @@ def split_for(
         chunk_id,
         max_bytes=publisher.max_chunk_bytes,
         schema=schema,
-        ordering_key=ordering_key,
-        compression=compression,
-        produced_at=produced_at,
+        options=options,
     )
 
 
@@ -53,25 +47,16 @@ async def publish_rows(
     chunk_id: str,
     *,
     schema: TableSchema | Mapping[str, ColumnType] | None = None,
-    ordering_key: str | None = None,
-    compression: Compression | None = None,
-    produced_at: datetime | None = None,
+    options: EncodeOptions = NO_OPTIONS,
 ) -> list[PublishedChunk]:
     """Encodes the rows as one chunk, or as parts ``<chunk_id>.0``, ``.1``... when one message
-    cannot hold them, and publishes them (concurrently; in order per ordering key)."""
+    cannot hold them, and publishes them (concurrently; in order per ordering key, which
+    ``options`` gives with the production time and the compression)."""
     chunks = await asyncio.to_thread(
-        split_for,
-        publisher,
-        table,
-        columns,
-        encoding,
-        chunk_id,
-        schema=schema,
-        ordering_key=ordering_key,
-        compression=compression,
-        produced_at=produced_at,
+        split_for, publisher, table, columns, encoding, chunk_id, schema=schema, options=options
     )
-    ids = await asyncio.gather(*(publisher.publish(c, key=ordering_key) for c in chunks))
+    key = options.ordering_key
+    ids = await asyncio.gather(*(publisher.publish(c, key=key) for c in chunks))
     return [
         PublishedChunk(c.headers.chunk_id, c.headers.row_count, c.size, message_id)
         for c, message_id in zip(chunks, ids, strict=True)

@@ -7,7 +7,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 from numpy.typing import NDArray
@@ -43,6 +43,21 @@ class EncodedChunk:
     def size(self) -> int:
         """Bytes a broker counts: payload plus attribute keys and values."""
         return len(self.payload) + attributes_size(self.attributes)
+
+
+@dataclass(frozen=True)
+class EncodeOptions:
+    """What a chunk is stamped and packed with beyond its rows and their types: the
+    ``ordering_key`` header (None: none), the ``produced_at`` header (None: the time of
+    encoding) and the payload's ``compression`` (Arrow only; None: uncompressed)."""
+
+    ordering_key: str | None = None
+    produced_at: datetime | None = None
+    compression: Compression | None = None
+
+
+NO_OPTIONS: Final = EncodeOptions()
+"""The defaults: no ordering key, stamped when encoded, uncompressed."""
 
 
 def build_columns(
@@ -90,9 +105,7 @@ def encode_chunk(
     *,
     schema: TableSchema | Mapping[str, ColumnType] | None = None,
     null_masks: Mapping[str, NDArray[np.bool_] | Sequence[bool]] | None = None,
-    produced_at: datetime | None = None,
-    ordering_key: str | None = None,
-    compression: Compression | None = None,
+    options: EncodeOptions = NO_OPTIONS,
 ) -> EncodedChunk:
     """Encodes one chunk.
 
@@ -101,14 +114,20 @@ def encode_chunk(
     are inferred unless ``schema`` gives them. ``encoding`` is an :class:`Encoding` or
     ``"json"``/``"arrow"``. ``chunk_id`` is the idempotency key: keep it and reuse it when
     re-sending the same rows; a random UUID is used when omitted (read it back from
-    ``.headers.chunk_id``). ``compression`` (Arrow only) compresses the IPC buffers.
+    ``.headers.chunk_id``). ``options``: the ordering key and production time the headers
+    carry, and the compression of the IPC buffers (Arrow only).
     """
     enc = Encoding.parse(encoding)
     cols = build_columns(columns, schema=schema, null_masks=null_masks)
     headers = headers_for(
-        table, cols, enc, chunk_id=chunk_id, produced_at=produced_at, ordering_key=ordering_key
+        table,
+        cols,
+        enc,
+        chunk_id=chunk_id,
+        produced_at=options.produced_at,
+        ordering_key=options.ordering_key,
     )
-    return EncodedChunk(encode_payload(cols, enc, compression), headers)
+    return EncodedChunk(encode_payload(cols, enc, options.compression), headers)
 
 
 def headers_for(

@@ -6,15 +6,20 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime
 from typing import Final, cast
 
 import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
 
-from rowbatch.wire.chunks.encode import EncodedChunk, build_columns, encode_payload, headers_for
-from rowbatch.wire.codec_arrow import Compression
+from rowbatch.wire.chunks.encode import (
+    NO_OPTIONS,
+    EncodedChunk,
+    EncodeOptions,
+    build_columns,
+    encode_payload,
+    headers_for,
+)
 from rowbatch.wire.columns.caller_data import ColumnData
 from rowbatch.wire.columns.canonical import Column
 from rowbatch.wire.columns.column_type import ColumnType, Kind
@@ -38,9 +43,7 @@ def split_rows(
     max_bytes: int,
     schema: TableSchema | Mapping[str, ColumnType] | None = None,
     null_masks: Mapping[str, NDArray[np.bool_] | Sequence[bool]] | None = None,
-    produced_at: datetime | None = None,
-    ordering_key: str | None = None,
-    compression: Compression | None = None,
+    options: EncodeOptions = NO_OPTIONS,
 ) -> list[EncodedChunk]:
     """Encodes the rows as one or more chunks, each of whose :attr:`EncodedChunk.size` (payload
     plus attributes) is at most ``max_bytes``; rows keep their order.
@@ -49,7 +52,9 @@ def split_rows(
     ``f"{chunk_id}.{part}"`` (part = 0, 1, ...). The cut is a deterministic function of the rows,
     the encoding options and ``max_bytes``: re-sending the same rows with the same settings
     yields the same parts and ids. A row that alone encodes over ``max_bytes`` raises
-    :class:`~rowbatch.wire.errors.RowTooLarge` naming its index and size.
+    :class:`~rowbatch.wire.errors.RowTooLarge` naming its index and size. ``options``: as for
+    :func:`~rowbatch.wire.chunks.encode.encode_chunk` (every part gets the same ordering key and
+    production time).
     """
     if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes <= 0:
         raise ValueError(f"max_bytes must be a positive integer, not {max_bytes!r}")
@@ -57,8 +62,14 @@ def split_rows(
     cols = build_columns(columns, schema=schema, null_masks=null_masks)
     n = len(cols[0])
     base_id = str(uuid.uuid4()) if chunk_id is None else chunk_id
+    ordering_key, compression = options.ordering_key, options.compression
     whole = headers_for(
-        table, cols, enc, chunk_id=base_id, produced_at=produced_at, ordering_key=ordering_key
+        table,
+        cols,
+        enc,
+        chunk_id=base_id,
+        produced_at=options.produced_at,
+        ordering_key=ordering_key,
     )
     produced_at = whole.produced_at  # one timestamp for all parts
     payload = encode_payload(cols, enc, compression)

@@ -27,17 +27,18 @@ from rowbatch.producer.publishers.errors import (
     PublishFailed,
     TopicNotFound,
 )
-from rowbatch.producer.publishers.kafka import KafkaPublisher
+from rowbatch.producer.publishers.kafka import KafkaPublisher, KafkaPublisherSettings
 from rowbatch.producer.publishers.messages import RawMessage
 from rowbatch.producer.publishers.pubsub import (
     PubSubFlowControl,
     PubSubPublisher,
+    PubSubPublisherSettings,
     pubsub_topic_path,
 )
 from rowbatch.producer.publishers.retry import PublishRetry
 from rowbatch.producer.publishers.splitting import publish_rows
 from rowbatch.producer.publishers.window import PublishWindow
-from rowbatch.wire.chunks.encode import EncodedChunk, encode_chunk
+from rowbatch.wire.chunks.encode import EncodedChunk, EncodeOptions, encode_chunk
 from rowbatch.wire.headers.fields import H_CHUNK_ID, H_ORDERING_KEY
 from tests.unit.producer.publish_fakes import (
     FakeKafkaProducer,
@@ -67,16 +68,30 @@ class Sleeps:
         await asyncio.sleep(0)
 
 
-def _chunk(chunk_id: str = "src:1", rows: int = 3, **kwargs: Any) -> EncodedChunk:
+def _chunk(chunk_id: str = "src:1", rows: int = 3, ordering_key: str | None = None) -> EncodedChunk:
     return encode_chunk(
-        "orders", {"id": list(range(rows)), "text": ["a"] * rows}, "json", chunk_id, **kwargs
+        "orders",
+        {"id": list(range(rows)), "text": ["a"] * rows},
+        "json",
+        chunk_id,
+        options=EncodeOptions(ordering_key=ordering_key),
     )
 
 
-def _pubsub(client: FakePubSubClient, **kwargs: Any) -> tuple[PubSubPublisher, Sleeps]:
+def _pubsub(
+    client: FakePubSubClient, *, emulator_host: str | None = None, **settings: Any
+) -> tuple[PubSubPublisher, Sleeps]:
+    """A publisher on ``client``; ``settings``: :class:`PubSubPublisherSettings` fields."""
     sleeps = Sleeps()
-    kwargs.setdefault("retry", PublishRetry(attempts=4, max_seconds=60))
-    return PubSubPublisher(TOPIC, client=client, sleep=sleeps, **kwargs), sleeps
+    settings.setdefault("retry", PublishRetry(attempts=4, max_seconds=60))
+    pub = PubSubPublisher(
+        TOPIC,
+        client=client,
+        emulator_host=emulator_host,
+        settings=PubSubPublisherSettings(**settings),
+        sleep=sleeps,
+    )
+    return pub, sleeps
 
 
 # --- Pub/Sub ----------------------------------------------------------------------------------
@@ -236,16 +251,20 @@ async def test_pubsub_publish_under_flow_control_does_not_block_the_loop() -> No
 
 def test_pubsub_flow_control_must_hold_one_message() -> None:
     with pytest.raises(ValueError, match="would block forever"):
-        PubSubPublisher(TOPIC, client=FakePubSubClient(), flow_control=PubSubFlowControl(10, 1000))
+        PubSubPublisher(
+            TOPIC,
+            client=FakePubSubClient(),
+            settings=PubSubPublisherSettings(flow_control=PubSubFlowControl(10, 1000)),
+        )
 
 
 def test_pubsub_max_chunk_bytes_leaves_room_for_the_request() -> None:
     pub = PubSubPublisher(TOPIC, client=FakePubSubClient())
     assert 9_990_000 < pub.max_chunk_bytes < 10_000_000
-    small = PubSubPublisher(TOPIC, client=FakePubSubClient(), max_message_bytes=50_000)
+    small, _ = _pubsub(FakePubSubClient(), max_message_bytes=50_000)
     assert small.max_chunk_bytes == 50_000
     with pytest.raises(ValueError, match="Pub/Sub's limit"):
-        PubSubPublisher(TOPIC, client=FakePubSubClient(), max_message_bytes=20_000_000)
+        _pubsub(FakePubSubClient(), max_message_bytes=20_000_000)
 
 
 async def test_pubsub_publish_before_start_is_an_error() -> None:
@@ -259,19 +278,30 @@ async def test_pubsub_publish_before_start_is_an_error() -> None:
 # --- Kafka ------------------------------------------------------------------------------------
 
 
-def _kafka(prepare: Any = None, **kwargs: Any) -> tuple[KafkaPublisher, Any, Sleeps]:
+def _kafka(
+    prepare: Any = None, client_options: dict[str, Any] | None = None, **settings: Any
+) -> tuple[KafkaPublisher, Any, Sleeps]:
+    """A publisher on a fake producer; ``settings``: :class:`KafkaPublisherSettings` fields;
+    ``client_options``: passed through to the producer."""
     sleeps = Sleeps()
     factory = kafka_factory(prepare)
-    kwargs.setdefault("retry", PublishRetry(attempts=4))
+    settings.setdefault("retry", PublishRetry(attempts=4))
     pub = KafkaPublisher(
-        "k1:9092,k2:9092", "rows", producer_factory=factory, sleep=sleeps, **kwargs
+        "k1:9092,k2:9092",
+        "rows",
+        settings=KafkaPublisherSettings(**settings),
+        producer_factory=factory,
+        sleep=sleeps,
+        **(client_options or {}),
     )
     return pub, factory, sleeps
 
 
 async def test_kafka_producer_is_idempotent_with_acks_all() -> None:
     pub, factory, _ = _kafka(
-        compression="gzip", max_message_bytes=2_000_000, security_protocol="SSL"
+        compression="gzip",
+        max_message_bytes=2_000_000,
+        client_options={"security_protocol": "SSL"},
     )
     async with pub:
         pass
@@ -389,9 +419,16 @@ def test_kafka_compression_without_its_library_names_the_package(
 ) -> None:
     monkeypatch.setattr(codec, "has_zstd", lambda: False)
     with pytest.raises(ValueError, match=r"aiokafka\[zstd\]"):
-        KafkaPublisher("k:9092", "rows", compression="zstd")
+        KafkaPublisher("k:9092", "rows", settings=KafkaPublisherSettings(compression="zstd"))
     with pytest.raises(ValueError, match="compression must be one of"):
-        KafkaPublisher("k:9092", "rows", compression="brotli")  # type: ignore[arg-type]
+        brotli = KafkaPublisherSettings(compression="brotli")  # type: ignore[arg-type]
+        KafkaPublisher("k:9092", "rows", settings=brotli)
+
+
+def test_kafka_settings_passed_as_client_options_are_refused() -> None:
+    """They would reach the producer beside the values the publisher sets from its settings."""
+    with pytest.raises(TypeError, match=r"client_id, compression belong in settings="):
+        KafkaPublisher("k:9092", "rows", compression="gzip", client_id="me")
 
 
 # --- helpers ----------------------------------------------------------------------------------
@@ -416,7 +453,7 @@ async def test_publish_rows_keeps_one_chunk_when_it_fits() -> None:
     publisher = FakePublisher()
     await publisher.start()
     published = await publish_rows(
-        publisher, "t", {"id": [1, 2]}, "json", "orders:7", ordering_key="k"
+        publisher, "t", {"id": [1, 2]}, "json", "orders:7", options=EncodeOptions(ordering_key="k")
     )
     assert [(p.chunk_id, p.rows, p.message_id) for p in published] == [("orders:7", 2, "msg-0")]
     assert publisher.sent[0].key == "k"

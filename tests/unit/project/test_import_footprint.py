@@ -17,7 +17,7 @@ TABLE_MODE = (
     "pyarrow.compute",
     "pyarrow.csv",
     "pyarrow.json",
-    "rowbatch.wire.readers",
+    "rowbatch.tables",
     "rowbatch.consumer.sources.table.source",
 )
 

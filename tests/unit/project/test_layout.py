@@ -1,10 +1,11 @@
 """The package layering of docs/architecture.md holds: no package imports one above it, the
 broker, model and sink adapters do not import each other, the producer and the consumer are
-siblings over the wire contract, and the wire contract imports nothing else of rowbatch. The
-installed package is ``rowbatch`` alone, one real directory (rowbatch/consumer, rowbatch/producer
-and rowbatch/wire are folders, not links; no top-level consumer/, producer/ or wire/ is left, so
-no module can load under a second name), nothing in it imports the repository's harness, bench
-or tests. The old alias modules of the wire contract are gone."""
+siblings over the wire contract, the wire contract imports nothing else of rowbatch, and the
+table readers (``rowbatch.tables``) sit between the contract and its users. The installed
+package is ``rowbatch`` alone, one real directory (rowbatch/consumer, rowbatch/producer,
+rowbatch/tables and rowbatch/wire are folders, not links; no top-level consumer/, producer/ or
+wire/ is left, so no module can load under a second name), nothing in it imports the
+repository's harness, bench or tests. The old alias modules of the wire contract are gone."""
 
 from __future__ import annotations
 
@@ -19,13 +20,17 @@ ROOT = Path(__file__).resolve().parents[3]
 #: The subpackages of the installed package ``rowbatch`` (real folders under rowbatch/);
 #: harness/ and bench/ stay in the repository, out of the wheel.
 INSTALLED = ("consumer", "producer", "wire")
+#: Its subpackages: those three, top-level folders once (their old names must stay unused), and
+#: ``tables``, the table readers, born under rowbatch/.
+SUBPACKAGES = (*INSTALLED, "tables")
 PACKAGE = ROOT / "rowbatch"
 DEV_ONLY = ("harness", "bench", "tests")
 
 #: Lowest first. A module may import its own layer's package or a lower layer, never a higher
 #: one; packages on the same layer (the three adapters) may not import each other.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("rowbatch.wire", "rowbatch.timing", "rowbatch.tracing"),
+    ("rowbatch.wire", "rowbatch.timing", "rowbatch.tracing", "rowbatch.pubsub_env"),
+    ("rowbatch.tables",),
     ("rowbatch.progress",),
     ("rowbatch.consumer.section",),
     ("rowbatch.consumer.observe",),
@@ -127,10 +132,33 @@ def test_the_producer_and_the_consumer_are_siblings() -> None:
                 )
 
 
-def test_the_layering_sees_every_consumer_package() -> None:
-    packages = {_module_name(p.parent) for p in (PACKAGE / "consumer").rglob("__init__.py")}
-    unplaced = {p for p in packages if p != "rowbatch.consumer" and _package_of(p) is None}
-    assert not unplaced
+#: The modules no layer holds: the package markers and the consumer's ``python -m`` entry, at the
+#: top, free to import anything.
+UNLAYERED = {"rowbatch", "rowbatch.consumer", "rowbatch.consumer.__main__"}
+
+
+def test_the_layering_sees_every_module() -> None:
+    """Every module of the wheel is on a layer, so the check above sees its imports (a new
+    package or top-level module must be placed in ``LAYERS``)."""
+    modules = {_module_name(p) for p in _sources()}
+    unplaced = {m for m in modules - UNLAYERED if _package_of(m) is None}
+    assert not unplaced, sorted(unplaced)
+
+
+def test_the_table_readers_sit_between_the_contract_and_its_users() -> None:
+    """``rowbatch.tables`` is above the wire contract and below both of its users (the
+    producer's ``publish``, the consumer's table mode), and imports nothing of rowbatch but the
+    contract."""
+    tables = _rank("rowbatch.tables")
+    assert _rank("rowbatch.wire") < tables
+    assert tables < _rank("rowbatch.consumer.sources") < _rank("rowbatch.producer")
+    for path in (PACKAGE / "tables").rglob("*.py"):
+        for imported in _imports(path):
+            if imported.split(".")[0] in {"rowbatch", *SUBPACKAGES, *DEV_ONLY}:
+                ours = imported in {"rowbatch.wire", "rowbatch.tables"} or imported.startswith(
+                    ("rowbatch.wire.", "rowbatch.tables.")
+                )
+                assert ours, f"{path.relative_to(ROOT)} imports {imported}"
 
 
 def _importing(paths: Iterable[Path], names: Collection[str]) -> list[str]:
@@ -172,21 +200,23 @@ def test_rowbatch_is_one_real_directory() -> None:
 
     links = [str(p.relative_to(ROOT)) for p in PACKAGE.rglob("*") if p.is_symlink()]
     assert not links, links
-    for name in INSTALLED:
+    for name in SUBPACKAGES:
         assert (PACKAGE / name / "__init__.py").is_file(), name
+    for name in INSTALLED:
         assert not (ROOT / name).exists(), f"a top-level {name}/ is back"
     assert {p.name for p in PACKAGE.iterdir()} <= {
-        *INSTALLED,
+        *SUBPACKAGES,
         "__init__.py",
         "py.typed",
         "timing.py",
         "progress.py",
         "tracing.py",
+        "pubsub_env.py",
         "__pycache__",
     }, (
-        "rowbatch/ holds the package marker, its three subpackages, timing.py (clock and "
-        "backoff of the producer and the consumer), progress.py (their progress line) and "
-        "tracing.py"
+        "rowbatch/ holds the package marker, its four subpackages, timing.py (clock and "
+        "backoff of the producer and the consumer), progress.py (their progress line), "
+        "tracing.py and pubsub_env.py (the Pub/Sub environment both sides read)"
     )
     assert Path(rowbatch.__file__).parent.resolve() == PACKAGE
 

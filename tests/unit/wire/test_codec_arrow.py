@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from rowbatch.wire import codec_arrow
 from rowbatch.wire.chunks.decode import decode_chunk
-from rowbatch.wire.chunks.encode import encode_chunk
+from rowbatch.wire.chunks.encode import EncodeOptions, encode_chunk
 from rowbatch.wire.codec_arrow import decode_arrow
 from rowbatch.wire.errors import WireError
 from rowbatch.wire.headers.fields import Encoding
@@ -162,7 +162,7 @@ def test_layouts_are_not_kept_for_nulls_text_or_compression() -> None:
             decode_arrow(payload)
             assert not codec_arrow._LAYOUTS
     compressed = encode_chunk(
-        "t", {"i": np.arange(4)}, Encoding.ARROW, "c", compression="zstd"
+        "t", {"i": np.arange(4)}, Encoding.ARROW, "c", options=EncodeOptions(compression="zstd")
     ).payload
     with schemas():
         decode_arrow(compressed)
@@ -251,7 +251,12 @@ def test_any_stream_decodes_alike_with_a_known_schema(
     case: ChunkCase, compression: Any, damage: str, where: int, byte: int
 ) -> None:
     primer = encode_chunk(
-        "t", case.columns, Encoding.ARROW, "c", schema=case.types, compression=compression
+        "t",
+        case.columns,
+        Encoding.ARROW,
+        "c",
+        schema=case.types,
+        options=EncodeOptions(compression=compression),
     ).payload
     payload = bytearray(primer)
     if damage == "flip":

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from rowbatch.wire import errors
 from rowbatch.wire.chunks.decode import decode_chunk
-from rowbatch.wire.chunks.encode import encode_chunk
+from rowbatch.wire.chunks.encode import EncodeOptions, encode_chunk
 from rowbatch.wire.columns.column_type import FLOAT32, INT64, STRING, ColumnType
 from rowbatch.wire.columns.schema import TableSchema
 from rowbatch.wire.errors import (
@@ -654,7 +654,7 @@ def test_encode_structural_errors() -> None:
             schema=TableSchema({"a": INT64}, non_nullable=frozenset({"a"})),
         )
     with pytest.raises(ValueError, match="Arrow encoding only"):
-        encode_chunk("t", {"a": [1]}, "json", "e", compression="zstd")
+        encode_chunk("t", {"a": [1]}, "json", "e", options=EncodeOptions(compression="zstd"))
 
 
 def test_column_type_parse() -> None:

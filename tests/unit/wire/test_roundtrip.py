@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from rowbatch.wire.chunks.decode import decode_chunk
-from rowbatch.wire.chunks.encode import encode_chunk
+from rowbatch.wire.chunks.encode import EncodeOptions, encode_chunk
 from rowbatch.wire.columns.column_type import BOOL, FLOAT32, FLOAT64, INT64, STRING, ColumnType
 from rowbatch.wire.headers.fields import Encoding, kafka_headers_to_attributes
 from tests.unit.wire.helpers import (
@@ -66,7 +66,7 @@ def test_decoded_chunk_re_encodes_identically(encoding: Encoding, case: ChunkCas
         "x",
         schema=first.types,
         null_masks=first.null_masks,
-        produced_at=first.headers.produced_at,
+        options=EncodeOptions(produced_at=first.headers.produced_at),
     )
     second = decode_chunk(again.payload, again.attributes)
     for name in case.columns:
@@ -189,7 +189,8 @@ def test_encode_does_not_touch_caller_arrays() -> None:
 def test_arrow_compression_round_trips(compression: str) -> None:
     vectors = np.zeros((100, 64), dtype=np.float32)
     plain = encode_chunk("t", {"v": vectors}, "arrow", "c")
-    packed = encode_chunk("t", {"v": vectors}, "arrow", "c", compression=compression)  # type: ignore[arg-type]
+    options = EncodeOptions(compression=compression)  # type: ignore[arg-type]
+    packed = encode_chunk("t", {"v": vectors}, "arrow", "c", options=options)
     assert len(packed.payload) < len(plain.payload)
     decoded = decode_chunk(packed.payload, packed.attributes)
     np.testing.assert_array_equal(decoded.columns["v"], vectors)
@@ -198,7 +199,7 @@ def test_arrow_compression_round_trips(compression: str) -> None:
 def test_produced_at_and_ordering_key_travel() -> None:
     moment = datetime(2024, 5, 1, 12, 34, 56, 789123, tzinfo=UTC)
     encoded = encode_chunk(
-        "t", {"a": [1]}, "json", "k", produced_at=moment, ordering_key="customer-7"
+        "t", {"a": [1]}, "json", "k", options=EncodeOptions("customer-7", produced_at=moment)
     )
     assert encoded.attributes["rowbatch-produced-at"] == "2024-05-01T12:34:56.789Z"
     decoded = decode_chunk(encoded.payload, encoded.attributes)

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rowbatch.wire.chunks.decode import decode_chunk
-from rowbatch.wire.chunks.encode import encode_chunk
+from rowbatch.wire.chunks.encode import EncodeOptions, encode_chunk
 from rowbatch.wire.chunks.split import split_rows
 from rowbatch.wire.columns.column_type import INT64, STRING, ColumnType
 from rowbatch.wire.errors import RowTooLarge
@@ -50,8 +50,9 @@ def test_parts_fit_and_reassemble(
     encoding: Encoding, rows: int, text_len: int, max_bytes: int
 ) -> None:
     data = columns(rows, text_len)
+    at_moment = EncodeOptions(produced_at=MOMENT)
     try:
-        parts = split_rows("t", data, encoding, "base", max_bytes=max_bytes, produced_at=MOMENT)
+        parts = split_rows("t", data, encoding, "base", max_bytes=max_bytes, options=at_moment)
     except RowTooLarge as exc:
         assert exc.row_index is not None
         assert exc.size > max_bytes
@@ -76,7 +77,7 @@ def test_parts_fit_and_reassemble(
     assert texts == data["text"]
     if len(parts) > 1:
         assert ids == [f"base.{i}" for i in range(len(parts))]
-    again = split_rows("t", data, encoding, "base", max_bytes=max_bytes, produced_at=MOMENT)
+    again = split_rows("t", data, encoding, "base", max_bytes=max_bytes, options=at_moment)
     assert [(p.payload, p.headers) for p in again] == [(p.payload, p.headers) for p in parts]
 
 
@@ -130,7 +131,7 @@ def test_split_keeps_nulls_and_schema() -> None:
         "n",
         max_bytes=8_000,
         schema={"v": INT64, "e": ColumnType.vector(4)},
-        ordering_key="k",
+        options=EncodeOptions(ordering_key="k"),
     )
     assert len(parts) > 1
     got_nulls: list[bool] = []

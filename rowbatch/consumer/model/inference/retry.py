@@ -18,7 +18,7 @@ from tenacity.stop import stop_after_attempt, stop_base, stop_never
 
 from rowbatch.consumer.model.answer import Answer
 from rowbatch.consumer.model.inference.errors import InferenceError, RetryableInferenceError
-from rowbatch.timing import Backoff, BackoffWait, Sleep
+from rowbatch.timing import SYSTEM_CLOCKS, Backoff, BackoffWait, Clocks
 from rowbatch.tracing import active as tracing_active
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ class RetryingInferencer:
     requests back off; when it turns from not ready to ready (the server came back), every
     waiting request retries at once instead of sleeping out its backoff. A server that stays
     ready while refusing requests (a full queue) does not shorten the backoff.
-    ``sleep`` and ``rng`` are injectable for tests."""
+    ``clocks``: its ``sleep`` and jitter ``rng`` (injectable for tests)."""
 
     def __init__(
         self,
@@ -85,8 +85,7 @@ class RetryingInferencer:
         on_error: Callable[[InferenceError], None] = lambda _: None,
         probe: Callable[[], Awaitable[bool]] | None = None,
         probe_interval_s: float = 0.25,
-        sleep: Sleep = asyncio.sleep,
-        rng: random.Random | None = None,
+        clocks: Clocks = SYSTEM_CLOCKS,
     ) -> None:
         self.policy = policy or InferenceRetry()
         self._client = client
@@ -97,8 +96,8 @@ class RetryingInferencer:
         self._probe_interval_s = probe_interval_s
         self._probe_task: asyncio.Task[None] | None = None
         self._recovered = asyncio.Event()
-        self._sleep = sleep
-        self._wait = BackoffWait(self.policy.backoff, rng or random.Random())  # noqa: S311 (jitter, not secrets)
+        self._sleep = clocks.sleep
+        self._wait = BackoffWait(self.policy.backoff, clocks.rng or random.Random())  # noqa: S311 (jitter, not secrets)
         self._stop: stop_base = (
             stop_never
             if self.policy.max_attempts is None

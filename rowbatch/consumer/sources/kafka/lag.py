@@ -26,12 +26,7 @@ _LOG = logging.getLogger(__name__)
 def standalone_signal(config: KafkaSettings, registry: CollectorRegistry) -> ScalingSignal:
     """A scaling signal of the source's own, with its gauges in ``registry``, for a source
     used without the consumer's pipeline (which otherwise shares one with it)."""
-    settings = SignalSettings(
-        "fleet",
-        config.target_latency_s,
-        config.rows_per_s_per_replica,
-        rate_window_s=config.rate_window_s,
-    )
+    settings = SignalSettings("fleet", config.target_latency_s, config)
     return ScalingSignal(settings, ScalingGauges(registry))
 
 

@@ -9,16 +9,10 @@ from typing import Any
 
 from aiokafka import TopicPartition
 
+from rowbatch.consumer.observe.costs import fetched_record_cost
 from rowbatch.consumer.sources.delivery import Delivery
 from rowbatch.wire.errors import WireError
 from rowbatch.wire.headers.fields import H_ROW_COUNT, kafka_headers_to_attributes
-
-RECORD_OVERHEAD_BYTES = 800
-"""Measured (tests/unit/consumer/engine/test_memory_accounting.py): a held record's objects
-besides its key, value and header bytes (the ``ConsumerRecord``, its headers list, the ``Held``,
-the buffer and offset-tracker slots)."""
-HEADER_OVERHEAD_BYTES = 170
-"""Per header: its tuple and the ``str``/``bytes`` objects of its name and value."""
 
 
 @dataclass(eq=False)
@@ -48,8 +42,7 @@ def hold(record: Any, tp: TopicPartition, epoch: int) -> Held:
         size += len(key) + len(value or b"")
         if rows is None and key == H_ROW_COUNT:
             rows = _rows_of(value)
-    cost = size + RECORD_OVERHEAD_BYTES + HEADER_OVERHEAD_BYTES * len(headers)
-    return Held(record, tp, epoch, size, rows or 0, cost)
+    return Held(record, tp, epoch, size, rows or 0, fetched_record_cost(size, len(headers)))
 
 
 def record_size(record: Any) -> int:
@@ -58,7 +51,9 @@ def record_size(record: Any) -> int:
 
 
 def record_cost(record: Any, size: int) -> int:
-    return size + RECORD_OVERHEAD_BYTES + HEADER_OVERHEAD_BYTES * len(record.headers)
+    """What holding ``record`` (of ``size`` bytes) costs while it is read ahead
+    (:func:`rowbatch.consumer.observe.costs.fetched_record_cost`)."""
+    return fetched_record_cost(size, len(record.headers))
 
 
 def record_rows(record: Any) -> int:
@@ -107,8 +102,6 @@ def to_delivery(held: Held) -> tuple[Delivery, WireError | None]:
 
 
 __all__ = [
-    "HEADER_OVERHEAD_BYTES",
-    "RECORD_OVERHEAD_BYTES",
     "Held",
     "hold",
     "record_cost",

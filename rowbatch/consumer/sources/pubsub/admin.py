@@ -26,7 +26,7 @@ from rowbatch.consumer.sources.admin_plan import (
     step,
 )
 from rowbatch.consumer.sources.pubsub.clients import default_publisher, default_subscriber
-from rowbatch.wire.pubsub_env import GOOGLE_PUBSUB_ADDRESS, pubsub_address
+from rowbatch.pubsub_env import GOOGLE_PUBSUB_ADDRESS, pubsub_address
 
 GOOGLE_ADDRESS = GOOGLE_PUBSUB_ADDRESS
 

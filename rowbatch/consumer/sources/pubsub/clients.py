@@ -12,7 +12,7 @@ import grpc
 from google.auth.exceptions import DefaultCredentialsError
 
 from rowbatch.consumer.sources.pubsub.errors import PubSubCredentialsError
-from rowbatch.wire.pubsub_env import (
+from rowbatch.pubsub_env import (
     GOOGLE_PUBSUB_ADDRESS,
     CredentialsLookup,
     credentials_message,

@@ -20,7 +20,7 @@ from google.api_core import exceptions as gexc
 from rowbatch.consumer.sources.pubsub import wire_types as wt
 from rowbatch.consumer.sources.pubsub.calls import SubscriptionInfo
 from rowbatch.consumer.sources.pubsub.errors import PubSubCredentialsError
-from rowbatch.wire.pubsub_env import (
+from rowbatch.pubsub_env import (
     GOOGLE_PUBSUB_ADDRESS,
     credentials_message,
     emulator_host,

@@ -6,9 +6,10 @@ A message with an ordering key is ready only after the previous one of the same 
 settled (as the streaming client does); nacking one also gives back the key's messages held
 behind it, which an ordered subscription redelivers in order.
 
-What the received and not yet yielded deliveries cost in memory (``ahead_cost``: payload,
-attributes and ``HELD_OVERHEAD_BYTES``) is the source's read-ahead, held in the pipeline's
-byte budget once it is shared (``PullFlow``); a yielded delivery is charged by the pipeline."""
+What the received and not yet yielded deliveries cost in memory
+(:func:`rowbatch.consumer.observe.costs.pulled_cost`: payload, attributes and
+``PULLED_OVERHEAD_BYTES``) is the source's read-ahead, held in the pipeline's byte budget once
+it is shared (``PullFlow``); a yielded delivery is charged by the pipeline."""
 
 from __future__ import annotations
 
@@ -17,29 +18,12 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from rowbatch.consumer.observe.costs import pulled_cost
 from rowbatch.consumer.sources.delivery import Delivery
 from rowbatch.consumer.sources.pubsub.errors import not_held
 from rowbatch.consumer.sources.pubsub.pull_rpc import ReceivedMessage
 
 _NONE: tuple[str, ...] = ()
-
-HELD_OVERHEAD_BYTES = 700
-"""Measured (``python -m tests.unit.consumer.engine.test_memory_accounting_pubsub``: 2.2-3.4 KB
-a 1-row message waiting, charged 3.1-3.5 KB), on top of the payload and
-attributes: what holding one received, not yet yielded message costs (the ``Delivery`` and its
-strings, the ack id, this module's and the lease keeper's records of it)."""
-ATTRIBUTE_OVERHEAD_BYTES = 250
-"""Per attribute, on top of twice its name and value lengths (a dict slot and two strings)."""
-
-
-def ahead_cost(delivery: Delivery) -> int:
-    """What holding ``delivery`` costs while it waits to be yielded."""
-    attributes = delivery.attributes
-    cost = HELD_OVERHEAD_BYTES + delivery.size
-    if attributes:
-        cost += ATTRIBUTE_OVERHEAD_BYTES * len(attributes)
-        cost += 2 * sum(len(k) + len(v) for k, v in attributes.items())
-    return cost
 
 
 @dataclass(slots=True)
@@ -47,7 +31,7 @@ class _Held:
     ack_id: str
     received_at: float
     cost: int
-    """``ahead_cost`` of the delivery, counted while it waits to be yielded."""
+    """``pulled_cost`` of the delivery, counted while it waits to be yielded."""
 
 
 class HeldDeliveries:
@@ -61,7 +45,7 @@ class HeldDeliveries:
         self.bytes = 0
         """Payload bytes held (``Delivery.size``): what flow control by bytes counts."""
         self.ahead_bytes = 0
-        """What the received, not yet yielded deliveries cost (``ahead_cost``)."""
+        """What the received, not yet yielded deliveries cost (``pulled_cost``)."""
         self.received = 0
         self.received_cost = 0
         """Deliveries received so far and what they cost: their mean sizes the next pull."""
@@ -85,7 +69,7 @@ class HeldDeliveries:
 
     @property
     def mean_cost(self) -> int | None:
-        """The mean ``ahead_cost`` of the deliveries received so far (None before any)."""
+        """The mean ``pulled_cost`` of the deliveries received so far (None before any)."""
         return self.received_cost // self.received if self.received else None
 
     def receive(self, received: Sequence[ReceivedMessage], now: float) -> list[str]:
@@ -112,7 +96,7 @@ class HeldDeliveries:
                 size=message.ByteSize(),
             )
             ack_id = item.ack_id
-            cost = ahead_cost(delivery)
+            cost = pulled_cost(delivery)
             held[delivery] = _Held(ack_id, now, cost)
             ack_ids.append(ack_id)
             size += delivery.size

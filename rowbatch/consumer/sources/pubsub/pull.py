@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rowbatch.consumer.sources.base import (
@@ -67,8 +67,8 @@ from rowbatch.consumer.sources.pubsub.pull_rpc import (
 from rowbatch.consumer.sources.pubsub.settings import PubSubSettings
 from rowbatch.consumer.sources.pubsub.source_base import PubSubSourceBase
 from rowbatch.consumer.sources.pubsub.tasks import stop_tasks
-from rowbatch.timing import Clock, Sleep
-from rowbatch.wire.pubsub_env import project_of
+from rowbatch.pubsub_env import project_of
+from rowbatch.timing import SYSTEM_CLOCKS, Clocks
 
 if TYPE_CHECKING:
     from google.cloud import pubsub_v1
@@ -80,17 +80,28 @@ _STOP_WAIT_S = 5.0
 """How long ``close`` waits for a cancelled task, or for the gRPC channel, to finish."""
 
 
+@dataclass(frozen=True)
+class LibraryClients:
+    """google-cloud-pubsub clients for a :class:`PubSubPullSource` to use instead of a channel
+    of its own (it does not close them): ``subscriber`` for the start-up check (with
+    ``client="threads"``, for Pull, Acknowledge and ModifyAckDeadline too, in worker
+    threads), ``publisher`` for dead letters (only beside a subscriber), ``async_subscriber``
+    for Pull, Acknowledge and ModifyAckDeadline."""
+
+    subscriber: pubsub_v1.SubscriberClient | None = None
+    publisher: pubsub_v1.PublisherClient | None = None
+    async_subscriber: SubscriberAsyncClient | None = None
+
+
 class PubSubPullSource(PubSubSourceBase):
     """``Source`` over one Pub/Sub subscription, on unary Pull (see the module docstring).
 
     Without clients, it talks to Pub/Sub on a grpc.aio channel of its own (``GrpcCalls``,
     from the environment: ``PUBSUB_EMULATOR_HOST`` selects the emulator). Given
-    google-cloud-pubsub clients, it uses those instead (``subscriber`` for the start-up check,
-    ``publisher`` for dead letters, ``async_subscriber`` for Pull, Acknowledge and
-    ModifyAckDeadline; with ``client="threads"``, ``subscriber`` for those in worker threads)
-    and does not close them. ``rpc`` replaces the Pull/Acknowledge/ModifyAckDeadline client
-    and, with no clients given, leaves nothing to check or dead-letter to (unit tests);
-    ``clock`` (monotonic seconds) and ``sleep`` drive all lease and batching timing.
+    google-cloud-pubsub ``clients`` (:class:`LibraryClients`), it uses those instead and does
+    not close them. ``rpc`` replaces the Pull/Acknowledge/ModifyAckDeadline client and, with
+    no clients given, leaves nothing to check or dead-letter to (unit tests);
+    ``clocks.monotonic`` and ``clocks.sleep`` drive all lease and batching timing.
     Everything runs on the event loop's thread."""
 
     config: PubSubSettings
@@ -100,15 +111,18 @@ class PubSubPullSource(PubSubSourceBase):
         config: PubSubSettings,
         *,
         consumer_version: str | None = None,
-        subscriber: pubsub_v1.SubscriberClient | None = None,
-        publisher: pubsub_v1.PublisherClient | None = None,
-        async_subscriber: SubscriberAsyncClient | None = None,
+        clients: LibraryClients | None = None,
         rpc: PullRpc | None = None,
         host: str | None = None,
         on_dead_letter: Callable[[DeadLetterReason], None] | None = None,
-        clock: Clock = time.monotonic,
-        sleep: Sleep = asyncio.sleep,
+        clocks: Clocks = SYSTEM_CLOCKS,
     ) -> None:
+        subscriber, publisher, async_subscriber = (
+            (clients.subscriber, clients.publisher, clients.async_subscriber)
+            if clients is not None
+            else (None, None, None)
+        )
+        clock, sleep = clocks.monotonic, clocks.sleep
         self.config = config
         self.consumer_version = consumer_version or package_version()
         self._on_dead_letter = on_dead_letter

@@ -80,7 +80,7 @@ from rowbatch.consumer.sources.pubsub.streaming_shutdown import (
     nack_after_close,
     stop_streaming_pull,
 )
-from rowbatch.wire.pubsub_env import project_of
+from rowbatch.pubsub_env import project_of
 
 _LOG = logging.getLogger(__name__)
 

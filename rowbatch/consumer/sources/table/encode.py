@@ -11,12 +11,12 @@ from typing import Final
 
 from rowbatch.consumer.sources.delivery import DeadLetterReason
 from rowbatch.consumer.sources.table.reader import Piece
+from rowbatch.tables.convert import wire_columns
+from rowbatch.tables.errors import InputError
 from rowbatch.wire.chunks.encode import EncodedChunk, encode_chunk
 from rowbatch.wire.columns.column_type import ColumnType
 from rowbatch.wire.dead_letter import ReasonClass
 from rowbatch.wire.errors import WireError
-from rowbatch.wire.readers.convert import wire_columns
-from rowbatch.wire.readers.errors import InputError
 
 
 @dataclass

@@ -28,8 +28,8 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from rowbatch.tables.formats import COMPRESSION_SUFFIXES, InputFormat
 from rowbatch.wire.headers.fields import MAX_CHUNK_ID_LEN
-from rowbatch.wire.readers.formats import COMPRESSION_SUFFIXES, InputFormat
 
 _DATA_SUFFIXES: Final = {
     ".parquet": InputFormat.PARQUET,

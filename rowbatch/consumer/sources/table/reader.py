@@ -15,11 +15,11 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from rowbatch.consumer.sources.table.plan import TableInputError, Unit
+from rowbatch.tables.bad_lines import BadLine
+from rowbatch.tables.csv import csv_rows
+from rowbatch.tables.formats import InputFormat
+from rowbatch.tables.jsonl import jsonl_rows
 from rowbatch.wire.columns.column_type import ColumnType
-from rowbatch.wire.readers.bad_lines import BadLine
-from rowbatch.wire.readers.csv import csv_rows
-from rowbatch.wire.readers.formats import InputFormat
-from rowbatch.wire.readers.jsonl import jsonl_rows
 
 BLOCK_BYTES: Final = 8 << 20
 """Text formats are parsed this many bytes at a time (a JSON line must fit in one block)."""

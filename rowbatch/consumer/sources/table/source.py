@@ -57,9 +57,9 @@ from rowbatch.consumer.sources.table.plan import (
 from rowbatch.consumer.sources.table.reader import Piece, UnitReader
 from rowbatch.consumer.sources.table.settings import TableSettings
 from rowbatch.consumer.sources.table.state import StateFolder
+from rowbatch.tables.schema import parse_schema
 from rowbatch.timing import Backoff
 from rowbatch.wire.chunks.encode import EncodedChunk
-from rowbatch.wire.readers.schema import parse_schema
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +166,16 @@ class _Held:
     attempt: int
 
 
+@dataclass(frozen=True)
+class TableModel:
+    """The model a table run answers with, as its run identity records it: a rerun with another
+    model, version or binding is a new run."""
+
+    name: str
+    version: str
+    binding: Mapping[str, Any]
+
+
 class TableSource:
     """A shard of a stored table, read once (see the module's docstring)."""
 
@@ -173,9 +183,7 @@ class TableSource:
         self,
         settings: TableSettings,
         *,
-        model: str,
-        model_version: str,
-        binding: Mapping[str, Any],
+        model: TableModel,
         columns: Sequence[str] | None = None,
         probe: Probe | None = None,
         registry: CollectorRegistry | None = None,
@@ -183,7 +191,7 @@ class TableSource:
         async_sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self._s = settings
-        self._model = (model, model_version, dict(binding))
+        self._model = model
         self._columns = columns
         self._probe = probe
         self._sleep = sleep
@@ -219,7 +227,7 @@ class TableSource:
         return self._folder.location
 
     def identity(self, shard: int) -> RunIdentity:
-        model, version, binding = self._model
+        model, version, binding = self._model.name, self._model.version, dict(self._model.binding)
         return RunIdentity(
             input=self._s.input,
             format=self._s.format,
@@ -494,14 +502,13 @@ class TableSource:
         self, piece: Piece, chunk: EncodedChunk, attempt: int, *, hold: bool = True
     ) -> Delivery:
         """The delivery of ``chunk``; ``hold``: it goes to the engine (kept until settled)."""
-        delivery = Delivery.of(
+        delivery = Delivery.of_rows(
             message_id=piece.message_id,
             payload=chunk.payload,
             attributes=chunk.attributes,
             publish_time=time.time(),
             delivery_attempt=attempt,
             source=piece.unit.file.relative,
-            ordering_key="",
             size=chunk.size,
             row_offset=piece.row_offset,
         )
@@ -510,14 +517,13 @@ class TableSource:
         return delivery
 
     def _delivery_again(self, delivery: Delivery, attempt: int) -> Delivery:
-        return Delivery.of(
+        return Delivery.of_rows(
             message_id=delivery.message_id,
             payload=delivery.payload,
             attributes=delivery.attributes,
             publish_time=delivery.publish_time,
             delivery_attempt=attempt,
             source=delivery.source,
-            ordering_key="",
             size=delivery.size,
             row_offset=delivery.row_offset,
         )

@@ -11,8 +11,9 @@ from typing import Any
 
 from rowbatch.consumer.dlq.letters import REPLAY_COUNT, REPLAYED_FROM, DeadLetter
 from rowbatch.consumer.dlq.queue import DeadLetterQueue, DeadLetterQueueError
-from rowbatch.consumer.dlq.replay import DEFAULT_MAX_REPLAYS, ReplaySummary, replay
+from rowbatch.consumer.dlq.replay import DEFAULT_MAX_REPLAYS, ReplayPlan, ReplaySummary, replay
 from rowbatch.consumer.dlq.selection import Selection
+from rowbatch.timing import Clocks
 
 TARGET = "rows"
 
@@ -125,7 +126,7 @@ def as_queue(fake: FakeQueue) -> DeadLetterQueue:
 
 async def test_each_letter_is_published_then_removed() -> None:
     fake = FakeQueue([letter("a"), letter("b"), letter("c", rows=None)])
-    summary = await replay(as_queue(fake), Selection(), target=TARGET)
+    summary = await replay(as_queue(fake), Selection(), ReplayPlan(target=TARGET))
     assert fake.calls == [
         ("publish", "a"),
         ("remove", "a"),
@@ -150,7 +151,7 @@ async def test_each_letter_is_published_then_removed() -> None:
 
 async def test_the_replay_publishes_the_replay_attributes() -> None:
     fake = FakeQueue([letter("a", replays=1)])
-    await replay(as_queue(fake), Selection(), target="elsewhere")
+    await replay(as_queue(fake), Selection(), ReplayPlan(target="elsewhere"))
     ((ref, topic, _, attributes),) = fake.published
     assert (ref, topic) == ("a", "elsewhere")
     assert attributes == {
@@ -163,7 +164,7 @@ async def test_the_replay_publishes_the_replay_attributes() -> None:
 
 async def test_a_publish_failure_stops_the_replay_and_leaves_the_letter() -> None:
     fake = FakeQueue([letter("a"), letter("b"), letter("c")], fail_publish=frozenset({"b"}))
-    summary = await replay(as_queue(fake), Selection(), target=TARGET, in_flight=1)
+    summary = await replay(as_queue(fake), Selection(), ReplayPlan(target=TARGET, in_flight=1))
     assert fake.calls == [("publish", "a"), ("remove", "a"), ("publish", "b")]
     assert [ref for ref, _ in fake.removed] == ["a"]  # b was not removed
     assert summary.replayed == 1
@@ -177,7 +178,7 @@ async def test_a_publish_failure_stops_the_replay_and_leaves_the_letter() -> Non
 
 async def test_a_remove_failure_stops_and_says_a_rerun_replays_it_again() -> None:
     fake = FakeQueue([letter("a"), letter("b"), letter("c")], fail_remove=frozenset({"b"}))
-    summary = await replay(as_queue(fake), Selection(), target=TARGET, in_flight=1)
+    summary = await replay(as_queue(fake), Selection(), ReplayPlan(target=TARGET, in_flight=1))
     assert fake.calls == [("publish", "a"), ("remove", "a"), ("publish", "b"), ("remove", "b")]
     assert summary.failed is not None
     assert summary.failed.startswith("b was replayed as rows/0/1 but could not be removed")
@@ -191,8 +192,7 @@ async def test_a_dry_run_publishes_and_removes_nothing_but_counts() -> None:
     summary = await replay(
         as_queue(fake),
         Selection(reasons=frozenset({"rejected-by-model"})),
-        target=TARGET,
-        dry_run=True,
+        ReplayPlan(target=TARGET, dry_run=True),
     )
     assert fake.calls == []
     assert (summary.read, summary.matched, summary.replayed, summary.rows) == (3, 2, 2, 7)
@@ -204,7 +204,7 @@ async def test_a_dry_run_publishes_and_removes_nothing_but_counts() -> None:
 async def test_only_the_selected_letters_are_replayed() -> None:
     fake = FakeQueue([letter("a", reason="undecodable"), letter("b"), letter("c")])
     summary = await replay(
-        as_queue(fake), Selection(reasons=frozenset({"undecodable"})), target=TARGET
+        as_queue(fake), Selection(reasons=frozenset({"undecodable"})), ReplayPlan(target=TARGET)
     )
     assert fake.calls == [("publish", "a"), ("remove", "a")]
     assert (summary.read, summary.matched, summary.replayed) == (3, 1, 1)
@@ -212,7 +212,7 @@ async def test_only_the_selected_letters_are_replayed() -> None:
 
 async def test_limit_bounds_the_letters_replayed() -> None:
     fake = FakeQueue([letter(ref) for ref in "abcde"])
-    summary = await replay(as_queue(fake), Selection(), target=TARGET, limit=2)
+    summary = await replay(as_queue(fake), Selection(), ReplayPlan(target=TARGET, limit=2))
     assert fake.calls == [("publish", "a"), ("remove", "a"), ("publish", "b"), ("remove", "b")]
     assert (summary.matched, summary.replayed) == (2, 2)
 
@@ -222,8 +222,7 @@ async def test_limit_counts_only_the_selected_letters() -> None:
     summary = await replay(
         as_queue(fake),
         Selection(reasons=frozenset({"rejected-by-model"})),
-        target=TARGET,
-        limit=1,
+        ReplayPlan(target=TARGET, limit=1),
     )
     assert fake.calls == [("publish", "b"), ("remove", "b")]
     assert summary.replayed == 1
@@ -231,7 +230,7 @@ async def test_limit_counts_only_the_selected_letters() -> None:
 
 async def test_limit_zero_replays_nothing() -> None:
     fake = FakeQueue([letter("a")])
-    summary = await replay(as_queue(fake), Selection(), target=TARGET, limit=0)
+    summary = await replay(as_queue(fake), Selection(), ReplayPlan(target=TARGET, limit=0))
     assert fake.calls == []
     assert summary.replayed == 0
 
@@ -245,7 +244,7 @@ async def test_letters_replayed_max_replays_times_are_held_back() -> None:
             letter("d"),
         ]
     )
-    summary = await replay(as_queue(fake), Selection(), target=TARGET, max_replays=3)
+    summary = await replay(as_queue(fake), Selection(), ReplayPlan(target=TARGET, max_replays=3))
     assert fake.calls == [("publish", "b"), ("remove", "b"), ("publish", "d"), ("remove", "d")]
     assert (summary.matched, summary.replayed, summary.held_back) == (4, 2, 2)
     assert any(line.startswith("held back 2 replayed too often") for line in summary.lines())
@@ -254,14 +253,16 @@ async def test_letters_replayed_max_replays_times_are_held_back() -> None:
 async def test_the_default_max_replays_holds_back_at_three() -> None:
     assert DEFAULT_MAX_REPLAYS == 3
     fake = FakeQueue([letter("a", replays=3), letter("b", replays=2)])
-    summary = await replay(as_queue(fake), Selection(), target=TARGET)
+    summary = await replay(as_queue(fake), Selection(), ReplayPlan(target=TARGET))
     assert [ref for ref, _ in fake.removed] == ["b"]
     assert summary.held_back == 1
 
 
 async def test_a_letter_that_comes_back_during_the_run_is_not_replayed_again() -> None:
     fake = FakeQueue([letter("a"), letter("b")], fails_again=frozenset({"a"}))
-    summary = await replay(as_queue(fake), Selection(), target=TARGET, in_flight=1, max_replays=10)
+    summary = await replay(
+        as_queue(fake), Selection(), ReplayPlan(target=TARGET, in_flight=1, max_replays=10)
+    )
     assert [ref for ref, *_ in fake.published] == ["a", "b"]
     assert fake.queue[-1].attributes[REPLAYED_FROM] == "a"  # it did come back
     assert summary.came_back == 1
@@ -271,7 +272,7 @@ async def test_a_letter_that_comes_back_during_the_run_is_not_replayed_again() -
 
 async def test_a_letter_replayed_by_an_earlier_run_is_replayed() -> None:
     fake = FakeQueue([letter("b", replayed_from="a", replays=1)])
-    summary = await replay(as_queue(fake), Selection(), target=TARGET)
+    summary = await replay(as_queue(fake), Selection(), ReplayPlan(target=TARGET))
     assert summary.came_back == 0
     assert summary.replayed == 1
 
@@ -287,11 +288,10 @@ async def test_progress_is_reported_on_the_clock_and_at_the_end() -> None:
     await replay(
         as_queue(fake),
         Selection(),
-        target=TARGET,
-        in_flight=1,
+        ReplayPlan(target=TARGET, in_flight=1),
         progress=progress,
         progress_every_s=2.0,
-        clock=clock,
+        clocks=Clocks(monotonic=clock),
     )
     # t = 101.5, 103 (2 s since the start: shown), 104.5, 106 (3 s since 103: shown), end
     assert seen == [(2, 103.0), (4, 106.0), (4, 106.0)]
@@ -304,9 +304,9 @@ async def test_progress_is_called_once_at_the_end_of_a_quick_run() -> None:
     await replay(
         as_queue(fake),
         Selection(),
-        target=TARGET,
+        ReplayPlan(target=TARGET),
         progress=lambda s: seen.append(s.replayed),
-        clock=clock,
+        clocks=Clocks(monotonic=clock),
     )
     assert seen == [2]
 
@@ -317,16 +317,16 @@ async def test_progress_is_called_at_the_end_of_a_failed_run() -> None:
     await replay(
         as_queue(fake),
         Selection(),
-        target=TARGET,
+        ReplayPlan(target=TARGET),
         progress=lambda s: seen.append(s.failed),
-        clock=Clock(),
+        clocks=Clocks(monotonic=Clock()),
     )
     assert len(seen) == 1
     assert seen[0] is not None
 
 
 async def test_an_empty_queue() -> None:
-    summary = await replay(as_queue(FakeQueue([])), Selection(), target=TARGET)
+    summary = await replay(as_queue(FakeQueue([])), Selection(), ReplayPlan(target=TARGET))
     assert summary.lines() == ["read 0 dead letters, 0 selected; replayed 0 (0 rows) to rows"]
 
 
@@ -355,7 +355,7 @@ class SlowQueue(FakeQueue):
 async def test_a_window_keeps_at_most_in_flight_letters_each_published_before_removed() -> None:
     refs = [f"l{i}" for i in range(20)]
     fake = SlowQueue([letter(ref) for ref in refs])
-    summary = await replay(as_queue(fake), Selection(), target=TARGET, in_flight=4)
+    summary = await replay(as_queue(fake), Selection(), ReplayPlan(target=TARGET, in_flight=4))
     assert summary.replayed == 20 and summary.failed is None
     assert fake.most_between == 4
     for ref in refs:
@@ -366,7 +366,7 @@ async def test_a_window_keeps_at_most_in_flight_letters_each_published_before_re
 async def test_a_failure_in_a_window_starts_no_more_and_the_rest_in_flight_finish() -> None:
     refs = [f"l{i:02d}" for i in range(20)]
     fake = SlowQueue([letter(ref) for ref in refs], fail_publish=frozenset({"l05"}))
-    summary = await replay(as_queue(fake), Selection(), target=TARGET, in_flight=4)
+    summary = await replay(as_queue(fake), Selection(), ReplayPlan(target=TARGET, in_flight=4))
     assert summary.failed is not None and "l05" in summary.failed
     removed = {ref for ref, _ in fake.removed}
     assert "l05" not in removed
@@ -380,7 +380,7 @@ async def test_a_failure_in_a_window_starts_no_more_and_the_rest_in_flight_finis
 async def test_a_letter_the_queue_gives_twice_is_replayed_once() -> None:
     """A Pub/Sub lease that lapsed mid-read gives the same letter again (same ref)."""
     fake = FakeQueue([letter("a"), letter("b"), letter("a")])
-    summary = await replay(as_queue(fake), Selection(), target=TARGET)
+    summary = await replay(as_queue(fake), Selection(), ReplayPlan(target=TARGET))
     assert [ref for ref, _ in fake.removed] == ["a", "b"]
     assert summary.replayed == 2
 
@@ -400,7 +400,10 @@ async def test_a_rate_spaces_the_letters_on_the_clock() -> None:
 
     fake = Timed([letter(ref) for ref in "abcd"])
     summary = await replay(
-        as_queue(fake), Selection(), target=TARGET, in_flight=1, rate=2.0, clock=clock, sleep=sleep
+        as_queue(fake),
+        Selection(),
+        ReplayPlan(target=TARGET, in_flight=1, rate=2.0),
+        clocks=Clocks(monotonic=clock, sleep=sleep),
     )
     assert summary.replayed == 4
     assert starts == [100.0, 100.5, 101.0, 101.5]

@@ -7,26 +7,22 @@ held)."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import numpy as np
 import pytest
 
 from rowbatch.consumer.engine.answered_queue import AnsweredQueue
 from rowbatch.consumer.engine.batcher import Batch, Segment
-from rowbatch.consumer.engine.budget import ByteBudget
-from rowbatch.consumer.engine.decode import MessageDecoder
-from rowbatch.consumer.engine.pipeline import Pipeline
 from rowbatch.consumer.engine.results import Answered
 from rowbatch.consumer.model.answer import Answer
-from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.sinks.base import ResultRows
-from tests.unit.consumer.engine.factories import pipeline_settings
+from tests.unit.consumer.engine.factories import make_pipeline, pipeline_settings
 from tests.unit.consumer.engine.test_pipeline import (
     FakeSink,
     FakeSource,
     FnModel,
     message,
-    no_check,
 )
 
 
@@ -93,18 +89,14 @@ class HeldSink(FakeSink):
 
 
 async def test_inference_waits_for_a_slow_sink_within_the_stated_bound() -> None:
-    settings = pipeline_settings(
-        target_batch_size=4,
-        max_wait_s=0.0,
-        max_in_flight=2,
-        output_bytes_per_row=8,
-        outputs={"Y": "y"},
-        passthrough=(),
-        model_name="m",
-        model_version="1",
-        write_concurrency=2,
-        max_write_rows=8,
-    )
+    fields: dict[str, Any] = {
+        "target_batch_size": 4,
+        "max_wait_s": 0.0,
+        "max_in_flight": 2,
+        "write_concurrency": 2,
+        "max_write_rows": 8,
+    }
+    settings = pipeline_settings(**fields)
     assert settings.answered_rows == 16
     assert settings.model_work_at_risk == 2 * 4 + 16 + 2 * 8
     answered_rows = 0
@@ -119,15 +111,7 @@ async def test_inference_waits_for_a_slow_sink_within_the_stated_bound() -> None
     # 100 messages of 4 rows: 400 rows, ten times the bound; the budget holds them all.
     deliveries = [message(i, [float(4 * i + r) for r in range(4)]) for i in range(100)]
     source, sink = FakeSource(deliveries), HeldSink(release)
-    pipeline = Pipeline(
-        source=source,
-        sink=sink,
-        decoder=MessageDecoder(("x",), no_check),
-        model=FnModel(run),
-        settings=settings,
-        budget=ByteBudget(100_000_000),
-        metrics=Metrics(),
-    )
+    pipeline = make_pipeline(source, sink, FnModel(run), budget=100_000_000, **fields)
     task = asyncio.create_task(pipeline.run(asyncio.Event()))
     for _ in range(200):  # until the model stops answering (the writers' queue is full)
         before = answered_rows

@@ -16,6 +16,7 @@ from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.sinks.base import SinkError
 from rowbatch.consumer.sources.base import WrittenRows
 from rowbatch.consumer.sources.delivery import Delivery
+from rowbatch.timing import Clocks
 
 INTERVAL = 10.0
 PRESSURE = 1000
@@ -90,8 +91,7 @@ class World:
             interval_s=INTERVAL,
             pressure_bytes=PRESSURE,
             metrics=self.metrics,
-            clock=self.clock,
-            sleep=self.sleep,
+            clocks=Clocks(monotonic=self.clock, sleep=self.sleep),
         )
 
     async def retrying(self, op: Callable[[], Awaitable[None]], what: str) -> None:
@@ -425,8 +425,7 @@ def telling(world: World) -> RowsTold:
         interval_s=INTERVAL,
         pressure_bytes=PRESSURE,
         metrics=world.metrics,
-        clock=world.clock,
-        sleep=world.sleep,
+        clocks=Clocks(monotonic=world.clock, sleep=world.sleep),
         rows_committed=told,
     )
     return told

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import rowbatch.consumer.engine.decode as decode_module
-from rowbatch.consumer.engine.budget import message_cost
 from rowbatch.consumer.engine.decode import MessageDecoder, PoisonMessage, rows_cost
+from rowbatch.consumer.observe.costs import message_cost
 from rowbatch.consumer.sources.delivery import Delivery
 from rowbatch.wire.chunks.decode import DecodedChunk, decode_chunk
 from rowbatch.wire.chunks.encode import encode_chunk

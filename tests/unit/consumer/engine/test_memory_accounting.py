@@ -38,13 +38,15 @@ from numpy.typing import NDArray
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry
 
-from rowbatch.consumer.engine import budget as budget_module
 from rowbatch.consumer.engine.batcher import Batch
-from rowbatch.consumer.engine.budget import ByteBudget, message_cost
+from rowbatch.consumer.engine.budget import ByteBudget
 from rowbatch.consumer.engine.decode import MessageDecoder
 from rowbatch.consumer.engine.pipeline import Pipeline
+from rowbatch.consumer.engine.stage_context import Telemetry
+from rowbatch.consumer.observe import costs
+from rowbatch.consumer.observe.costs import message_cost
 from rowbatch.consumer.observe.metrics import Metrics
-from rowbatch.consumer.observe.tracing import PipelineTracing
+from rowbatch.consumer.observe.tracing import NO_TRACING, PipelineTracer, PipelineTracing
 from rowbatch.consumer.sinks.base import ResultRows
 from rowbatch.consumer.sources.base import Source
 from rowbatch.consumer.sources.delivery import DeadLetterReason, Delivery
@@ -52,7 +54,7 @@ from rowbatch.consumer.sources.kafka.settings import KafkaSettings
 from rowbatch.consumer.sources.kafka.source import KafkaSource
 from rowbatch.wire.chunks.encode import encode_chunk
 from tests.unit import tracing_fixtures
-from tests.unit.consumer.engine.factories import pipeline_settings
+from tests.unit.consumer.engine.factories import make_pipeline
 from tests.unit.consumer.engine.test_pipeline import FnModel
 
 REPO = Path(__file__).resolve().parents[4]
@@ -221,7 +223,7 @@ def holding_pipeline(
     source: Source,
     needed: tuple[str, ...],
     budget: ByteBudget,
-    tracing: PipelineTracing | None = None,
+    tracing: PipelineTracer = NO_TRACING,
 ) -> Pipeline:
     """The real pipeline over ``source``, holding every message it takes: its model never
     answers and its batch target is never reached."""
@@ -231,24 +233,17 @@ def holding_pipeline(
         await never.wait()
         raise AssertionError
 
-    return Pipeline(
-        source=source,
-        sink=NoSink(),  # type: ignore[arg-type]
-        decoder=MessageDecoder(needed, lambda chunk: None),
-        model=FnModel(run_batch),
-        settings=pipeline_settings(
-            target_batch_size=10**9,
-            max_wait_s=3600,
-            max_in_flight=2,
-            output_bytes_per_row=8,
-            outputs={"Y": "y"},
-            passthrough=("id",),
-            model_name="m",
-            model_version="1",
-        ),
+    return make_pipeline(
+        source,
+        NoSink(),  # type: ignore[arg-type]
+        FnModel(run_batch),
         budget=budget,
-        metrics=Metrics(CollectorRegistry()),
-        tracing=tracing,
+        decoder=MessageDecoder(needed, lambda chunk: None),
+        telemetry=Telemetry(Metrics(CollectorRegistry()), tracing=tracing),
+        target_batch_size=10**9,
+        max_wait_s=3600,
+        max_in_flight=2,
+        passthrough=("id",),
     )
 
 
@@ -258,7 +253,7 @@ async def hold(
     measure: Callable[[], int],
     *,
     taken: bool,
-    tracing: PipelineTracing | None = None,
+    tracing: PipelineTracer = NO_TRACING,
 ) -> Held:
     """Let the Kafka source fetch ``batch`` and, when ``taken``, the pipeline take every
     message in (held, never answered); else leave them read ahead. Returns the growth of
@@ -382,20 +377,18 @@ def test_message_cost_counts_every_part() -> None:
     attributes = {"ab": "cde", "f": ""}
     cost = message_cost(100, attributes, [owned, view], 64, 16)
     assert cost == (
-        budget_module.MESSAGE_OVERHEAD_BYTES
+        costs.MESSAGE_OVERHEAD_BYTES
         + 100
         + 2 * 6
-        + 2 * budget_module.ATTRIBUTE_OVERHEAD_BYTES
-        + 3 * budget_module.ARRAY_OVERHEAD_BYTES
+        + 2 * costs.ATTRIBUTE_OVERHEAD_BYTES
+        + 3 * costs.ARRAY_OVERHEAD_BYTES
         + 64
         + 16
     )
     pa = pytest.importorskip("pyarrow")
     foreign = pa.array([1, 2, 3], pa.int64()).to_numpy()  # a view of Arrow memory
     extra = message_cost(0, {}, [foreign], 0, 0) - message_cost(0, {}, [], 0, 0)
-    arrays = (extra - budget_module.FOREIGN_BUFFER_OVERHEAD_BYTES) / (
-        budget_module.ARRAY_OVERHEAD_BYTES
-    )
+    arrays = (extra - costs.FOREIGN_BUFFER_OVERHEAD_BYTES) / costs.ARRAY_OVERHEAD_BYTES
     assert arrays in (1, 2)  # the view, and the array it may view in turn
 
 
@@ -466,23 +459,15 @@ async def test_intake_yields_so_the_other_stages_run_while_a_source_never_suspen
         first_batch_at.append(source.taken)
         return {"Y": np.asarray(batch.columns["x"]) * 2}
 
-    pipeline = Pipeline(
-        source=source,
-        sink=sink,  # type: ignore[arg-type]
-        decoder=MessageDecoder(("x",), lambda chunk: None),
-        model=FnModel(run_batch),
-        settings=pipeline_settings(
-            target_batch_size=16,
-            max_wait_s=3600,
-            max_in_flight=2,
-            output_bytes_per_row=8,
-            outputs={"Y": "y"},
-            passthrough=(),
-            model_name="m",
-            model_version="1",
-        ),
-        budget=ByteBudget(10**12),
+    pipeline = make_pipeline(
+        source,
+        sink,  # type: ignore[arg-type]
+        FnModel(run_batch),
+        budget=10**12,
         metrics=Metrics(CollectorRegistry()),
+        target_batch_size=16,
+        max_wait_s=3600,
+        max_in_flight=2,
     )
     stop = asyncio.Event()
     task = asyncio.create_task(pipeline.run(stop))

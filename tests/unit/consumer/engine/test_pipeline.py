@@ -13,17 +13,17 @@ from numpy.typing import NDArray
 
 from rowbatch.consumer.engine.batcher import Batch
 from rowbatch.consumer.engine.budget import ByteBudget
-from rowbatch.consumer.engine.decode import MessageDecoder
 from rowbatch.consumer.engine.pipeline import Pipeline, PipelineFailed
+from rowbatch.consumer.engine.stage_context import Telemetry
 from rowbatch.consumer.model.answer import Answer
 from rowbatch.consumer.model.handler import BatchRows
 from rowbatch.consumer.observe.metrics import Metrics
-from rowbatch.consumer.observe.tracing import PipelineTracing
+from rowbatch.consumer.observe.tracing import NO_TRACING, PipelineTracer
 from rowbatch.consumer.sinks.base import ResultRows, TableSpec
 from rowbatch.consumer.sources.delivery import DeadLetterReason, Delivery
 from rowbatch.wire.chunks.decode import DecodedChunk
 from rowbatch.wire.chunks.encode import encode_chunk
-from tests.unit.consumer.engine.factories import pipeline_settings
+from tests.unit.consumer.engine.factories import make_pipeline
 
 
 class Rejected(Exception):
@@ -163,30 +163,21 @@ def make(
     budget: int = 10_000_000,
     grace_s: float = 5.0,
     max_wait_s: float = 0.0,
-    tracing: PipelineTracing | None = None,
+    tracing: PipelineTracer = NO_TRACING,
     byte_budget: ByteBudget | None = None,
 ) -> Pipeline:
     """A pipeline of ``source`` and ``sink``; ``byte_budget``, when given, is its budget (else
     one of ``budget`` bytes)."""
-    return Pipeline(
-        source=source,
-        sink=sink,
-        decoder=MessageDecoder(("x",), no_check),
-        model=FnModel(run, poison=Rejected),
-        settings=pipeline_settings(
-            target_batch_size=target,
-            max_wait_s=max_wait_s,
-            max_in_flight=2,
-            output_bytes_per_row=8,
-            outputs={"Y": "y"},
-            passthrough=(),
-            model_name="m",
-            model_version="1",
-            grace_s=grace_s,
-        ),
-        budget=byte_budget or ByteBudget(budget),
-        tracing=tracing,
-        metrics=Metrics(),
+    return make_pipeline(
+        source,
+        sink,
+        FnModel(run, poison=Rejected),
+        budget=byte_budget or budget,
+        telemetry=Telemetry(Metrics(), tracing=tracing),
+        target_batch_size=target,
+        max_wait_s=max_wait_s,
+        max_in_flight=2,
+        grace_s=grace_s,
     )
 
 
@@ -228,9 +219,9 @@ async def test_backoff_pauses_source_until_server_recovers() -> None:
 
     async def flaky(batch: Batch) -> Mapping[str, NDArray[Any]]:
         if not release.is_set():
-            pipeline.backoff_started()
+            pipeline.gate.backoff_started()
             await release.wait()
-            pipeline.backoff_ended()
+            pipeline.gate.backoff_ended()
         return await double(batch)
 
     pipeline = make(source, sink, flaky, target=2)

@@ -16,8 +16,6 @@ from numpy.typing import NDArray
 
 from harness.model_specs import SCORER
 from rowbatch.consumer.engine.batcher import Batch, Segment
-from rowbatch.consumer.engine.budget import ByteBudget
-from rowbatch.consumer.engine.decode import MessageDecoder
 from rowbatch.consumer.engine.ledger import Ledger
 from rowbatch.consumer.engine.pipeline import Pipeline
 from rowbatch.consumer.engine.results import Answered, ResultBuilder, split_by_message
@@ -25,15 +23,13 @@ from rowbatch.consumer.model.answer import Answer
 from rowbatch.consumer.model.binding import Binding
 from rowbatch.consumer.model.handler import OipHandler
 from rowbatch.consumer.model.inference.client import InferenceClient
-from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.sinks.base import ResultRows
-from tests.unit.consumer.engine.factories import pipeline_settings
+from tests.unit.consumer.engine.factories import make_pipeline
 from tests.unit.consumer.engine.test_pipeline import (
     FakeSink,
     FakeSource,
     FnModel,
     message,
-    no_check,
 )
 from tests.unit.consumer.model.test_inference import FakeResult, FakeTriton
 
@@ -138,25 +134,16 @@ class VersionSink(FakeSink):
 
 
 def run_pipeline(source: FakeSource, sink: FakeSink, run: Any, fixed_version: str) -> Pipeline:
-    return Pipeline(
-        source=source,
-        sink=sink,
-        decoder=MessageDecoder(("x",), no_check),
-        model=FnModel(run),
-        settings=pipeline_settings(
-            target_batch_size=4,
-            max_wait_s=0.0,
-            max_in_flight=2,
-            output_bytes_per_row=8,
-            outputs={"Y": "y"},
-            passthrough=(),
-            model_name="m",
-            model_version=fixed_version,
-            write_concurrency=1,
-            max_write_rows=48,  # the writers' queue holds all 12 answered batches
-        ),
-        budget=ByteBudget(10_000_000),
-        metrics=Metrics(),
+    return make_pipeline(
+        source,
+        sink,
+        FnModel(run),
+        target_batch_size=4,
+        max_wait_s=0.0,
+        max_in_flight=2,
+        model_version=fixed_version,
+        write_concurrency=1,
+        max_write_rows=48,  # the writers' queue holds all 12 answered batches
     )
 
 

@@ -16,21 +16,18 @@ import pytest
 from numpy.typing import NDArray
 
 from rowbatch.consumer.engine.batcher import Batch
-from rowbatch.consumer.engine.budget import ByteBudget
-from rowbatch.consumer.engine.decode import MessageDecoder
 from rowbatch.consumer.engine.pipeline import Pipeline
 from rowbatch.consumer.model.inference.errors import FatalInferenceError, PoisonInferenceError
 from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.sinks.base import ResultRows
 from rowbatch.wire.dead_letter import ReasonClass
-from tests.unit.consumer.engine.factories import pipeline_settings
+from tests.unit.consumer.engine.factories import make_pipeline
 from tests.unit.consumer.engine.test_pipeline import (
     FakeSink,
     FakeSource,
     FnModel,
     RunBatch,
     message,
-    no_check,
 )
 
 CRASH = -9999.0
@@ -76,23 +73,14 @@ class Model:
 
 
 def pipeline(source: FakeSource, sink: FakeSink, run: RunBatch, metrics: Metrics) -> Pipeline:
-    return Pipeline(
-        source=source,
-        sink=sink,
-        decoder=MessageDecoder(("x",), no_check),
-        model=FnModel(run, poison=PoisonInferenceError, fatal=FatalInferenceError),
-        settings=pipeline_settings(
-            target_batch_size=10,
-            max_wait_s=3600,  # one batch of all ten messages
-            max_in_flight=2,
-            output_bytes_per_row=8,
-            outputs={"Y": "y"},
-            passthrough=(),
-            model_name="m",
-            model_version="1",
-        ),
-        budget=ByteBudget(10_000_000),
+    return make_pipeline(
+        source,
+        sink,
+        FnModel(run, poison=PoisonInferenceError, fatal=FatalInferenceError),
         metrics=metrics,
+        target_batch_size=10,
+        max_wait_s=3600,  # one batch of all ten messages
+        max_in_flight=2,
     )
 
 

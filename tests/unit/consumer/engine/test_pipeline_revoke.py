@@ -14,19 +14,16 @@ from numpy.typing import NDArray
 
 from rowbatch.consumer.engine.batcher import Batch
 from rowbatch.consumer.engine.budget import ByteBudget
-from rowbatch.consumer.engine.decode import MessageDecoder
 from rowbatch.consumer.engine.pipeline import Pipeline
-from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.sources.base import Withdraw, WorkBound
 from rowbatch.consumer.sources.delivery import Delivery
-from tests.unit.consumer.engine.factories import pipeline_settings
+from tests.unit.consumer.engine.factories import make_pipeline, pipeline_settings
 from tests.unit.consumer.engine.test_pipeline import (
     FakeSink,
     FakeSource,
     FnModel,
     double,
     message,
-    no_check,
 )
 from tests.unit.consumer.sources.kafka.test_source import until
 
@@ -72,23 +69,14 @@ class Server:
 def make(
     source: RevokableSource, sink: FakeSink, server: Server, budget: ByteBudget, target: int
 ) -> Pipeline:
-    return Pipeline(
-        source=source,
-        sink=sink,
-        decoder=MessageDecoder(("x",), no_check),
-        model=FnModel(server.run),
-        settings=pipeline_settings(
-            target_batch_size=target,
-            max_wait_s=60.0,
-            max_in_flight=1,
-            output_bytes_per_row=8,
-            outputs={"Y": "y"},
-            passthrough=(),
-            model_name="m",
-            model_version="1",
-        ),
+    return make_pipeline(
+        source,
+        sink,
+        FnModel(server.run),
         budget=budget,
-        metrics=Metrics(),
+        target_batch_size=target,
+        max_wait_s=60.0,
+        max_in_flight=1,
     )
 
 

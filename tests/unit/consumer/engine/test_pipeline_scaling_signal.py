@@ -14,16 +14,17 @@ from numpy.typing import NDArray
 from prometheus_client import CollectorRegistry
 
 from rowbatch.consumer.engine.batcher import Batch
-from rowbatch.consumer.engine.budget import ByteBudget
-from rowbatch.consumer.engine.decode import MessageDecoder
 from rowbatch.consumer.engine.ledger import Ledger
 from rowbatch.consumer.engine.pipeline import Pipeline
+from rowbatch.consumer.engine.stage_context import Telemetry
 from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.observe.scaling import ScalingSignal, SignalSettings
 from rowbatch.consumer.sources.delivery import Delivery
+from rowbatch.consumer.sources.scaling_settings import ScalingInputs
+from rowbatch.timing import Clocks
 from rowbatch.wire.chunks.encode import encode_chunk
-from tests.unit.consumer.engine.factories import pipeline_settings
-from tests.unit.consumer.engine.test_pipeline import FakeSink, FakeSource, FnModel, double, no_check
+from tests.unit.consumer.engine.factories import make_pipeline
+from tests.unit.consumer.engine.test_pipeline import FakeSink, FakeSource, FnModel, double
 
 
 class Clock:
@@ -62,7 +63,12 @@ async def test_the_oldest_unwritten_age_and_the_receive_age_follow_the_clock() -
     mono = Clock(40.0)
     metrics = Metrics()
     signal = ScalingSignal(
-        SignalSettings("share", 10.0, 100.0, rate_window_s=60.0, slots_fill_server=False),
+        SignalSettings(
+            "share",
+            10.0,
+            ScalingInputs(rows_per_s_per_replica=100.0, rate_window_s=60.0),
+            slots_fill_server=False,
+        ),
         metrics.scaling,
     )
     release = asyncio.Event()
@@ -74,26 +80,15 @@ async def test_the_oldest_unwritten_age_and_the_receive_age_follow_the_clock() -
     # published 30 s and 12 s before the consumer takes them
     source = FakeSource([published(0, 3, 970.0), published(1, 2, 988.0)], hold_open=True)
     sink = FakeSink()
-    pipeline = Pipeline(
-        source=source,
-        sink=sink,
-        decoder=MessageDecoder(("x",), no_check),
-        model=FnModel(held),
-        settings=pipeline_settings(
-            target_batch_size=4,
-            max_wait_s=0.0,
-            max_in_flight=2,
-            output_bytes_per_row=8,
-            outputs={"Y": "y"},
-            passthrough=(),
-            model_name="m",
-            model_version="1",
-        ),
-        budget=ByteBudget(10_000_000),
-        metrics=metrics,
-        clock=mono,
-        wall=wall,
-        signal=signal,
+    pipeline = make_pipeline(
+        source,
+        sink,
+        FnModel(held),
+        telemetry=Telemetry(metrics, signal),
+        clocks=Clocks(monotonic=mono, wall=wall),
+        target_batch_size=4,
+        max_wait_s=0.0,
+        max_in_flight=2,
         watch_interval_s=3600,  # checked by hand below
     )
     registry = metrics.registry
@@ -140,37 +135,30 @@ async def test_the_oldest_unwritten_age_and_the_receive_age_follow_the_clock() -
 
 async def test_the_watch_reports_backoff_and_full_slots_to_the_signal() -> None:
     metrics = Metrics()
-    signal = ScalingSignal(SignalSettings("share", 10.0, 100.0), metrics.scaling)
+    signal = ScalingSignal(
+        SignalSettings("share", 10.0, ScalingInputs(rows_per_s_per_replica=100.0)),
+        metrics.scaling,
+    )
     mono = Clock(0.0)
     release = asyncio.Event()
     pipeline: Pipeline
 
     async def stuck(batch: Batch) -> Mapping[str, NDArray[Any]]:
-        pipeline.backoff_started()
+        pipeline.gate.backoff_started()
         await release.wait()
-        pipeline.backoff_ended()
+        pipeline.gate.backoff_ended()
         return await double(batch)
 
     source = FakeSource([published(i, 4, 0.0) for i in range(4)], hold_open=True)
-    pipeline = Pipeline(
-        source=source,
-        sink=FakeSink(),
-        decoder=MessageDecoder(("x",), no_check),
-        model=FnModel(stuck),
-        settings=pipeline_settings(
-            target_batch_size=4,
-            max_wait_s=0.0,
-            max_in_flight=1,
-            output_bytes_per_row=8,
-            outputs={"Y": "y"},
-            passthrough=(),
-            model_name="m",
-            model_version="1",
-        ),
-        budget=ByteBudget(10_000_000),
-        metrics=metrics,
-        clock=mono,
-        signal=signal,
+    pipeline = make_pipeline(
+        source,
+        FakeSink(),
+        FnModel(stuck),
+        telemetry=Telemetry(metrics, signal),
+        clocks=Clocks(monotonic=mono),
+        target_batch_size=4,
+        max_wait_s=0.0,
+        max_in_flight=1,
         watch_interval_s=3600,
     )
     stop = asyncio.Event()

@@ -18,7 +18,7 @@ from opentelemetry.trace import SpanContext, SpanKind, StatusCode, TraceFlags
 
 import rowbatch.tracing
 from rowbatch.consumer.engine.pipeline import Pipeline
-from rowbatch.consumer.observe.tracing import PipelineTracing
+from rowbatch.consumer.observe.tracing import NO_TRACING, PipelineTracer, PipelineTracing
 from rowbatch.consumer.sources.delivery import DeadLetterReason, Delivery
 from rowbatch.tracing import traceparent_of
 from rowbatch.wire.chunks.encode import encode_chunk
@@ -61,7 +61,7 @@ def pipeline(
     source: FakeSource,
     sink: FakeSink,
     run: RunBatch,
-    tracing: PipelineTracing | None,
+    tracing: PipelineTracer,
     *,
     target: int = 4,
 ) -> Pipeline:
@@ -205,7 +205,7 @@ async def test_without_tracing_the_pipeline_makes_no_spans(
     monkeypatch.setattr(rowbatch.tracing, "_active", active)
     deliveries = [traced(1, [1.0, 2.0]), traced(2, [3.0, -1.0]), undecodable(3)]
     source, sink = FakeSource(deliveries), FakeSink()
-    run = pipeline(source, sink, poison_if_negative(double), None)
+    run = pipeline(source, sink, poison_if_negative(double), NO_TRACING)
     await asyncio.wait_for(run.run(asyncio.Event()), 10)
     assert source.acked == ["m1"]
     assert sorted(mid for mid, _ in source.dead) == ["m2", "m3"]

@@ -17,12 +17,11 @@ from prometheus_client import CollectorRegistry
 
 from rowbatch.consumer.engine.batcher import Batch
 from rowbatch.consumer.engine.budget import ByteBudget
-from rowbatch.consumer.engine.decode import MessageDecoder
 from rowbatch.consumer.engine.pipeline import Pipeline
 from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.sinks.base import ResultRows, RowsRejected
 from rowbatch.consumer.sources.delivery import Delivery
-from tests.unit.consumer.engine.factories import pipeline_settings
+from tests.unit.consumer.engine.factories import make_pipeline
 from tests.unit.consumer.engine.test_pipeline import (
     FakeSink,
     FakeSource,
@@ -30,7 +29,6 @@ from tests.unit.consumer.engine.test_pipeline import (
     Rejected,
     double,
     message,
-    no_check,
 )
 from tests.unit.consumer.engine.test_pipeline_revoke import RevokableSource, Server, settle_down
 
@@ -84,23 +82,15 @@ async def model_run(batch: Batch) -> Mapping[str, NDArray[Any]]:
 
 
 def pipeline(source: FakeSource, sink: FakeSink, metrics: Metrics, budget: ByteBudget) -> Pipeline:
-    return Pipeline(
-        source=source,
-        sink=sink,
-        decoder=MessageDecoder(("x",), no_check),
-        model=FnModel(model_run, poison=Rejected),
-        settings=pipeline_settings(
-            target_batch_size=4,
-            max_wait_s=0.0,
-            max_in_flight=2,
-            output_bytes_per_row=8,
-            outputs={"Y": "y"},
-            passthrough=(),
-            model_name="m",
-            model_version="1",
-        ),
+    return make_pipeline(
+        source,
+        sink,
+        FnModel(model_run, poison=Rejected),
         budget=budget,
         metrics=metrics,
+        target_batch_size=4,
+        max_wait_s=0.0,
+        max_in_flight=2,
     )
 
 
@@ -253,24 +243,15 @@ async def test_stopping_nacks_the_part_of_a_vector_not_yet_taken() -> None:
 def revokable(
     source: VectorSource, sink: FakeSink, server: Server, budget: ByteBudget, grace_s: float = 5.0
 ) -> Pipeline:
-    return Pipeline(
-        source=source,
-        sink=sink,
-        decoder=MessageDecoder(("x",), no_check),
-        model=FnModel(server.run),
-        settings=pipeline_settings(
-            target_batch_size=2,
-            max_wait_s=60.0,
-            max_in_flight=1,
-            output_bytes_per_row=8,
-            outputs={"Y": "y"},
-            passthrough=(),
-            model_name="m",
-            model_version="1",
-            grace_s=grace_s,
-        ),
+    return make_pipeline(
+        source,
+        sink,
+        FnModel(server.run),
         budget=budget,
-        metrics=Metrics(),
+        target_batch_size=2,
+        max_wait_s=60.0,
+        max_in_flight=1,
+        grace_s=grace_s,
     )
 
 

@@ -15,15 +15,14 @@ from rowbatch.consumer.engine.batcher import Batch
 from rowbatch.consumer.engine.pipeline import Pipeline
 from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.sinks.base import ResultRows, RowsRejected, SinkUnavailable
-from rowbatch.timing import Backoff
-from tests.unit.consumer.engine.factories import pipeline_settings
+from rowbatch.timing import Backoff, Clocks
+from tests.unit.consumer.engine.factories import make_pipeline
 from tests.unit.consumer.engine.test_pipeline import (
     FakeSink,
     FakeSource,
     FnModel,
     double,
     message,
-    no_check,
 )
 
 
@@ -58,9 +57,6 @@ def pipeline(
     budget: int = 10_000_000,
     writers: int = 2,
 ) -> tuple[Pipeline, Metrics]:
-    from rowbatch.consumer.engine.budget import ByteBudget
-    from rowbatch.consumer.engine.decode import MessageDecoder
-
     recorded = waits if waits is not None else []
 
     async def sleep(seconds: float) -> None:
@@ -68,27 +64,19 @@ def pipeline(
         await asyncio.sleep(0)
 
     metrics = Metrics()
-    p = Pipeline(
-        source=source,
-        sink=sink,
-        decoder=MessageDecoder(("x",), no_check),
-        model=FnModel(run),
-        settings=pipeline_settings(
-            target_batch_size=target,
-            max_wait_s=0.0,
-            max_in_flight=in_flight,
-            output_bytes_per_row=8,
-            outputs={"Y": "y"},
-            passthrough=(),
-            model_name="m",
-            model_version="1",
-            grace_s=5.0,
-            write_concurrency=writers,
-            sink_backoff=Backoff(0.5, 4.0, jitter=0.0),
-        ),
-        budget=ByteBudget(budget),
+    p = make_pipeline(
+        source,
+        sink,
+        FnModel(run),
+        budget=budget,
         metrics=metrics,
-        sleep=sleep,
+        clocks=Clocks(sleep=sleep),
+        target_batch_size=target,
+        max_wait_s=0.0,
+        max_in_flight=in_flight,
+        grace_s=5.0,
+        write_concurrency=writers,
+        sink_backoff=Backoff(0.5, 4.0, jitter=0.0),
     )
     return p, metrics
 

@@ -16,15 +16,12 @@ import pytest
 from numpy.typing import NDArray
 
 from rowbatch.consumer.engine.batcher import Batch
-from rowbatch.consumer.engine.budget import ByteBudget
-from rowbatch.consumer.engine.decode import MessageDecoder
 from rowbatch.consumer.engine.pipeline import Pipeline
-from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.sinks.base import CommitsWrites, ResultRows
 from rowbatch.consumer.sources.base import KeepsRowProgress, WrittenRows
 from rowbatch.consumer.sources.delivery import Delivery
 from rowbatch.wire.chunks.encode import encode_chunk
-from tests.unit.consumer.engine.factories import pipeline_settings
+from tests.unit.consumer.engine.factories import make_pipeline
 from tests.unit.consumer.engine.test_pipeline import (
     FakeSink,
     FakeSource,
@@ -34,7 +31,6 @@ from tests.unit.consumer.engine.test_pipeline import (
     double,
     make,
     message,
-    no_check,
 )
 from tests.unit.consumer.engine.test_pipeline_writer import FlakySink
 
@@ -107,14 +103,13 @@ def part(chunk: str, values: list[float], row_offset: int) -> Delivery:
     """Rows ``[row_offset, row_offset + len(values))`` of chunk ``chunk`` as one message (a
     table-mode part of a chunk), with its own message id."""
     enc = encode_chunk("t", {"x": np.array(values, np.float64)}, "json", chunk)
-    return Delivery.of(
+    return Delivery.of_rows(
         message_id=f"{chunk}@{row_offset}",
         payload=enc.payload,
         attributes=enc.attributes,
         publish_time=0.0,
         delivery_attempt=1,
         source="table",
-        ordering_key="",
         size=len(enc.payload),
         row_offset=row_offset,
     )
@@ -132,26 +127,16 @@ def build(
 ) -> Pipeline:
     """Like ``test_pipeline.make``, with the write settings open (``max_write_rows`` of one
     batch: a write per batch)."""
-    return Pipeline(
-        source=source,
-        sink=sink,
-        decoder=MessageDecoder(("x",), no_check),
-        model=FnModel(run, poison=Rejected),
-        settings=pipeline_settings(
-            target_batch_size=target,
-            max_wait_s=0.0,
-            max_in_flight=in_flight,
-            output_bytes_per_row=8,
-            outputs={"Y": "y"},
-            passthrough=(),
-            model_name="m",
-            model_version="1",
-            grace_s=5.0,
-            write_concurrency=writers,
-            max_write_rows=max_write_rows,
-        ),
-        budget=ByteBudget(10_000_000),
-        metrics=Metrics(),
+    return make_pipeline(
+        source,
+        sink,
+        FnModel(run, poison=Rejected),
+        target_batch_size=target,
+        max_wait_s=0.0,
+        max_in_flight=in_flight,
+        grace_s=5.0,
+        write_concurrency=writers,
+        max_write_rows=max_write_rows,
     )
 
 

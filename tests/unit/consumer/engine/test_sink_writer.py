@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 from prometheus_client import CollectorRegistry
 
-from rowbatch.consumer.engine.sink_writer import SinkWriter
+from rowbatch.consumer.engine.sink_writer import SinkRetry, SinkWriter
 from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.sinks.base import ResultRows
 from tests.sink_data import make_rows
@@ -41,8 +41,9 @@ async def test_rows_already_there_count_as_duplicates_not_as_written() -> None:
     def build(parts: Sequence[np.ndarray]) -> ResultRows:
         return make_rows(np.concatenate(list(parts)))
 
+    retry = SinkRetry(metrics=metrics, backoff=sink_backoff())
     writer = SinkWriter[np.ndarray](
-        sink.write, build=build, split=lambda p: [p], metrics=metrics, backoff=sink_backoff()
+        sink.write, build=build, split=lambda p: [p], metrics=metrics, retry=retry
     )
     assert await writer.write([np.arange(0, 100)]) == []
     assert await writer.write([np.arange(50, 150)]) == []  # a redelivery overlapping the first

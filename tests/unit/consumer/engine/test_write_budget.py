@@ -21,20 +21,17 @@ from rowbatch.consumer.engine.batcher import Batch, Batcher, Segment
 from rowbatch.consumer.engine.budget import ByteBudget
 from rowbatch.consumer.engine.ledger import Entry, Ledger
 from rowbatch.consumer.engine.pipeline import INPUT_ROW_BYTES, PipelineSettings, pipeline_share
-from rowbatch.consumer.engine.results import (
-    WRITE_ROW_OVERHEAD_BYTES,
-    Answered,
-    largest_write_cost,
-    write_cost,
-)
-from rowbatch.consumer.engine.stage_context import StageContext
-from rowbatch.consumer.engine.write_stage import WriteStage
+from rowbatch.consumer.engine.results import Answered, largest_write_cost, write_cost
+from rowbatch.consumer.engine.stage_context import StageContext, Telemetry
+from rowbatch.consumer.engine.write_stage import WriteLimits, WriteStage
 from rowbatch.consumer.observe import memory
+from rowbatch.consumer.observe.costs import WRITE_ROW_OVERHEAD_BYTES
 from rowbatch.consumer.observe.memory import MemoryCollector, MemorySplit
 from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.sinks.base import ENCODE_SLICE_BYTES, ResultRows
 from rowbatch.consumer.sinks.postgres.sink import slice_rows
 from rowbatch.consumer.sources.delivery import Delivery
+from rowbatch.timing import Clocks
 from tests.unit.consumer.engine.factories import pipeline_settings
 from tests.unit.consumer.engine.test_pipeline import FakeSink, FakeSource, make
 
@@ -88,20 +85,22 @@ def stage(
 
     context = StageContext(
         ledger=ledger,
-        settler=cast("Any", SimpleNamespace(settle_many=settle_many, fail=fail)),
         batcher=Batcher(100, 1.0, lambda: 0.0),
-        metrics=metrics,
-        clock=lambda: 0.0,
+        budget=ByteBudget(10**12),
+        telemetry=Telemetry(metrics),
+        clocks=Clocks(monotonic=lambda: 0.0),
         rows_queued=asyncio.Event(),
         rows_taken=asyncio.Event(),
     )
     return WriteStage(
         context,
+        settler=cast("Any", SimpleNamespace(fail=fail)),
         answered=answered_q,
         writer=cast("Any", writer),
-        max_write_rows=1_000,
-        max_write_bytes=64 * 1024 * 1024,
-        output_bytes_per_row=DIM * 4,
+        limits=WriteLimits(
+            max_rows=1_000, max_bytes=64 * 1024 * 1024, output_bytes_per_row=DIM * 4
+        ),
+        settle_written=settle_many,
         allowance=allowance,
     )
 

@@ -25,7 +25,7 @@ from rowbatch.consumer.model.inference.errors import (
 )
 from rowbatch.consumer.model.inference.retry import InferenceRetry, RetryingInferencer
 from rowbatch.consumer.model.spec import ModelSpec, TensorSpec
-from rowbatch.timing import Backoff
+from rowbatch.timing import Backoff, Clocks
 
 SPEC = ModelSpec(
     name="m",
@@ -164,9 +164,7 @@ class Fleet:
             meter=self.meters.__getitem__,
             on_error=self.errors.append,
             timing=NO_JITTER,
-            clock=self.time.clock,
-            sleep=self.time.sleep,
-            rng=random.Random(0),
+            clocks=Clocks(monotonic=self.time.clock, sleep=self.time.sleep, rng=random.Random(0)),
         )
         self.balancer.track(names)
         for n in down:
@@ -358,7 +356,7 @@ async def test_backoff_and_pause_only_when_every_endpoint_is_out(fleet: Fleet) -
         InferenceRetry(Backoff(0.1, 10.0, jitter=0.0)),
         on_backoff_start=lambda: pauses.append("start"),
         on_backoff_end=lambda: pauses.append("end"),
-        sleep=fleet.time.sleep,
+        clocks=Clocks(sleep=fleet.time.sleep),
     )
     fleet.servers["a"].errors = [error("UNAVAILABLE")]
     for _ in range(2):

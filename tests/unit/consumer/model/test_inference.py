@@ -28,7 +28,7 @@ from rowbatch.consumer.model.inference.errors import (
     classify,
 )
 from rowbatch.consumer.model.inference.retry import InferenceRetry, RetryingInferencer
-from rowbatch.timing import Backoff
+from rowbatch.timing import Backoff, Clocks
 
 
 def server_error(status: str | None, message: str = "boom") -> InferenceServerException:
@@ -248,8 +248,7 @@ def retrying(inner: Any, rec: Recorder, **policy: Any) -> RetryingInferencer:
         InferenceRetry(Backoff(0.1, 10.0), **policy),
         on_backoff_start=rec.start,
         on_backoff_end=rec.end,
-        sleep=rec.sleep,
-        rng=ZeroRandom(),
+        clocks=Clocks(sleep=rec.sleep, rng=ZeroRandom()),
     )
 
 
@@ -329,7 +328,10 @@ async def test_cancellation_stops_retrying_and_ends_the_period() -> None:
 
     inner = ScriptedInferencer([retryable()])
     wrapper = RetryingInferencer(
-        inner, on_backoff_start=rec.start, on_backoff_end=rec.end, sleep=sleep_forever
+        inner,
+        on_backoff_start=rec.start,
+        on_backoff_end=rec.end,
+        clocks=Clocks(sleep=sleep_forever),
     )
     task = asyncio.create_task(wrapper.infer([1], ["Y"]))
     await blocked.wait()
@@ -354,7 +356,7 @@ async def test_concurrent_requests_share_one_backoff_period() -> None:
 
     inner = ScriptedInferencer([retryable(1), retryable(2)])  # both requests fail once
     wrapper = RetryingInferencer(
-        inner, on_backoff_start=rec.start, on_backoff_end=rec.end, sleep=sleep
+        inner, on_backoff_start=rec.start, on_backoff_end=rec.end, clocks=Clocks(sleep=sleep)
     )
     a = asyncio.create_task(wrapper.infer([1], ["Y"]))
     b = asyncio.create_task(wrapper.infer([1], ["Y"]))

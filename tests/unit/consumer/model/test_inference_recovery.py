@@ -23,7 +23,7 @@ from rowbatch.consumer.model.inference.errors import (
     error_kind,
 )
 from rowbatch.consumer.model.inference.retry import InferenceRetry, RetryingInferencer
-from rowbatch.timing import Backoff
+from rowbatch.timing import Backoff, Clocks
 from tests.unit.consumer.model.test_inference import FakeTriton, ScriptedInferencer, server_error
 
 GONE = "Request for unknown model: 'scorer' has no available versions"
@@ -127,7 +127,7 @@ def inferencer(inner: Any, script: Scripted, errors: list[InferenceError]) -> Re
         on_error=errors.append,
         probe=script.probe,
         probe_interval_s=PROBE_S,
-        sleep=script.sleep,
+        clocks=Clocks(sleep=script.sleep),
     )
 
 

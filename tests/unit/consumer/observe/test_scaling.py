@@ -5,6 +5,8 @@ split, and both views (a Pub/Sub replica's share, a Kafka replica's view of the 
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -24,6 +26,8 @@ from rowbatch.consumer.observe.scaling import (
 )
 from rowbatch.consumer.service.build_io import scaling_signal
 from rowbatch.consumer.sources.kafka.settings import KafkaSettings
+from rowbatch.consumer.sources.pubsub.settings import PubSubSettings
+from rowbatch.consumer.sources.scaling_settings import ScalingInputs
 
 # --- the formula -----------------------------------------------------------------------------
 
@@ -114,11 +118,20 @@ def test_a_full_server_counts_the_rate_term_alone() -> None:
 # --- the running signal ------------------------------------------------------------------------
 
 
+_INPUTS = frozenset(ScalingInputs.model_fields)
+"""The ``[source]`` fields the signal reads from ``SignalSettings.inputs``."""
+
+
 def _signal(view: str = "share", **settings: object) -> tuple[ScalingSignal, CollectorRegistry]:
+    """A signal with ``target_latency_s`` 10 s and 1,000 rows/s per replica unless ``settings``
+    say otherwise (``ScalingInputs`` fields and ``SignalSettings`` fields alike)."""
     registry = CollectorRegistry()
     base: dict[str, object] = {"target_latency_s": 10.0, "rows_per_s_per_replica": 1000.0}
     base.update(settings)
-    return ScalingSignal(SignalSettings(view, **base), ScalingGauges(registry)), registry  # type: ignore[arg-type]
+    inputs = ScalingInputs.model_validate({k: v for k, v in base.items() if k in _INPUTS})
+    rest = {k: v for k, v in base.items() if k not in _INPUTS}
+    signal = ScalingSignal(SignalSettings(view, inputs=inputs, **rest), ScalingGauges(registry))  # type: ignore[arg-type]
+    return signal, registry
 
 
 def _value(registry: CollectorRegistry, name: str) -> float | None:
@@ -253,6 +266,24 @@ def test_kafka_source_settings_cap_the_groups_figure_at_max_replicas() -> None:
     _tick(signal, 0.0)
     # far more than 12 partitions' worth of backlog, capped at 4 (an even split of 12)
     assert signal.fleet(10**9, 0, partitions=12, own_backlog_rows=0) == 4
+
+
+def test_the_shared_source_fields_are_declared_once_and_read_from_the_section() -> None:
+    """``rows_per_s_per_replica``, ``rate_window_s`` and ``max_replicas`` have no field, and so
+    no default, of their own in ``SignalSettings``: it reads them from the ``[source]``
+    section it is built from, whichever broker's."""
+    assert {"rows_per_s_per_replica", "rate_window_s", "max_replicas"} == _INPUTS
+    assert not _INPUTS & {f.name for f in fields(SignalSettings)}
+    sections: tuple[PubSubSettings | KafkaSettings, ...] = (
+        PubSubSettings(subscription="projects/p/subscriptions/rows", rate_window_s=7.0),
+        KafkaSettings(bootstrap_servers="k:9092", topic="t", group_id="g", max_replicas=5),
+    )
+    for section in sections:
+        settings = scaling_signal(section, Metrics(CollectorRegistry())).settings
+        assert settings.inputs is section
+        assert settings.target_latency_s == section.target_latency_s
+        for name in _INPUTS:
+            assert getattr(settings, name) == getattr(section, name), name
 
 
 def test_a_kafka_replica_without_a_rate_keeps_the_floor() -> None:

@@ -22,6 +22,7 @@ from rowbatch.consumer.service.build_model import (
     per_endpoint_limit,
 )
 from rowbatch.consumer.service.startup import StartupError
+from rowbatch.timing import Clocks
 from tests.unit.consumer.model.test_balancer import SPEC, FakeServer
 from tests.virtual_time import VirtualTime
 
@@ -41,11 +42,11 @@ def settings(url: str, **extra: Any) -> ModelSettings:
 async def discover(
     url: str, servers: Servers, clock: VirtualTime, **extra: Any
 ) -> tuple[dict[str, ModelSpec], Balancer]:
-    balancer = Balancer("m", servers.connect, rng=random.Random(0))
+    balancer = Balancer("m", servers.connect, clocks=Clocks(rng=random.Random(0)))
     config = settings(url, **extra)
     membership = Membership(parse_endpoints(url))
     found = await discover_endpoints_waiting(
-        balancer, membership, config, sleep=clock.sleep, clock=clock.clock
+        balancer, membership, config, clocks=Clocks(monotonic=clock.clock, sleep=clock.sleep)
     )
     return found, balancer
 

@@ -29,8 +29,8 @@ from rowbatch.consumer.sources.table.dead_letters import (
 from rowbatch.consumer.sources.table.plan import DataFile, Unit
 from rowbatch.consumer.sources.table.reader import Piece
 from rowbatch.consumer.sources.table.state import StateFolder
+from rowbatch.tables.formats import InputFormat
 from rowbatch.wire.dead_letter import ReasonClass
-from rowbatch.wire.readers.formats import InputFormat
 from tests.unit.consumer.service.test_table_cli import REST
 
 TABLE_SOURCE = """\

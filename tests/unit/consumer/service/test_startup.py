@@ -13,7 +13,7 @@ from rowbatch.consumer.service.build_io import SOURCE_STARTUP_BACKOFF, open_sour
 from rowbatch.consumer.service.startup import StillUnavailable, wait_for
 from rowbatch.consumer.sources.base import SourceConfigError, SourceUnreachable
 from rowbatch.consumer.sources.kafka.settings import KafkaSettings
-from rowbatch.timing import Backoff
+from rowbatch.timing import Backoff, Clocks
 from tests.virtual_time import VirtualTime
 
 
@@ -36,6 +36,10 @@ def flaky(failures: int, error: Exception) -> tuple[list[int], Op]:
     return calls, op
 
 
+def clocks(time: VirtualTime) -> Clocks:
+    return Clocks(monotonic=time.clock, sleep=time.sleep)
+
+
 async def wait(op: Op, clock: VirtualTime, wait_s: float = 10.0) -> str:
     return await wait_for(
         op,
@@ -44,9 +48,7 @@ async def wait(op: Op, clock: VirtualTime, wait_s: float = 10.0) -> str:
         wait_s=wait_s,
         backoff=Backoff(0.5, 2.0, jitter=0.0),
         setting="model.startup_wait_s",
-        sleep=clock.sleep,
-        clock=clock.clock,
-        rng=random.Random(0),
+        clocks=Clocks(monotonic=clock.clock, sleep=clock.sleep, rng=random.Random(0)),
     )
 
 
@@ -109,7 +111,7 @@ def kafka_settings(**fields: object) -> KafkaSettings:
 async def test_a_broker_that_does_not_answer_at_start_up_is_waited_for() -> None:
     clock = VirtualTime(0.0)
     source = FlakySource(SourceUnreachable("no answer"), SourceUnreachable("no answer"))
-    await open_source(source, kafka_settings(), sleep=clock.sleep, clock=clock.clock)  # type: ignore[arg-type]
+    await open_source(source, kafka_settings(), clocks=clocks(clock))  # type: ignore[arg-type]
     assert source.checks == 3
     assert len(clock.slept) == 2
     assert all(0 < w <= SOURCE_STARTUP_BACKOFF.max_s for w in clock.slept)
@@ -123,8 +125,7 @@ async def test_a_broker_down_past_the_start_up_wait_is_named_and_the_source_clos
         await open_source(
             source,  # type: ignore[arg-type]
             kafka_settings(startup_wait_s=20),
-            sleep=clock.sleep,
-            clock=clock.clock,
+            clocks=clocks(clock),
         )
     assert clock.now <= 20
     assert source.checks > 1
@@ -135,7 +136,7 @@ async def test_a_wrong_source_config_is_not_waited_for() -> None:
     clock = VirtualTime(0.0)
     source = FlakySource(SourceConfigError("no topic 't'"))
     with pytest.raises(SourceConfigError, match="no topic"):
-        await open_source(source, kafka_settings(), sleep=clock.sleep, clock=clock.clock)  # type: ignore[arg-type]
+        await open_source(source, kafka_settings(), clocks=clocks(clock))  # type: ignore[arg-type]
     assert source.checks == 1
     assert clock.slept == []
     assert source.closed

@@ -17,7 +17,7 @@ from rowbatch.consumer.service.config import ConfigError, ConsumerConfig, load_c
 from rowbatch.consumer.service.table_run import TableSummary, summarize, write_summary
 from rowbatch.consumer.sources.pubsub.settings import PubSubSettings
 from rowbatch.consumer.sources.table.settings import JOB_INDEX_VARIABLE, TableSettings
-from rowbatch.consumer.sources.table.source import TableCounts, TableSource
+from rowbatch.consumer.sources.table.source import TableCounts, TableModel, TableSource
 from tests.unit.consumer.sources.table.data import write_dataset
 
 PUBSUB_SOURCE = """\
@@ -176,9 +176,7 @@ async def finished_source(tmp_path: Path) -> TableSource:
     write_dataset(tmp_path / "in", [("a.parquet", 3)], 3)
     source = TableSource(
         TableSettings(input=str(tmp_path / "in"), state=str(tmp_path / "state")),
-        model="scorer",
-        model_version="1",
-        binding={},
+        model=TableModel("scorer", "1", {}),
     )
     await source.check()
     return source

@@ -22,7 +22,7 @@ from rowbatch.consumer.model.inference.errors import (
     RetryableInferenceError,
 )
 from rowbatch.consumer.model.inference.retry import InferenceRetry, RetryingInferencer
-from rowbatch.timing import Backoff
+from rowbatch.timing import Backoff, Clocks
 from rowbatch.tracing import context_of, traceparent_of
 from tests.unit import tracing_fixtures
 from tests.unit.consumer.model.test_inference import (
@@ -172,7 +172,9 @@ async def test_without_tracing_no_headers_are_passed(
 
 def retrying(inner: Any, rec: Recorder) -> RetryingInferencer:
     return RetryingInferencer(
-        inner, InferenceRetry(Backoff(0.1, 10.0)), sleep=rec.sleep, rng=ZeroRandom()
+        inner,
+        InferenceRetry(Backoff(0.1, 10.0)),
+        clocks=Clocks(sleep=rec.sleep, rng=ZeroRandom()),
     )
 
 

@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry
 from rowbatch.consumer.observe.scaling import ScalingGauges, ScalingSignal, SignalSettings
 from rowbatch.consumer.sources.kafka.lag import LagMonitor, standalone_signal
 from rowbatch.consumer.sources.kafka.settings import KafkaSettings
+from rowbatch.consumer.sources.scaling_settings import ScalingInputs
 
 TOPIC = "rows"
 
@@ -60,7 +61,10 @@ def config(**over: object) -> KafkaSettings:
 async def test_the_groups_commits_are_its_write_rate_and_its_lag_the_backlog() -> None:
     registry = CollectorRegistry()
     signal = ScalingSignal(
-        SignalSettings("fleet", 20.0, 1000.0, rate_window_s=10.0), ScalingGauges(registry)
+        SignalSettings(
+            "fleet", 20.0, ScalingInputs(rows_per_s_per_replica=1000.0, rate_window_s=10.0)
+        ),
+        ScalingGauges(registry),
     )
     clock = Clock()
     monitor = LagMonitor(
@@ -91,7 +95,10 @@ async def test_the_groups_commits_are_its_write_rate_and_its_lag_the_backlog() -
 
 async def test_this_replicas_load_counts_its_own_partitions_lag() -> None:
     registry = CollectorRegistry()
-    signal = ScalingSignal(SignalSettings("fleet", 20.0, 1000.0), ScalingGauges(registry))
+    signal = ScalingSignal(
+        SignalSettings("fleet", 20.0, ScalingInputs(rows_per_s_per_replica=1000.0)),
+        ScalingGauges(registry),
+    )
     monitor = LagMonitor(config(), registry, rows_per_record=lambda: 10.0, signal=signal)
     group = GroupView(4, mine={1})
     group.end = {0: 500, 1: 4000, 2: 0, 3: 0}
@@ -122,7 +129,10 @@ async def test_a_failing_lag_read_is_counted_logged_and_blanks_the_figures_when_
 ) -> None:
     registry = CollectorRegistry()
     signal = ScalingSignal(
-        SignalSettings("fleet", 20.0, 1000.0, rate_window_s=10.0), ScalingGauges(registry)
+        SignalSettings(
+            "fleet", 20.0, ScalingInputs(rows_per_s_per_replica=1000.0, rate_window_s=10.0)
+        ),
+        ScalingGauges(registry),
     )
     clock, wall = Clock(), Wall()
     monitor = LagMonitor(

@@ -19,12 +19,12 @@ from hypothesis import strategies as st
 from pydantic import SecretStr, ValidationError
 
 from rowbatch.consumer.engine.budget import ByteBudget
+from rowbatch.consumer.observe import costs
 from rowbatch.consumer.observe.lag import ThroughputMeter, desired_replicas, partition_lag
 from rowbatch.consumer.section import MiB
 from rowbatch.consumer.service.build_io import make_source
 from rowbatch.consumer.sources.delivery import DeadLetterReason, Delivery
 from rowbatch.consumer.sources.kafka import errors as kafka_errors
-from rowbatch.consumer.sources.kafka import records as kafka_records
 from rowbatch.consumer.sources.kafka.errors import KafkaConfigError, KafkaUnreachable
 from rowbatch.consumer.sources.kafka.settings import KafkaSettings
 from rowbatch.consumer.sources.kafka.source import KafkaSource
@@ -341,8 +341,8 @@ async def test_a_buffer_full_for_the_stall_time_pauses_fetching_until_it_drains_
 
 RECORD_COST = (
     (len(b"v") + len(b"k") + len("rowbatch-row-count") + len(b"10"))
-    + kafka_records.RECORD_OVERHEAD_BYTES
-    + kafka_records.HEADER_OVERHEAD_BYTES
+    + costs.RECORD_OVERHEAD_BYTES
+    + costs.HEADER_OVERHEAD_BYTES
 )
 """What one of the fake records costs read ahead (key, value, one header, overheads)."""
 

@@ -30,12 +30,12 @@ from rowbatch.consumer.sources.pubsub.clients import (
     default_subscriber,
 )
 from rowbatch.consumer.sources.pubsub.errors import PubSubCredentialsError
-from rowbatch.consumer.sources.pubsub.pull import PubSubPullSource
+from rowbatch.consumer.sources.pubsub.pull import LibraryClients, PubSubPullSource
 from rowbatch.consumer.sources.pubsub.settings import PubSubSettings
 from rowbatch.producer.cli.main import main as producer_main
 from rowbatch.producer.publishers.errors import PublisherConfigError
 from rowbatch.producer.publishers.pubsub import PubSubPublisher
-from rowbatch.wire.pubsub_env import (
+from rowbatch.pubsub_env import (
     credentials_message,
     emulator_host,
     missing_credentials,
@@ -82,7 +82,7 @@ def assert_names_what_to_set(message: str, project: str | None = "proj-a") -> No
         assert f"project '{project}'" in message
 
 
-# --- the shared wording (rowbatch.wire.pubsub_env)
+# --- the shared wording (rowbatch.pubsub_env)
 # -----------------------------------------------------
 
 
@@ -242,7 +242,7 @@ def test_messages_name_the_emulator_not_googles_endpoint(monkeypatch: pytest.Mon
     assert client_address(FakeTarget()) == "127.0.0.1:8085"
     source = PubSubPullSource(
         PubSubSettings(subscription=SUBSCRIPTION, dead_letter_topic=None),
-        subscriber=FakeTarget(),
+        clients=LibraryClients(subscriber=FakeTarget()),
     )
     assert source.host == "127.0.0.1:8085"
     monkeypatch.delenv("PUBSUB_EMULATOR_HOST")

@@ -17,17 +17,18 @@ from google.pubsub_v1 import types as pstypes
 from pydantic import ValidationError
 
 from rowbatch.consumer.engine.budget import ByteBudget
+from rowbatch.consumer.observe.costs import pulled_cost
 from rowbatch.consumer.service.build_io import make_source
 from rowbatch.consumer.sources.base import READ_AHEAD_SHARE, Source
 from rowbatch.consumer.sources.delivery import DeadLetterReason, Delivery
 from rowbatch.consumer.sources.pubsub.errors import PubSubPullError
-from rowbatch.consumer.sources.pubsub.held import ahead_cost
 from rowbatch.consumer.sources.pubsub.id_batcher import IdBatcher
 from rowbatch.consumer.sources.pubsub.leases import LeaseBook
 from rowbatch.consumer.sources.pubsub.pull import PubSubPullSource
 from rowbatch.consumer.sources.pubsub.settings import PubSubSettings
 from rowbatch.consumer.sources.pubsub.streaming import PubSubSource
 from rowbatch.consumer.sources.pubsub.tasks import sleep_or_event
+from rowbatch.timing import Clocks
 from rowbatch.wire.dead_letter import ReasonClass
 
 SUB = "projects/p/subscriptions/sub"
@@ -173,8 +174,7 @@ async def make(time_: FakeTime, rpc: FakeRpc) -> AsyncIterator[Factory]:
             PubSubSettings(**settings),
             consumer_version="test",
             rpc=rpc,
-            clock=time_.clock,
-            sleep=time_.sleep,
+            clocks=Clocks(monotonic=time_.clock, sleep=time_.sleep),
         )
         made.append(source)
         return source
@@ -470,7 +470,7 @@ async def test_read_ahead_is_held_in_a_shared_budget_within_its_share(
     await take(iterator, 1)
     await settle()
     quarter = budget.limit * READ_AHEAD_SHARE
-    per_message = ahead_cost((await take(iterator, 1))[0])
+    per_message = pulled_cost((await take(iterator, 1))[0])
     assert 0 < budget.ahead <= quarter + 64 * per_message  # a first pull may overshoot once
     pulled = sum(rpc.pulls)
     assert pulled < 2 * quarter / per_message
@@ -496,7 +496,7 @@ async def test_messages_larger_than_the_read_ahead_share_still_come_one_at_a_tim
     for _ in range(3):
         delivery = (await take(iterator, 1))[0]
         await settle()
-        assert budget.ahead <= ahead_cost(delivery)  # one waits at most
+        assert budget.ahead <= pulled_cost(delivery)  # one waits at most
         await source.ack(delivery)
     assert rpc.pulls[0] == 64 and rpc.pulls[1:4] == [1, 1, 1]
 

@@ -24,8 +24,8 @@ from rowbatch.consumer.sources.table.dead_letters import (
 from rowbatch.consumer.sources.table.plan import DataFile, Unit
 from rowbatch.consumer.sources.table.reader import Piece
 from rowbatch.consumer.sources.table.state import END, StateFolder
+from rowbatch.tables.formats import InputFormat
 from rowbatch.wire.dead_letter import ReasonClass
-from rowbatch.wire.readers.formats import InputFormat
 
 REASON = DeadLetterReason(ReasonClass.SCHEMA_MISMATCH, "column 'v': a null", "null_not_allowed")
 

@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 from rowbatch.consumer.sources.table.encode import Encoded, encode_piece
 from rowbatch.consumer.sources.table.plan import plan_table
 from rowbatch.consumer.sources.table.reader import Piece, UnitReader
+from rowbatch.tables.schema import parse_schema
 from rowbatch.wire.chunks.decode import decode_chunk
 from rowbatch.wire.dead_letter import ReasonClass
-from rowbatch.wire.readers.schema import parse_schema
 from tests.unit.consumer.sources.table.data import write_dataset
 
 DIM = 4

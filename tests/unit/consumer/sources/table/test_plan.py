@@ -23,8 +23,8 @@ from rowbatch.consumer.sources.table.plan import (
     list_files,
     plan_table,
 )
+from rowbatch.tables.formats import InputFormat
 from rowbatch.wire.headers.fields import check_chunk_id
-from rowbatch.wire.readers.formats import InputFormat
 from tests.unit.consumer.sources.table.data import truncate, write_dataset, write_parquet
 
 

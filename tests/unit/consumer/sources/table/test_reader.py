@@ -13,7 +13,7 @@ import pytest
 
 from rowbatch.consumer.sources.table.plan import TableInputError, TablePlan, plan_table
 from rowbatch.consumer.sources.table.reader import Piece, UnitReader
-from rowbatch.wire.readers.schema import parse_schema
+from rowbatch.tables.schema import parse_schema
 from tests.unit.consumer.sources.table.data import truncate, write_dataset
 
 

@@ -26,7 +26,7 @@ from rowbatch.consumer.sources.table.encode import Encoded, encode_piece
 from rowbatch.consumer.sources.table.plan import TableInputError, Unit
 from rowbatch.consumer.sources.table.reader import Piece, UnitReader
 from rowbatch.consumer.sources.table.settings import JOB_INDEX_VARIABLE, TableSettings
-from rowbatch.consumer.sources.table.source import Probe, TableSource
+from rowbatch.consumer.sources.table.source import Probe, TableModel, TableSource
 from rowbatch.consumer.sources.table.state import StateFolder
 from rowbatch.wire.chunks.decode import decode_chunk
 from rowbatch.wire.columns.column_type import ColumnType
@@ -75,9 +75,7 @@ def make_source(
 
     return TableSource(
         settings,
-        model="scorer",
-        model_version=version,
-        binding={"inputs": {"x": "X"}, "passthrough": {"id": "int64"}},
+        model=TableModel("scorer", version, {"inputs": {"x": "X"}, "passthrough": {"id": "int64"}}),
         columns=["id", "x"],
         probe=probe,
         registry=registry,

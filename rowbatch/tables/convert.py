@@ -10,11 +10,11 @@ from collections.abc import Callable, Mapping
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from rowbatch.tables.errors import InputError, where
+from rowbatch.tables.vectors import list_to_vector, parse_vectors
 from rowbatch.wire.columns.arrow import arrow_type_of, column_type_of_arrow
 from rowbatch.wire.columns.column_type import ColumnType, Kind
 from rowbatch.wire.errors import UnsupportedColumnType
-from rowbatch.wire.readers.errors import InputError, where
-from rowbatch.wire.readers.vectors import list_to_vector, parse_vectors
 
 
 def _first_failing_row(arr: pa.Array, convert: Callable[[pa.Array], object]) -> int | None:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import re
 from typing import Final
 
+from rowbatch.tables.errors import InputError
 from rowbatch.wire.columns.column_type import ColumnType
 from rowbatch.wire.errors import UnsupportedColumnType
-from rowbatch.wire.readers.errors import InputError
 
 _SCHEMA_ENTRY: Final = re.compile(r"\s*([^:,]+?)\s*:\s*(vector\s*\[[^\]]*\]|[^,]+?)\s*(?:,|$)")
 

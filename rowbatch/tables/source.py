@@ -14,12 +14,12 @@ from typing import IO, Any, Final
 
 import pyarrow as pa
 
+from rowbatch.tables.csv import csv_batches
+from rowbatch.tables.errors import InputError
+from rowbatch.tables.formats import COMPRESSION_SUFFIXES, STDIN, InputFormat, infer_format
+from rowbatch.tables.jsonl import jsonl_batches
+from rowbatch.tables.parquet import parquet_batches
 from rowbatch.wire.columns.column_type import ColumnType
-from rowbatch.wire.readers.csv import csv_batches
-from rowbatch.wire.readers.errors import InputError
-from rowbatch.wire.readers.formats import COMPRESSION_SUFFIXES, STDIN, InputFormat, infer_format
-from rowbatch.wire.readers.jsonl import jsonl_batches
-from rowbatch.wire.readers.parquet import parquet_batches
 
 BLOCK_BYTES: Final = 8 << 20
 

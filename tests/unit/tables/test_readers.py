@@ -17,16 +17,16 @@ import pyarrow.parquet as pq
 import pytest
 
 from rowbatch.progress import Progress, Summary, format_bytes, format_duration
+from rowbatch.tables.bad_lines import TEXT_MAX, BadLine
+from rowbatch.tables.convert import wire_columns
+from rowbatch.tables.csv import csv_batches, csv_rows
+from rowbatch.tables.errors import InputError
+from rowbatch.tables.formats import InputFormat, infer_format
+from rowbatch.tables.jsonl import jsonl_rows
+from rowbatch.tables.rechunk import rechunk
+from rowbatch.tables.schema import parse_schema
+from rowbatch.tables.source import open_source
 from rowbatch.wire.columns.column_type import FLOAT64, INT64, STRING, ColumnType
-from rowbatch.wire.readers.bad_lines import TEXT_MAX, BadLine
-from rowbatch.wire.readers.convert import wire_columns
-from rowbatch.wire.readers.csv import csv_batches, csv_rows
-from rowbatch.wire.readers.errors import InputError
-from rowbatch.wire.readers.formats import InputFormat, infer_format
-from rowbatch.wire.readers.jsonl import jsonl_rows
-from rowbatch.wire.readers.rechunk import rechunk
-from rowbatch.wire.readers.schema import parse_schema
-from rowbatch.wire.readers.source import open_source
 
 Chunk = tuple[dict[str, pa.Array], dict[str, ColumnType]]
 

@@ -3,8 +3,10 @@
 Default Credentials can be found, with the one-line error that says what to set when they
 cannot. Publishers and sources wrap that line in their own error class.
 
-google-auth is imported only when credentials are looked up, so the wire contract stays
-importable without it."""
+Both the producer's Pub/Sub publisher and the consumer's Pub/Sub source, admin and dead-letter
+tools read it, so it sits beside them at the top of ``rowbatch``, not in the wire contract.
+google-auth is imported only when credentials are looked up, so importing this module costs
+nothing without it."""
 
 from __future__ import annotations
 

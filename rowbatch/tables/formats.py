@@ -7,7 +7,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Final
 
-from rowbatch.wire.readers.errors import InputError
+from rowbatch.tables.errors import InputError
 
 STDIN: Final = "-"
 COMPRESSION_SUFFIXES: Final = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd", ".lz4": "lz4"}

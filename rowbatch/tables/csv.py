@@ -12,9 +12,9 @@ from typing import Any, Final
 import pyarrow as pa
 import pyarrow.csv as pcsv
 
+from rowbatch.tables.bad_lines import BadLine, Blocks, bisect, clip, count_lines
 from rowbatch.wire.columns.arrow import arrow_type_of
 from rowbatch.wire.columns.column_type import ColumnType, Kind
-from rowbatch.wire.readers.bad_lines import BadLine, Blocks, bisect, clip, count_lines
 
 _CSV_NULLS: Final = ["", "null", "NULL"]
 # Quoted values may span lines (text columns); Arrow then splits blocks more carefully.

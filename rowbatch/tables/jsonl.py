@@ -10,9 +10,9 @@ import orjson
 import pyarrow as pa
 import pyarrow.json as pjson
 
+from rowbatch.tables.bad_lines import BadLine, Blocks, bisect, clip
 from rowbatch.wire.columns.arrow import arrow_type_of
 from rowbatch.wire.columns.column_type import ColumnType, Kind
-from rowbatch.wire.readers.bad_lines import BadLine, Blocks, bisect, clip
 
 
 def _json_schema(schema: Mapping[str, ColumnType]) -> pa.Schema:

@@ -11,9 +11,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pjson
 
+from rowbatch.tables.errors import InputError, where
 from rowbatch.wire.columns.arrow import arrow_type_of
 from rowbatch.wire.columns.column_type import ColumnType
-from rowbatch.wire.readers.errors import InputError, where
 
 
 def _vector_row(row: object, dim: int) -> np.ndarray[Any, np.dtype[np.float32]]:

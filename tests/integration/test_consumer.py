@@ -1,0 +1,651 @@
+"""The consumer end to end on each real broker (Kafka, the Pub/Sub emulator), Triton and a real
+sink, each test written once and run on both through a small adapter (:class:`Broker`): a
+backlog drains into the sink in full Triton batches, poison messages land in the dead-letter
+topic with their reasons while everything else is written once, and a 20 s model-server outage
+pauses consumption within the memory budget and loses nothing. What only one broker has (a
+Kafka group that grows and shrinks, kill -9, work in flight across a rebalance; Pub/Sub batches
+slower than the ack deadline) is in test_consumer_kafka.py and test_consumer_pubsub.py."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import pytest
+from prometheus_client import CollectorRegistry
+
+from harness.chaos import ChaosControl
+from harness.kafka import KafkaEndpoint
+from harness.postgres import PostgresEndpoint
+from harness.pubsub import PubSubEndpoint
+from harness.reference_models import embed
+from harness.triton import TritonEndpoint
+from rowbatch.consumer.service.build_io import make_source
+from rowbatch.consumer.service.config import ConsumerConfig
+from rowbatch.consumer.service.runner import Running, run_consumer
+from rowbatch.consumer.sources.base import Source
+from rowbatch.consumer.sources.kafka.source import KafkaSource
+from rowbatch.wire.chunks.encode import EncodedChunk, encode_chunk
+from tests.integration.consumer_helpers import Topics, wait_until
+from tests.integration.kafka_helpers import (
+    Header,
+    KafkaTopics,
+    chunk_record,
+    group_offsets,
+    produce,
+    read_all,
+)
+from tests.integration.pubsub_helpers import use_emulator
+from tests.integration.test_consumer_kafka import scorer_chunks
+from tests.integration.test_consumer_pubsub import (
+    dead_lettered,
+    read_embeddings,
+    read_results,
+    settled,
+    text_chunk,
+    triton_batch_rows,
+)
+
+BINDINGS: dict[str, dict[str, Any]] = {
+    "scorer": {
+        "inputs": {"features": "FEATURES", "count": "COUNT"},
+        "outputs": {"SCORE": "score", "LABEL": "label"},
+        "passthrough": {"id": "int64"},
+    },
+    "chaos": {
+        "inputs": {"text": "TEXT"},
+        "outputs": {"EMBEDDING": "embedding"},
+        "passthrough": {"id": "int64"},
+    },
+}
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """A message read back from the dead-letter topic."""
+
+    key: bytes | None
+    """Kafka's record key; None on Pub/Sub."""
+    payload: bytes
+    headers: dict[str, bytes]
+    """Kafka headers, or Pub/Sub attributes encoded as UTF-8."""
+
+    def text(self, name: str) -> str:
+        return self.headers[name].decode()
+
+
+class Broker(Protocol):
+    """One broker as the consumer tests see it: a fresh topic with what the consumer reads it
+    with (subscription or group) and a dead-letter topic, publishing with the broker's own
+    client, reading the dead letters back, and the broker-side checks."""
+
+    name: str
+    counts_attempts: bool
+    """The dead letters' ``rowbatch-dlq-delivery-attempt`` is counted (Kafka counts locally;
+    Pub/Sub only on a subscription with a dead-letter policy, which these have not)."""
+    outage_head: int
+    """Of the outage test's chunks, how many wait on the broker when the consumer starts; the
+    rest are published once the outage began."""
+    outage_source: dict[str, Any]
+    """``[source]`` settings of the outage test."""
+
+    async def prepare(self, partitions: int) -> None:
+        """Creates the topic (``partitions``: Kafka's; Pub/Sub has none)."""
+        ...
+
+    def source(self, **overrides: Any) -> dict[str, Any]:
+        """The consumer's ``[source]`` section."""
+        ...
+
+    async def publish(
+        self, messages: Sequence[tuple[bytes | None, bytes, Sequence[Header]]]
+    ) -> list[str]:
+        """Publishes (key, payload, headers); returns their ids as the consumer names them
+        (``rowbatch-dlq-message-id``). Pub/Sub has no key, and attributes are strings."""
+        ...
+
+    async def dead_letters(self, expect: int) -> list[DeadLetter]: ...
+
+    def source_for_run(self, config: ConsumerConfig) -> Source | None:
+        """A source to run the consumer with, kept for the checks below (Kafka: the group
+        membership); None: the consumer builds its own."""
+        ...
+
+    def assert_member(self, source: Source | None) -> None:
+        """The consumer still holds what it was assigned (Kafka: one assignment, no
+        rebalance)."""
+        ...
+
+    def assert_paused(self, source: Source | None) -> None:
+        """Called while the consumer reports itself paused for the backoff."""
+        ...
+
+    async def drained(self, registry: CollectorRegistry, source: Source | None) -> None:
+        """Waits until the broker side shows everything consumed (Kafka: the lag gauge, or
+        the outstanding records of ``source``)."""
+        ...
+
+    def assert_dead_letter_origin(
+        self, dead: DeadLetter, message_id: str, key: bytes | None
+    ) -> None:
+        """The dead letter names where the message came from."""
+        ...
+
+    async def assert_consumed(self) -> None:
+        """Everything is settled on the broker (Kafka: the group committed to the end)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class PubSubBroker:
+    endpoint: PubSubEndpoint
+    name: str = "pubsub"
+    counts_attempts: bool = False
+    outage_head: int = 200
+    outage_source: dict[str, Any] = field(default_factory=dict)
+    topics: Topics | None = None
+
+    @property
+    def t(self) -> Topics:
+        assert self.topics is not None, "prepare() first"
+        return self.topics
+
+    async def prepare(self, partitions: int) -> None:
+        self.topics = await asyncio.to_thread(Topics.create, self.endpoint)
+
+    def source(self, **overrides: Any) -> dict[str, Any]:
+        return {
+            "kind": "pubsub",
+            "subscription": self.t.subscription,
+            "dead_letter_topic": self.t.dlq_topic,
+            "max_lease_extension_s": 10,
+            **overrides,
+        }
+
+    async def publish(
+        self, messages: Sequence[tuple[bytes | None, bytes, Sequence[Header]]]
+    ) -> list[str]:
+        def send() -> list[str]:
+            futures = [
+                self.t.publisher.publish(
+                    self.t.topic, payload, **{k: v.decode() for k, v in headers}
+                )
+                for _, payload, headers in messages
+            ]
+            return [f.result(timeout=60) for f in futures]
+
+        return await asyncio.to_thread(send)
+
+    async def dead_letters(self, expect: int) -> list[DeadLetter]:
+        got = await asyncio.to_thread(self.t.dead_letters, expect)
+        return [
+            DeadLetter(None, bytes(m.data), {k: v.encode() for k, v in m.attributes.items()})
+            for m in got
+        ]
+
+    def source_for_run(self, config: ConsumerConfig) -> Source | None:
+        return None
+
+    def assert_member(self, source: Source | None) -> None:
+        pass
+
+    def assert_paused(self, source: Source | None) -> None:
+        pass
+
+    async def drained(self, registry: CollectorRegistry, source: Source | None) -> None:
+        pass
+
+    def assert_dead_letter_origin(
+        self, dead: DeadLetter, message_id: str, key: bytes | None
+    ) -> None:
+        assert dead.text("rowbatch-dlq-source") == self.t.subscription
+
+    async def assert_consumed(self) -> None:
+        pass
+
+    def close(self) -> None:
+        if self.topics is not None:
+            self.topics.close()
+
+
+@dataclass
+class KafkaBroker:
+    endpoint: KafkaEndpoint
+    name: str = "kafka"
+    counts_attempts: bool = True
+    outage_head: int = 20
+    outage_source: dict[str, Any] = field(default_factory=lambda: {"max_poll_interval_ms": 10_000})
+    """Less than the outage: a member that stopped polling while paused would be dropped."""
+    topics: KafkaTopics | None = None
+
+    @property
+    def t(self) -> KafkaTopics:
+        assert self.topics is not None, "prepare() first"
+        return self.topics
+
+    async def prepare(self, partitions: int) -> None:
+        self.topics = await KafkaTopics.create(self.endpoint, partitions=partitions)
+
+    def source(self, **overrides: Any) -> dict[str, Any]:
+        return {
+            "kind": "kafka",
+            "bootstrap_servers": self.t.bootstrap,
+            "topic": self.t.topic,
+            "group_id": self.t.group,
+            "commit_interval_s": 0.5,
+            "revoke_grace_s": 2.0,
+            "lag_interval_s": 0.5,
+            "session_timeout_ms": 6000,
+            "heartbeat_interval_ms": 1000,
+            **overrides,
+        }
+
+    async def publish(
+        self, messages: Sequence[tuple[bytes | None, bytes, Sequence[Header]]]
+    ) -> list[str]:
+        sent = await produce(self.endpoint, self.t.topic, messages)
+        return [f"{self.t.topic}/{m.partition}/{m.offset}" for m in sent]
+
+    async def dead_letters(self, expect: int) -> list[DeadLetter]:
+        records = await read_all(self.endpoint, self.t.dlq)
+        return [DeadLetter(r.key, r.value, dict(r.headers)) for r in records]
+
+    def source_for_run(self, config: ConsumerConfig) -> Source | None:
+        source = make_source(config.source)
+        assert isinstance(source, KafkaSource)
+        return source
+
+    def assert_member(self, source: Source | None) -> None:
+        assert isinstance(source, KafkaSource)
+        assert source.assignments == 1, "the member lost its partitions while paused"
+
+    def assert_paused(self, source: Source | None) -> None:
+        assert isinstance(source, KafkaSource)
+        assert source.paused
+
+    async def drained(self, registry: CollectorRegistry, source: Source | None) -> None:
+        """The consumer's lag gauge at 0; with a source of the test's own (which reports its
+        lag elsewhere), nothing outstanding in it."""
+        if isinstance(source, KafkaSource):
+            await wait_until(lambda: source.outstanding == 0, 30, "nothing outstanding")
+            return
+        topic = self.t.topic
+        await wait_until(
+            lambda: registry.get_sample_value("rowbatch_kafka_lag_total", {"topic": topic}) == 0,
+            60,
+            "lag at 0",
+        )
+
+    def assert_dead_letter_origin(
+        self, dead: DeadLetter, message_id: str, key: bytes | None
+    ) -> None:
+        assert dead.key == key
+        assert dead.text("rowbatch-dlq-topic") == self.t.topic
+        partition, offset = message_id.rsplit("/", 2)[1:]
+        assert dead.text("rowbatch-dlq-partition") == partition
+        assert dead.text("rowbatch-dlq-offset") == offset
+
+    async def assert_consumed(self) -> None:
+        t = self.t
+        committed, end = await group_offsets(self.endpoint, t.topic, t.group, t.partitions)
+        assert committed == end
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture(params=["kafka", "pubsub"])
+def broker(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[Broker]:
+    made: Broker
+    if request.param == "kafka":
+        kafka: KafkaEndpoint = request.getfixturevalue("kafka")
+        made = KafkaBroker(kafka)
+    else:
+        pubsub: PubSubEndpoint = request.getfixturevalue("pubsub")
+        use_emulator(pubsub, monkeypatch)  # the consumer builds its clients from it
+        made = PubSubBroker(pubsub)
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+def consumer_config(
+    broker: Broker,
+    triton: TritonEndpoint,
+    model: str,
+    sink: dict[str, Any],
+    source: dict[str, Any] | None = None,
+    **extra: Any,
+) -> ConsumerConfig:
+    return ConsumerConfig.model_validate(
+        {
+            "source": broker.source(**(source or {})),
+            "model": {"url": triton.grpc_url, "name": model, "max_wait_ms": 50},
+            "binding": BINDINGS[model],
+            "sink": sink,
+            "server": {"port": 0},
+            "log_format": "text",
+            **extra,
+        }
+    )
+
+
+@dataclass
+class Run:
+    """A consumer running in this process, on ``source`` when given."""
+
+    task: asyncio.Task[None]
+    stop: asyncio.Event
+    running: list[Running]
+
+    @property
+    def registry(self) -> CollectorRegistry:
+        return self.running[0].metrics.registry
+
+    async def stop_and_wait(self) -> None:
+        self.stop.set()
+        await asyncio.wait_for(self.task, 60)  # raises what the consumer failed with
+
+
+@pytest.fixture
+async def consumers() -> AsyncIterator[list[Run]]:
+    """Consumers started by the test; each is stopped at the end if the test did not."""
+    runs: list[Run] = []
+    yield runs
+    for run in runs:
+        run.stop.set()
+    for run in runs:
+        if not run.task.done():
+            await asyncio.wait({run.task}, timeout=60)
+
+
+async def start(consumers: list[Run], config: ConsumerConfig, source: Source | None = None) -> Run:
+    stop = asyncio.Event()
+    running: list[Running] = []
+    task = asyncio.create_task(run_consumer(config, stop, source=source, on_running=running.append))
+    run = Run(task, stop, running)
+    consumers.append(run)
+    await wait_until(lambda: bool(running), 60, "consumer start", task)
+    return run
+
+
+def written(registry: CollectorRegistry) -> float:
+    return registry.get_sample_value("rowbatch_rows_written_total") or 0.0
+
+
+def records(chunks: Sequence[EncodedChunk]) -> list[tuple[bytes, bytes, list[Header]]]:
+    return [chunk_record(c) for c in chunks]
+
+
+# --- a backlog drains in full batches -----------------------------------------------------------
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize(
+    ("broker", "kind", "total"),
+    [
+        ("pubsub", "sqlite", 100_000),
+        ("pubsub", "postgres", 100_000),
+        ("pubsub", "parquet", 100_000),
+        ("kafka", "sqlite", 50_000),
+    ],
+    indirect=["broker"],
+)
+async def test_a_backlog_drains_into_the_sink_in_full_batches(
+    broker: Broker,
+    kind: str,
+    total: int,
+    triton: TritonEndpoint,
+    postgres: PostgresEndpoint,
+    consumers: list[Run],
+    tmp_path: Path,
+) -> None:
+    """Rows already waiting, in chunks of 1..3,000 rows, alternately JSON and Arrow: every row
+    is written once with the model's result, and Triton runs nearly all of them in full
+    batches."""
+    await broker.prepare(partitions=6)
+    table = f"scores_{kind}_{int(time.time() * 1000) % 10**8}"
+    sink: dict[str, Any] = {
+        "sqlite": {"kind": "sqlite", "path": str(tmp_path / "r.sqlite"), "table": table},
+        "postgres": {"kind": "postgres", "dsn": postgres.dsn, "table": table},
+        "parquet": {"kind": "parquet", "url": str(tmp_path / "ds"), "table": table},
+    }[kind]
+    where = {"sqlite": tmp_path / "r.sqlite", "postgres": postgres.dsn, "parquet": tmp_path / "ds"}[
+        kind
+    ]
+    chunks, expected = scorer_chunks(total, seed=len(kind), max_rows=3000)
+    await broker.publish(records(chunks))
+    before = triton_batch_rows(triton, "scorer")
+    run = await start(consumers, consumer_config(broker, triton, "scorer", sink))
+    registry = run.registry
+    began = time.monotonic()
+    await wait_until(
+        lambda: settled(registry) == len(chunks), 300, f"{len(chunks)} settled", run.task
+    )
+    took = time.monotonic() - began
+    await broker.drained(registry, None)
+    rate = registry.get_sample_value("rowbatch_rows_per_s_per_replica")
+    await run.stop_and_wait()
+    assert dead_lettered(registry) == {}
+    assert written(registry) == total
+    print(
+        f"\n{broker.name}, {kind}: {total} rows in {len(chunks)} messages, one consumer: "
+        f"{took:.1f} s ({total / took:.0f} rows/s); measured rows/s per replica gauge: {rate}"
+    )
+
+    got = read_results(kind, where, table)  # asserts no duplicate ids
+    assert set(got) == set(expected)
+    for i in (0, 1, total // 2, total - 1):
+        assert got[i][0] == pytest.approx(float(expected[i][0]), rel=1e-6)
+        assert got[i][1] == int(expected[i][1])
+    scores = np.array([got[i][0] for i in range(total)])
+    want = np.array([expected[i][0] for i in range(total)], dtype=np.float64)
+    np.testing.assert_allclose(scores, want, rtol=1e-6)
+    after = triton_batch_rows(triton, "scorer")
+    executed = {size: after.get(size, 0) - before.get(size, 0) for size in after}
+    assert sum(executed.values()) == total
+    # Full batches: 256 (the preferred size, what rowbatch sends), or two requests of 256
+    # merged by Triton's dynamic batcher when they arrive together (max_batch_size 512).
+    full = sum(rows for size, rows in executed.items() if size >= 256 and size % 256 == 0)
+    assert full >= 0.95 * total, f"rows per Triton batch size: {executed}"
+    await broker.assert_consumed()
+
+
+# --- poison, outage (the chaos model: TEXT -> EMBEDDING, faults on demand) ---------------------
+
+
+@pytest.fixture
+def chaos(triton: TritonEndpoint) -> Iterator[TritonEndpoint]:
+    ChaosControl().write(triton.chaos_control)
+    yield triton
+    ChaosControl().write(triton.chaos_control)
+
+
+@dataclass(frozen=True)
+class Poison:
+    """A message the consumer must dead-letter, and what the dead letter must say."""
+
+    key: bytes | None
+    payload: bytes
+    headers: list[Header]
+    reason: str
+    code: str | None = None
+    """``rowbatch-dlq-code``, where the test pins it."""
+    names: str | None = None
+    """A word ``rowbatch-dlq-message`` must contain (the column at fault)."""
+
+
+def poison_messages(good: Sequence[EncodedChunk], kafka: bool) -> dict[str, Poison]:
+    """Every kind of poison, from the good chunks' payloads and headers (``good[0]`` is JSON,
+    ``good[1]`` Arrow); a header that is not UTF-8 only on Kafka (Pub/Sub attributes are
+    strings)."""
+    as_json, as_arrow = good[0], good[1]
+    assert as_json.attributes["content-type"] == "application/json"
+    marked = text_chunk(500, 10, marker_row=7)
+    wrong_input = encode_chunk(
+        "docs",
+        {"id": np.arange(3, dtype=np.int64), "text": np.arange(3, dtype=np.int64)},
+        "json",
+        "wrong-type",
+    )
+    wrong_passthrough = encode_chunk(
+        "docs",
+        {"id": [f"id-{i}" for i in range(3)], "text": ["a", "b", "c"]},
+        "json",
+        "wrong-id",
+    )
+    no_content_type = [(k, v) for k, v in as_arrow.kafka_headers if k != "content-type"]
+    poison = {
+        "marker": Poison(*chunk_record(marked), "rejected-by-model"),
+        "wrong-type": Poison(*chunk_record(wrong_input), "schema-mismatch"),
+        "wrong-passthrough-type": Poison(
+            *chunk_record(wrong_passthrough),
+            "schema-mismatch",
+            code="column_type_mismatch",
+            names="id",
+        ),
+        "garbage-json": Poison(b"gj", b"\x00garbage{", as_json.kafka_headers, "undecodable"),
+        "garbage": Poison(
+            b"garbage", b"\x00garbage{", as_arrow.kafka_headers, "undecodable", "corrupt_arrow"
+        ),
+        "only-content-type": Poison(
+            b"oct", as_arrow.payload, [("content-type", b"application/json")], "undecodable"
+        ),
+        "no-content-type": Poison(
+            b"nct", as_arrow.payload, no_content_type, "undecodable", "missing_header"
+        ),
+    }
+    if kafka:
+        bad_header = [*as_arrow.kafka_headers, ("note", b"\xff\xfe not utf-8")]
+        # Never reaches the pipeline: the source dead-letters it itself, and it is counted all
+        # the same (every dead letter once, whoever sends it).
+        poison["bad-header"] = Poison(
+            b"bh", as_arrow.payload, bad_header, "undecodable", "invalid_header"
+        )
+    return poison
+
+
+@pytest.mark.timeout(300)
+async def test_poison_is_dead_lettered_with_its_reason_and_the_rest_written_once(
+    broker: Broker, chaos: TritonEndpoint, consumers: list[Run], tmp_path: Path
+) -> None:
+    await broker.prepare(partitions=3)
+    ChaosControl(reject_marker="POISON-ROW").write(chaos.chaos_control)
+    good = [text_chunk(n, 10) for n in range(196)]
+    poison = poison_messages(good, kafka=broker.name == "kafka")
+    await broker.publish(records(good[:100]))
+    sent = await broker.publish([(p.key, p.payload, p.headers) for p in poison.values()])
+    ids = dict(zip(poison, sent, strict=True))
+    await broker.publish(records(good[100:]))
+    total = len(good) + len(poison)
+
+    sink = {"kind": "sqlite", "path": str(tmp_path / "r.sqlite"), "table": "emb"}
+    run = await start(consumers, consumer_config(broker, chaos, "chaos", sink))
+    registry = run.registry
+    await wait_until(lambda: settled(registry) == total, 120, f"{total} settled", run.task)
+    await broker.drained(registry, None)
+    await run.stop_and_wait()
+    assert dead_lettered(registry) == Counter(p.reason for p in poison.values())
+
+    dead = await broker.dead_letters(expect=len(poison))
+    by_id = {d.text("rowbatch-dlq-message-id"): d for d in dead}
+    assert len(dead) == len(poison) == len(by_id), sorted(by_id)
+    assert set(by_id) == set(ids.values())
+    for name, message_id in ids.items():
+        letter, sent_as = by_id[message_id], poison[name]
+        assert letter.payload == sent_as.payload, name
+        for k, v in sent_as.headers:
+            assert letter.headers[k] == v, (name, k)
+        assert letter.text("rowbatch-dlq-reason") == sent_as.reason, name
+        if sent_as.code is not None:
+            assert letter.text("rowbatch-dlq-code") == sent_as.code, name
+        assert letter.text("rowbatch-dlq-message"), name
+        if sent_as.names is not None:
+            assert sent_as.names in letter.text("rowbatch-dlq-message"), name
+        if broker.counts_attempts:
+            assert letter.text("rowbatch-dlq-delivery-attempt") == "1", name
+        broker.assert_dead_letter_origin(letter, message_id, sent_as.key)
+    assert by_id[ids["marker"]].text("rowbatch-chunk-id") == "t500"
+
+    rows = read_embeddings(tmp_path / "r.sqlite", "emb")
+    assert set(rows) == {(f"t{n}", r) for n in range(196) for r in range(10)}
+    for (chunk, r), (row_id, blob) in list(rows.items())[:50]:
+        n = int(chunk[1:])
+        assert row_id == n * 1000 + r
+        want = embed(f"message {n} row {r} ✓")
+        assert np.array_equal(np.frombuffer(blob, "<f4"), want)
+    await broker.assert_consumed()
+
+
+@pytest.mark.timeout(300)
+async def test_a_20_s_server_outage_pauses_within_budget_and_loses_nothing(
+    broker: Broker, chaos: TritonEndpoint, consumers: list[Run], tmp_path: Path
+) -> None:
+    """The model answers UNAVAILABLE for 20 s while 20,000 rows wait: consumption pauses
+    (Kafka: the partitions are paused, polling goes on, and the member keeps its partitions
+    although the outage is longer than session_timeout_ms=6 s and max_poll_interval_ms=10 s),
+    memory in flight stays inside the 32 MiB budget, nothing is dead-lettered and nothing is
+    lost."""
+    await broker.prepare(partitions=3)
+    ChaosControl(delay_s=0.05).write(chaos.chaos_control)
+    chunks = [text_chunk(n, 100) for n in range(200)]  # 20,000 rows
+    await broker.publish(records(chunks[: broker.outage_head]))
+    sink = {"kind": "sqlite", "path": str(tmp_path / "r.sqlite"), "table": "emb"}
+    budget = 32 * 1024 * 1024
+    config = consumer_config(
+        broker, chaos, "chaos", sink, source=broker.outage_source, budget_bytes=budget
+    )
+    source = broker.source_for_run(config)
+    run = await start(consumers, config, source)
+    registry = run.registry
+    await wait_until(lambda: written(registry) >= 1000, 60, "first rows", run.task)
+    broker.assert_member(source)
+
+    outage_s = 20.0
+    ChaosControl(unavailable_until=time.time() + outage_s, delay_s=0.05).write(chaos.chaos_control)
+    started_at = time.monotonic()
+    await broker.publish(records(chunks[broker.outage_head :]))
+    peak_inflight, paused_for = 0.0, 0.0
+    last = time.monotonic()
+    while settled(registry) < len(chunks):
+        assert not run.task.done(), "consumer stopped"
+        now = time.monotonic()
+        if registry.get_sample_value("rowbatch_paused", {"why": "backoff"}) == 1:
+            broker.assert_paused(source)
+            paused_for += now - last
+        last = now
+        peak_inflight = max(
+            peak_inflight, registry.get_sample_value("rowbatch_inflight_bytes") or 0.0
+        )
+        assert now - started_at < 180, "not finished 180 s after the outage began"
+        await asyncio.sleep(0.1)
+    assert time.monotonic() - started_at >= outage_s * 0.9
+    assert paused_for >= 10, f"paused for backoff only {paused_for:.1f} s of the outage"
+    broker.assert_member(source)
+    assert (registry.get_sample_value("rowbatch_backoff_periods_total") or 0) >= 1
+    assert dead_lettered(registry) == {}
+    assert peak_inflight <= budget
+    await broker.drained(registry, source)
+    await run.stop_and_wait()
+    assert written(registry) == 20_000
+    await broker.assert_consumed()
+    with sqlite3.connect(tmp_path / "r.sqlite") as conn:
+        assert conn.execute("SELECT count(DISTINCT id), count(*) FROM emb").fetchone() == (
+            20_000,
+            20_000,
+        )
+    assert len(read_embeddings(tmp_path / "r.sqlite", "emb")) == 20_000
+    print(
+        f"\n{broker.name}, 20 s outage: paused {paused_for:.1f} s, peak in flight "
+        f"{peak_inflight / 2**20:.1f} MiB of {budget / 2**20:.0f} MiB"
+    )
