@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 from prometheus_client import CollectorRegistry
 
 from harness.chaos import ChaosControl
@@ -32,6 +33,7 @@ from rowbatch.consumer.service.config import ConsumerConfig
 from rowbatch.consumer.service.runner import Running, run_consumer
 from rowbatch.consumer.sources.base import Source
 from rowbatch.consumer.sources.kafka.source import KafkaSource
+from rowbatch.wire.chunks.decode import decode_chunk
 from rowbatch.wire.chunks.encode import EncodedChunk, encode_chunk
 from tests.integration.consumer_helpers import Topics, wait_until
 from tests.integration.kafka_helpers import (
@@ -485,13 +487,18 @@ class Poison:
     """A word ``rowbatch-dlq-message`` must contain (the column at fault)."""
 
 
+def marked_one_row() -> EncodedChunk:
+    """A one-row message the model rejects: dead-lettered whole (a row part of one row would
+    be the message itself). Rows rejected among others: ``test_one_bad_row_costs_one_row``."""
+    return text_chunk(500, 1, marker_row=0)
+
+
 def poison_messages(good: Sequence[EncodedChunk], kafka: bool) -> dict[str, Poison]:
     """Every kind of poison, from the good chunks' payloads and headers (``good[0]`` is JSON,
     ``good[1]`` Arrow); a header that is not UTF-8 only on Kafka (Pub/Sub attributes are
     strings)."""
     as_json, as_arrow = good[0], good[1]
     assert as_json.attributes["content-type"] == "application/json"
-    marked = text_chunk(500, 10, marker_row=7)
     wrong_input = encode_chunk(
         "docs",
         {"id": np.arange(3, dtype=np.int64), "text": np.arange(3, dtype=np.int64)},
@@ -506,7 +513,7 @@ def poison_messages(good: Sequence[EncodedChunk], kafka: bool) -> dict[str, Pois
     )
     no_content_type = [(k, v) for k, v in as_arrow.kafka_headers if k != "content-type"]
     poison = {
-        "marker": Poison(*chunk_record(marked), "rejected-by-model"),
+        "marker": Poison(*chunk_record(marked_one_row()), "rejected-by-model"),
         "wrong-type": Poison(*chunk_record(wrong_input), "schema-mismatch"),
         "wrong-passthrough-type": Poison(
             *chunk_record(wrong_passthrough),
@@ -576,6 +583,7 @@ async def test_poison_is_dead_lettered_with_its_reason_and_the_rest_written_once
             assert letter.text("rowbatch-dlq-delivery-attempt") == "1", name
         broker.assert_dead_letter_origin(letter, message_id, sent_as.key)
     assert by_id[ids["marker"]].text("rowbatch-chunk-id") == "t500"
+    assert "rowbatch-parent-chunk-id" not in by_id[ids["marker"]].headers
 
     rows = read_embeddings(tmp_path / "r.sqlite", "emb")
     assert set(rows) == {(f"t{n}", r) for n in range(196) for r in range(10)}
@@ -585,6 +593,107 @@ async def test_poison_is_dead_lettered_with_its_reason_and_the_rest_written_once
         want = embed(f"message {n} row {r} ✓")
         assert np.array_equal(np.frombuffer(blob, "<f4"), want)
     await broker.assert_consumed()
+
+
+def marked_chunk(n: int, rows: int, marked: Sequence[int]) -> EncodedChunk:
+    texts = [f"message {n} row {r} ✓" + (" POISON-ROW" if r in marked else "") for r in range(rows)]
+    ids = np.arange(n * 1000, n * 1000 + rows, dtype=np.int64)
+    return encode_chunk("docs", {"id": ids, "text": texts}, "arrow" if n % 2 else "json", f"t{n}")
+
+
+def triton_requests(triton: TritonEndpoint, model: str) -> int:
+    """Requests Triton answered for ``model`` so far, successes and failures (its own
+    statistics)."""
+    client = grpcclient.InferenceServerClient(triton.grpc_url)
+    try:
+        stats = client.get_inference_statistics(model, as_json=True)["model_stats"][0]
+    finally:
+        client.close()
+    counts = stats["inference_stats"]
+    return int(counts["success"].get("count", 0)) + int(counts["fail"].get("count", 0))
+
+
+@pytest.mark.timeout(300)
+async def test_one_bad_row_costs_one_row(
+    broker: Broker, chaos: TritonEndpoint, consumers: list[Run], tmp_path: Path
+) -> None:
+    """500-row messages, a few of whose rows the model rejects (marked): exactly the marked
+    rows are dead-lettered, as row parts of their messages (a valid chunk of just those rows,
+    naming its parent and their indexes there), every other row is written once, every message
+    is acked, and Triton answered no more requests than the stated bound; the parts replayed
+    once the model takes them write their rows under the original keys."""
+    await broker.prepare(partitions=3)
+    ChaosControl(reject_marker="POISON-ROW").write(chaos.chaos_control)
+    marked = {3: [17], 11: [0, 499], 16: [250]}
+    chunks = [marked_chunk(n, 500, marked.get(n, [])) for n in range(20)]
+    bad_rows = sum(len(rows) for rows in marked.values())
+    before = triton_requests(chaos, "chaos")
+    await broker.publish(records(chunks))
+
+    sink = {"kind": "sqlite", "path": str(tmp_path / "r.sqlite"), "table": "emb"}
+    run = await start(consumers, consumer_config(broker, chaos, "chaos", sink))
+    registry = run.registry
+    await wait_until(lambda: settled(registry) == len(chunks), 120, "all settled", run.task)
+    await broker.drained(registry, None)
+    requests = triton_requests(chaos, "chaos") - before
+    await run.stop_and_wait()
+    assert dead_lettered(registry) == {}  # no message dead-lettered whole
+    assert (
+        registry.get_sample_value(
+            "rowbatch_rows_dead_lettered_total", {"reason": "rejected-by-model"}
+        )
+        == bad_rows
+    )
+    # Bound (inference_stage.py): the clean run's batches (at most one more per message
+    # boundary), per bad batch the message-level isolation of its <= 3 segments
+    # (1 + 2 x 2 + 1), per bad message 1 + 2k x ceil(log2 500) + k for its k bad rows.
+    clean = -(-500 * len(chunks) // 256) + len(chunks)
+    bound = clean + sum(6 + 1 + 2 * len(rows) * 9 + len(rows) for rows in marked.values())
+    print(f"\n{broker.name}: {requests} requests for {len(chunks)} messages, bound {bound}")
+    assert requests <= bound
+
+    letters = await broker.dead_letters(expect=len(marked))
+    by_parent = {d.text("rowbatch-parent-chunk-id"): d for d in letters}
+    assert set(by_parent) == {f"t{n}" for n in marked}
+    for n, rows in marked.items():
+        letter = by_parent[f"t{n}"]
+        assert letter.text("rowbatch-parent-rows") == ",".join(map(str, rows))
+        assert letter.text("rowbatch-dlq-reason") == "rejected-by-model"
+        assert letter.text("rowbatch-row-count") == str(len(rows))
+        part = decode_chunk(letter.payload, {k: v.decode() for k, v in letter.headers.items()})
+        assert [str(t).endswith(" POISON-ROW") for t in part.columns["text"]] == [True] * len(rows)
+        assert part.columns["id"].tolist() == [n * 1000 + r for r in rows]
+    got = read_embeddings(tmp_path / "r.sqlite", "emb")  # asserts each key once
+    want = {(f"t{n}", r) for n in range(len(chunks)) for r in range(500)}
+    bad = {(f"t{n}", r) for n, rows in marked.items() for r in rows}
+    assert set(got) == want - bad
+
+    # The model fixed, the parts replayed as ``dlq replay`` sends them (their headers, less
+    # the rowbatch-dlq-* ones): their rows land under the original keys.
+    ChaosControl().write(chaos.chaos_control)
+    await broker.publish(
+        [
+            (
+                d.key,
+                d.payload,
+                [(k, v) for k, v in d.headers.items() if not k.startswith("rowbatch-dlq-")],
+            )
+            for d in letters
+        ]
+    )
+    run = await start(consumers, consumer_config(broker, chaos, "chaos", sink))
+    await wait_until(
+        lambda: settled(run.registry) == len(marked), 120, "the parts settled", run.task
+    )
+    await run.stop_and_wait()
+    got = read_embeddings(tmp_path / "r.sqlite", "emb")
+    assert set(got) == want
+    for chunk, r in bad:
+        n = int(chunk[1:])
+        assert got[(chunk, r)][0] == n * 1000 + r
+        assert np.array_equal(
+            np.frombuffer(got[(chunk, r)][1], "<f4"), embed(f"message {n} row {r} ✓ POISON-ROW")
+        )
 
 
 @pytest.mark.timeout(300)

@@ -18,8 +18,10 @@ from rowbatch.consumer.model.mismatch import SchemaMismatch
 from rowbatch.consumer.observe.costs import arrays_overhead, attributes_bytes, held_cost
 from rowbatch.consumer.sources.delivery import DeadLetterReason, Delivery
 from rowbatch.wire.chunks.decode import DecodedChunk, decode_chunk
+from rowbatch.wire.chunks.row_parts import parent_of
 from rowbatch.wire.dead_letter import ReasonClass
 from rowbatch.wire.errors import WireError
+from rowbatch.wire.headers.fields import H_PARENT_CHUNK_ID
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +49,9 @@ class MessageRows:
     array_overhead: int = 0
     """What the arrays of ``columns`` and ``nulls`` cost beyond their data (see
     ``rowbatch.consumer.observe.costs.arrays_overhead``)."""
+    row_keys: NDArray[np.int64] | None = None
+    """A row part's rows' indexes in its parent chunk (``chunk_id`` is then the parent's), the
+    keys its rows are written under; None for a whole chunk (row ``i`` keyed ``i``)."""
 
     @classmethod
     def _of(
@@ -73,6 +78,31 @@ class MessageRows:
             array_overhead=array_overhead,
         )
         return out
+
+
+def _as_part(rows: MessageRows, attributes: Mapping[str, str]) -> MessageRows:
+    """``rows`` of a row part (``rowbatch.wire.chunks.row_parts``): keyed by its parent's chunk
+    id and the parent's row indexes."""
+    try:
+        found = parent_of(attributes, rows.rows)
+    except WireError as exc:
+        raise PoisonMessage(
+            DeadLetterReason(ReasonClass.UNDECODABLE, f"{exc.reason}: {exc}", exc.reason)
+        ) from exc
+    if found is None:
+        return rows
+    parent, keys = found
+    out = MessageRows._of(
+        parent,
+        rows.rows,
+        rows.columns,
+        rows.nulls,
+        rows.nbytes,
+        attribute_bytes=rows.attribute_bytes,
+        array_overhead=rows.array_overhead,
+    )
+    out.__dict__["row_keys"] = keys
+    return out
 
 
 def rows_cost(delivery: Delivery, rows: MessageRows, output_bytes: int) -> int:
@@ -174,6 +204,11 @@ class MessageDecoder:
                     "column_type_mismatch",
                 )
             ) from exc
+        if H_PARENT_CHUNK_ID in delivery.attributes:
+            return _as_part(self._decoded(chunk, attribute_bytes), delivery.attributes)
+        return self._decoded(chunk, attribute_bytes)
+
+    def _decoded(self, chunk: DecodedChunk, attribute_bytes: int) -> MessageRows:
         decoded = chunk.columns
         columns = {name: decoded[name] for name in self._needed}
         if chunk.shared_types:  # read in place by a known layout: no nulls, sizes known

@@ -136,11 +136,13 @@ class InferenceStage:
         bad = found.bad + found.failed
         nacked: list[Segment] = []
         for segment, error in bad:
-            if self._model.is_poison(error):
+            if not self._model.is_poison(error):
+                nacked.append(segment)
+            elif len(segment) > 1 and self._settler.isolates_rows:
+                good += await self._isolated_rows(batch, segment)
+            else:
                 reason = DeadLetterReason(ReasonClass.REJECTED_BY_MODEL, f"{error}")
                 await self._settler.fail(segment, reason)
-            else:
-                nacked.append(segment)
         if nacked:
             log.warning(
                 "inference failed for good on %d of the batch's %d messages (isolated, %d "
@@ -153,8 +155,50 @@ class InferenceStage:
             await self._settler.abandon(nacked)
         return [Answered(sub, answer.outputs, answer.model_version, span) for sub, answer in good]
 
+    async def _isolated_rows(self, batch: Batch, segment: Segment) -> list[tuple[Batch, Answer]]:
+        """Bisects a segment the server rejects on its own down to its rows (already inside
+        the isolation lock): the rows it rejects alone are failed as rows (dead-lettered as a
+        row part of their message, the other rows written), the rest answered in the runs that
+        succeeded. ``k`` bad rows among ``n`` cost at most ``1 + 2k ceil(log2 n) + k`` more
+        requests (``poison.isolate`` with ``confirm``). When some rows fail for good but not as
+        poison (the server may be at fault), the whole message is nacked instead."""
+        alone = batch.select([segment])
+        rows = [Segment(segment.message, i, i + 1) for i in range(segment.start, segment.stop)]
+        split = Batch(alone.columns, alone.nulls, tuple(rows), alone.oldest_at)
+        found = await isolate(
+            rows,
+            lambda chosen: self._timed_run(split.select(chosen)),
+            self._model.is_poison,
+            is_fatal=self._model.is_fatal,
+            confirm=True,
+        )
+        if found.failed:
+            log.warning(
+                "inference failed for good on %d row(s) of a message while isolating its bad "
+                "rows; nacking the message: %s",
+                len(found.failed),
+                found.failed[0][1],
+            )
+            await self._settler.abandon([segment])
+            return []
+        for row, error in found.bad:
+            reason = DeadLetterReason(ReasonClass.REJECTED_BY_MODEL, f"{error}")
+            await self._settler.fail_rows(row, reason)
+        return [(_joined(split.select(run)), answer) for run, answer in found.good]
+
     async def _timed_run(self, batch: Batch) -> Answer:
         started = self._clock()
         out = await self._model.run(batch)
         self._metrics.inference_seconds.observe(self._clock() - started)
         return out
+
+
+def _joined(batch: Batch) -> Batch:
+    """``batch`` of consecutive one-row segments of one message as one segment."""
+    first, last = batch.segments[0], batch.segments[-1]
+    return Batch(
+        batch.columns,
+        batch.nulls,
+        (Segment(first.message, first.start, last.stop),),
+        batch.oldest_at,
+    )

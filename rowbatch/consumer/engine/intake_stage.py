@@ -232,7 +232,9 @@ class IntakeStage:
         self._metrics.inflight_bytes.set(self._budget.used)
 
     def _accept(self, delivery: Delivery, rows: MessageRows, reserve: int) -> None:
-        entry = self._ledger.open(delivery, rows.chunk_id, rows.rows, reserve, self._clock())
+        entry = self._ledger.open(
+            delivery, rows.chunk_id, rows.rows, reserve, self._clock(), rows.row_keys
+        )
         self._tracing.opened(entry.key, delivery)
         if rows.rows == 0:
             done = self._ledger.written(entry.key, 0)

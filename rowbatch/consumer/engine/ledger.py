@@ -6,6 +6,9 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
+import numpy as np
+from numpy.typing import NDArray
+
 from rowbatch.consumer.sources.delivery import DeadLetterReason, Delivery
 
 
@@ -22,8 +25,14 @@ class Entry:
     accepted_at: float
     unresolved: int = field(init=False)
     failure: DeadLetterReason | None = None
-    """Set when any of its rows failed for good: the whole message is dead-lettered."""
+    """Set when the message failed for good as a whole: it is dead-lettered whole."""
     written_rows: int = 0
+    row_keys: NDArray[np.int64] | None = None
+    """A row part's keys in its parent chunk (``chunk_id`` is the parent's); None: row ``i``
+    is keyed ``i``."""
+    failed_rows: list[tuple[int, DeadLetterReason]] = field(default_factory=list)
+    """Rows (indexes in the message) that failed for good on their own, with why: the message
+    is acked once its other rows are written and these are dead-lettered as a row part."""
 
     def __post_init__(self) -> None:
         self.unresolved = self.rows
@@ -47,8 +56,11 @@ class Ledger:
         rows: int,
         reserved_bytes: int,
         accepted_at: float,
+        row_keys: NDArray[np.int64] | None = None,
     ) -> Entry:
         entry = Entry(next(self._keys), delivery, chunk_id, rows, reserved_bytes, accepted_at)
+        if row_keys is not None:
+            entry.row_keys = row_keys
         self._entries[entry.key] = entry
         return entry
 
@@ -73,6 +85,18 @@ class Ledger:
         if entry.failure is None:
             entry.failure = reason
         return self._resolve(entry, rows)
+
+    def failed_rows(
+        self, key: int, start: int, stop: int, reason: DeadLetterReason
+    ) -> Entry | None:
+        """Rows ``[start, stop)`` of message ``key`` failed for good on their own: they will be
+        dead-lettered as a row part and the rest of the message written and acked. Returns the
+        entry once every row is resolved (and forgets it)."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        entry.failed_rows.extend((row, reason) for row in range(start, stop))
+        return self._resolve(entry, stop - start)
 
     def _resolve(self, entry: Entry, rows: int) -> Entry | None:
         if rows > entry.unresolved:

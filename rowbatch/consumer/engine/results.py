@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from rowbatch.consumer.engine.batcher import Batch
-from rowbatch.consumer.engine.ledger import Ledger
+from rowbatch.consumer.engine.batcher import Batch, Segment
+from rowbatch.consumer.engine.ledger import Entry, Ledger
 from rowbatch.consumer.observe.costs import write_bytes
 from rowbatch.consumer.sinks.base import ENCODE_SLICE_BYTES, ResultRows
 
@@ -125,7 +125,9 @@ class ResultBuilder:
         lengths = [len(s) for s in segments]
         return ResultRows(
             chunk_id=np.repeat(np.array([e.chunk_id for e in entries], dtype=object), lengths),
-            row_index=_row_indexes(
+            row_index=_keyed(segments, entries)
+            if any(e.row_keys is not None for e in entries)
+            else _row_indexes(
                 [s.start + e.delivery.row_offset for s, e in zip(segments, entries, strict=True)],
                 lengths,
             ),
@@ -139,6 +141,18 @@ class ResultBuilder:
             model_version=self._model_version or parts[0].model_version,
             processed_at=datetime.fromtimestamp(self._wall(), UTC),
         )
+
+
+def _keyed(segments: Sequence[Segment], entries: Sequence[Entry]) -> NDArray[np.int64]:
+    """The rows' keys where some message is a row part (its rows keyed by their indexes in
+    its parent chunk)."""
+    parts = [
+        np.arange(s.start, s.stop, dtype=np.int64) + e.delivery.row_offset
+        if e.row_keys is None
+        else e.row_keys[s.start : s.stop]
+        for s, e in zip(segments, entries, strict=True)
+    ]
+    return np.concatenate(parts).astype(np.int64, copy=False)
 
 
 def _row_indexes(starts: Sequence[int], lengths: Sequence[int]) -> NDArray[np.int64]:

@@ -15,10 +15,29 @@ from rowbatch.consumer.engine.sink_writer import SinkRetry
 from rowbatch.consumer.engine.stage_context import StageContext
 from rowbatch.consumer.observe.metrics import observe_many
 from rowbatch.consumer.sinks.base import Sink
-from rowbatch.consumer.sources.base import AcksVectors, KeepsRowProgress, Source
+from rowbatch.consumer.sources.base import (
+    AcksVectors,
+    DeadLettersRows,
+    KeepsRowProgress,
+    Source,
+)
 from rowbatch.consumer.sources.delivery import DeadLetterReason, Delivery
+from rowbatch.wire.chunks.row_parts import row_part
+from rowbatch.wire.headers.fields import H_CHUNK_ID
 
 log = logging.getLogger(__name__)
+
+
+def _by_reason(
+    failed: Sequence[tuple[int, DeadLetterReason]],
+) -> list[tuple[DeadLetterReason, list[int]]]:
+    """The failed rows grouped by reason (class and code; the first message of each group
+    speaks for it), each group's rows ascending."""
+    groups: dict[tuple[str, str], tuple[DeadLetterReason, list[int]]] = {}
+    for row, reason in failed:
+        key = (reason.reason_class.value, reason.code)
+        groups.setdefault(key, (reason, []))[1].append(row)
+    return [(reason, sorted(rows)) for reason, rows in groups.values()]
 
 
 class Settler:
@@ -45,9 +64,21 @@ class Settler:
         self._budget = context.budget
         self._wall = context.clocks.wall
 
+    @property
+    def isolates_rows(self) -> bool:
+        """Whether rows that fail on their own can be dead-lettered as a row part (the source
+        publishes them: ``DeadLettersRows``), the rest of their message written and acked;
+        otherwise their whole message is dead-lettered."""
+        source = self._source
+        return isinstance(source, DeadLettersRows) and source.dead_letters_rows
+
     async def settle(self, entry: Entry) -> None:
-        """Ack ``entry``'s message, or (when a row failed for good) delete its written rows and
-        dead-letter it; then release its budget."""
+        """Ack ``entry``'s message (after dead-lettering the rows that failed on their own), or
+        (when it failed as a whole) delete its written rows and dead-letter it; then release
+        its budget."""
+        if entry.failure is None and entry.failed_rows and not await self._rows_out(entry):
+            await self._settle_nack(entry)
+            return
         if entry.failure is None:
             await self._source.ack(entry.delivery)
             self._metrics.messages_acked.inc()
@@ -70,9 +101,9 @@ class Settler:
         """``settle`` each of ``entries`` (complete messages, e.g. those of one sink write):
         the acked ones in one ``ack_many`` when the source has it, with the metrics and the
         budget updated once."""
-        acked = [e for e in entries if e.failure is None]
+        acked = [e for e in entries if e.failure is None and not e.failed_rows]
         for entry in entries:
-            if entry.failure is not None:
+            if entry.failure is not None or entry.failed_rows:
                 await self.settle(entry)
         if not acked:
             return
@@ -103,6 +134,48 @@ class Settler:
         done = self._ledger.failed(segment.message, len(segment) + dropped, reason)
         if done is not None:
             await self.settle(done)
+
+    async def fail_rows(self, segment: Segment, reason: DeadLetterReason) -> None:
+        """The segment's rows failed for good on their own: they are dead-lettered as a row
+        part once the message's other rows are written, and the message acked."""
+        done = self._ledger.failed_rows(segment.message, segment.start, segment.stop, reason)
+        if done is not None:
+            await self.settle(done)
+
+    async def _rows_out(self, entry: Entry) -> bool:
+        """Dead-letter the rows of ``entry`` that failed on their own, one row part per
+        reason; False (and logged) when a publish was not confirmed: the message is then
+        nacked, redelivered, its good rows rewritten under the same keys."""
+        source = self._source
+        assert isinstance(source, DeadLettersRows)
+        delivery = entry.delivery
+        for reason, rows in _by_reason(entry.failed_rows):
+            try:
+                payload, attributes = row_part(delivery.payload, delivery.attributes, rows)
+                with self._tracing.dead_letter(
+                    entry.key, delivery, reason.reason_class.value, reason.code, reason.message
+                ):
+                    await source.dead_letter_rows(delivery, payload, attributes, reason)
+            except Exception:
+                log.exception(
+                    "dead-letter publish of %d row(s) of message %s (chunk %s) failed; nacking "
+                    "the message (its written rows are rewritten under the same keys)",
+                    len(rows),
+                    delivery.message_id,
+                    entry.chunk_id,
+                )
+                return False
+            self._metrics.rows_dead_lettered.labels(reason.reason_class.value).inc(len(rows))
+            log.warning(
+                "dead-lettered %d row(s) of message %s as chunk %s (the other %d written): %s: %s",
+                len(rows),
+                delivery.message_id,
+                attributes[H_CHUNK_ID],
+                entry.rows - len(entry.failed_rows),
+                reason.reason_class.value,
+                reason.message,
+            )
+        return True
 
     async def abandon(self, segments: Sequence[Segment]) -> None:
         """Nack the segments' messages at once (inference failed for good)."""

@@ -83,6 +83,13 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.rows_dead_lettered = Counter(
+            "rowbatch_rows_dead_lettered",
+            "Rows that failed on their own, sent to the dead-letter topic as row parts of their "
+            "message (the message's other rows written, the message acked)",
+            ["reason"],
+            registry=r,
+        )
         self.rows_in = Counter("rowbatch_rows_received", "Rows decoded", registry=r)
         self.rows_written = Counter(
             "rowbatch_rows_written",
@@ -230,6 +237,7 @@ class Metrics:
         # rather than nothing.
         for reason in DEAD_LETTER_REASONS:
             self.dead_lettered.labels(reason)
+            self.rows_dead_lettered.labels(reason)
         for kind in INFERENCE_ERROR_KINDS:
             self.inference_errors.labels(kind)
         for kind in SINK_ERROR_KINDS:

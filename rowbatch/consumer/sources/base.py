@@ -4,7 +4,7 @@ once, by ``ack``, ``nack`` or ``dead_letter``. The values themselves (``Delivery
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Protocol, Self, runtime_checkable
@@ -129,6 +129,29 @@ class AcksVectors(Protocol):
 WrittenRows = tuple[Delivery, int, int]
 """Rows ``[start, stop)`` of a delivery's message (indexes inside the message), durably
 written."""
+
+
+@runtime_checkable
+class DeadLettersRows(Protocol):
+    """Optional part of :class:`Source`: dead-letter some rows of a delivery without settling
+    it. ``dead_letter_rows`` publishes ``payload``/``attributes`` (a row part of the delivery's
+    chunk: ``rowbatch.wire.chunks.row_parts``) with ``reason`` to the dead-letter topic as the
+    delivery's dead letter would be published, waits for the broker's confirmation and leaves
+    the delivery unsettled (the engine acks it once its other rows are written); raises
+    :class:`DeadLetterFailed` when the publish is not confirmed. ``dead_letters_rows`` is False
+    where the source has nowhere to publish them (the engine then dead-letters the whole
+    message as before)."""
+
+    @property
+    def dead_letters_rows(self) -> bool: ...
+
+    async def dead_letter_rows(
+        self,
+        delivery: Delivery,
+        payload: bytes,
+        attributes: Mapping[str, str],
+        reason: DeadLetterReason,
+    ) -> None: ...
 
 
 @runtime_checkable

@@ -25,6 +25,10 @@ H_TABLE: Final = "rowbatch-table"
 H_ROW_COUNT: Final = "rowbatch-row-count"
 H_PRODUCED_AT: Final = "rowbatch-produced-at"
 H_ORDERING_KEY: Final = "rowbatch-ordering-key"
+H_PARENT_CHUNK_ID: Final = "rowbatch-parent-chunk-id"
+"""A row part's parent chunk (``rowbatch.wire.chunks.row_parts``): optional, read as written."""
+H_PARENT_ROWS: Final = "rowbatch-parent-rows"
+"""A row part's rows' indexes in its parent, ascending (``3,17,120-125``)."""
 
 REQUIRED_HEADERS: Final = (
     H_FORMAT_VERSION,

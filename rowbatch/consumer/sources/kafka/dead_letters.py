@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -39,6 +40,20 @@ from rowbatch.wire.dead_letter import (
     ATTR_TIME,
     ATTR_TOPIC,
 )
+
+
+@dataclass(frozen=True)
+class RowPartRecord:
+    """A row part of a fetched record, dead-lettered in its place: the record's key and place,
+    the part's value and headers."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes
+    headers: list[tuple[str, bytes]]
+
 
 DLQ_MESSAGE_MAX_BYTES = 1024
 """The reason message is cut to this many UTF-8 bytes."""
@@ -98,4 +113,4 @@ async def publish_dead_letter(
         ) from exc
 
 
-__all__ = ["DLQ_MESSAGE_MAX_BYTES", "dead_letter_headers", "publish_dead_letter"]
+__all__ = ["DLQ_MESSAGE_MAX_BYTES", "RowPartRecord", "dead_letter_headers", "publish_dead_letter"]

@@ -39,7 +39,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -57,7 +57,11 @@ from rowbatch.consumer.sources.base import (
 )
 from rowbatch.consumer.sources.delivery import DeadLetterReason, Delivery
 from rowbatch.consumer.sources.kafka.clients import KafkaClients
-from rowbatch.consumer.sources.kafka.dead_letters import dead_letter_headers, publish_dead_letter
+from rowbatch.consumer.sources.kafka.dead_letters import (
+    RowPartRecord,
+    dead_letter_headers,
+    publish_dead_letter,
+)
 from rowbatch.consumer.sources.kafka.errors import (
     DeadLetterFailed,
     KafkaConsumeError,
@@ -236,6 +240,49 @@ class KafkaSource:
             )
             return
         self._settle(self._take(delivery))
+
+    @property
+    def dead_letters_rows(self) -> bool:
+        """Rows can be dead-lettered on their own (``DeadLettersRows``)."""
+        return True
+
+    async def dead_letter_rows(
+        self,
+        delivery: Delivery,
+        payload: bytes,
+        attributes: Mapping[str, str],
+        reason: DeadLetterReason,
+    ) -> None:
+        """Publish a row part of ``delivery`` (``payload`` and ``attributes`` as its value and
+        headers, the record's key) with the ``rowbatch-dlq-*`` headers to the dead-letter
+        topic and wait for the broker's confirmation; the record stays unsettled."""
+        held = self._unsettled.get(delivery)
+        if held is None:
+            raise self._not_held(delivery)
+        original = held.record
+        part = RowPartRecord(
+            topic=original.topic,
+            partition=original.partition,
+            offset=original.offset,
+            key=original.key,
+            value=payload,
+            headers=[(k, v.encode("utf-8")) for k, v in attributes.items()],
+        )
+        headers = dead_letter_headers(
+            part,
+            delivery,
+            reason,
+            group_id=self.config.group_id,
+            consumer_version=self.consumer_version,
+        )
+        await publish_dead_letter(
+            self._ensure_producer,
+            self.config.dlq_topic,
+            part,
+            headers,
+            message_id=delivery.message_id,
+            timeout_s=self.config.dead_letter_timeout_s,
+        )
 
     def pause(self) -> None:
         """Stop yielding and pause fetching of every assigned partition; polling (and so

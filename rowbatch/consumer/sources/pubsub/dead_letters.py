@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
 from datetime import UTC, datetime
 
 from google.api_core import exceptions as gexc
@@ -120,6 +121,32 @@ class DeadLetters:
         self.calls = calls
         """Where Publish goes; None (unit tests with a fake Pull client only): a dead letter
         is nacked instead."""
+
+    @property
+    def publishes(self) -> bool:
+        """Whether there is a dead-letter topic to publish to (rows included)."""
+        return self.topic is not None and self.calls is not None
+
+    async def publish_rows(
+        self,
+        delivery: Delivery,
+        payload: bytes,
+        attributes: Mapping[str, str],
+        reason: DeadLetterReason,
+    ) -> None:
+        """Publish a row part of ``delivery`` (``payload``, ``attributes``) with ``reason`` as
+        its dead letter would be, and wait for the confirmation; the delivery stays unsettled.
+        ``DeadLetterFailed`` when it is not confirmed."""
+        if self.topic is None or self.calls is None:
+            raise DeadLetterFailed(f"no dead-letter topic for the rows of {delivery.message_id}")
+        await publish_dead_letter(
+            self.calls,
+            topic=self.topic,
+            delivery=replace(delivery, payload=payload, attributes=dict(attributes)),
+            reason=reason,
+            consumer_version=self._consumer_version,
+            timeout_s=self._timeout_s,
+        )
 
     async def forward(
         self,

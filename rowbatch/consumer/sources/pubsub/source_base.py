@@ -4,6 +4,8 @@ its dead-letter attributes, and the start-up check of the subscription."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from rowbatch.consumer.sources.delivery import DeadLetterReason, Delivery
 from rowbatch.consumer.sources.pubsub.calls import PubSubCalls, SubscriptionInfo
 from rowbatch.consumer.sources.pubsub.dead_letters import DeadLetters, dead_letter_attributes
@@ -34,6 +36,22 @@ class PubSubSourceBase:
     ) -> dict[str, str]:
         """The original attributes plus the ``rowbatch-dlq-*`` ones (ours win on a clash)."""
         return dead_letter_attributes(delivery, reason, self.consumer_version)
+
+    @property
+    def dead_letters_rows(self) -> bool:
+        """Rows can be dead-lettered on their own (``DeadLettersRows``): there is a topic."""
+        return self._dead_letters.publishes
+
+    async def dead_letter_rows(
+        self,
+        delivery: Delivery,
+        payload: bytes,
+        attributes: Mapping[str, str],
+        reason: DeadLetterReason,
+    ) -> None:
+        """Publish a row part of ``delivery`` to the dead-letter topic, confirmed; the delivery
+        stays unsettled (``DeadLettersRows``)."""
+        await self._dead_letters.publish_rows(delivery, payload, attributes, reason)
 
     @property
     def _sub(self) -> str:
