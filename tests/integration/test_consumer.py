@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+import psycopg
 import pytest
 import tritonclient.grpc as grpcclient
 from prometheus_client import CollectorRegistry
@@ -694,6 +695,48 @@ async def test_one_bad_row_costs_one_row(
         assert np.array_equal(
             np.frombuffer(got[(chunk, r)][1], "<f4"), embed(f"message {n} row {r} ✓ POISON-ROW")
         )
+
+
+@pytest.mark.timeout(300)
+async def test_rows_postgresql_refuses_cost_their_rows_only(
+    broker: Broker, chaos: TritonEndpoint, consumers: list[Run], postgres: PostgresEndpoint
+) -> None:
+    """A CHECK constraint added to the result table refuses one row of each 500-row message:
+    the write is bisected down to those rows, each dead-lettered as a row part
+    (rejected-by-sink, PostgreSQL's words in the message), every other row written once."""
+    await broker.prepare(partitions=3)
+    table = f"rows_refused_{broker.name}_{int(time.time() * 1000)}"
+    sink = {"kind": "postgres", "dsn": postgres.dsn, "table": table}
+    run = await start(consumers, consumer_config(broker, chaos, "chaos", sink))
+    await wait_until(lambda: table_exists(postgres.dsn, table), 60, "the table", run.task)
+    with psycopg.connect(postgres.dsn, autocommit=True) as conn:
+        conn.execute(f"ALTER TABLE {table} ADD CONSTRAINT no_123 CHECK (id % 1000 <> 123)")
+    chunks = [marked_chunk(n, 500, []) for n in range(10)]
+    await broker.publish(records(chunks))
+    registry = run.registry
+    await wait_until(lambda: settled(registry) == len(chunks), 120, "all settled", run.task)
+    await broker.drained(registry, None)
+    await run.stop_and_wait()
+    assert dead_lettered(registry) == {}
+    assert registry.get_sample_value(
+        "rowbatch_rows_dead_lettered_total", {"reason": "rejected-by-sink"}
+    ) == len(chunks)
+    letters = await broker.dead_letters(expect=len(chunks))
+    assert {d.text("rowbatch-parent-chunk-id") for d in letters} == {f"t{n}" for n in range(10)}
+    for letter in letters:
+        assert letter.text("rowbatch-parent-rows") == "123"
+        assert letter.text("rowbatch-dlq-reason") == "rejected-by-sink"
+        assert "no_123" in letter.text("rowbatch-dlq-message")
+    with psycopg.connect(postgres.dsn) as conn:
+        ids = [i for (i,) in conn.execute(f"SELECT id FROM {table}").fetchall()]
+    assert len(ids) == len(set(ids)) == 10 * 499
+    assert set(ids) == {n * 1000 + r for n in range(10) for r in range(500) if r != 123}
+
+
+def table_exists(dsn: str, table: str) -> bool:
+    with psycopg.connect(dsn) as conn:
+        found = conn.execute("SELECT to_regclass(%s)", (table,)).fetchone()
+    return found is not None and found[0] is not None
 
 
 @pytest.mark.timeout(300)

@@ -23,6 +23,7 @@ from harness.postgres import PostgresEndpoint
 from harness.service import RunDir
 from harness.triton import TritonEndpoint
 from rowbatch.consumer.service.config import ConsumerConfig
+from rowbatch.wire.chunks.decode import decode_chunk
 from rowbatch.wire.chunks.encode import encode_chunk
 from tests.integration.consumer_helpers import Topics, consumer_running, wait_until
 from tests.integration.kafka_helpers import KafkaTopics, chunk_record, paced_producer, read_all
@@ -187,8 +188,9 @@ async def test_values_the_sink_cannot_store_are_dead_lettered_and_bytes_are_stor
 ) -> None:
     """Finding: a ``bytes`` passthrough column crashed the PostgreSQL sink ("expected str,
     found bytes") and a text value with U+0000 crash-looped it. Now bytes are stored as bytea,
-    and only the message holding U+0000 is dead-lettered (rejected-by-sink, with the database's
-    reason and the fine code), the rest written once."""
+    and only the row holding U+0000 is dead-lettered, as a row part of its message
+    (rejected-by-sink, with the database's reason and the fine code), its 9 siblings and every
+    other row written once."""
     table = f"faults_values_{int(time.time() * 1000)}"
     rng = np.random.default_rng(5)
     chunks, blobs = [], {}
@@ -217,16 +219,22 @@ async def test_values_the_sink_cannot_store_are_dead_lettered_and_bytes_are_stor
     )
     async with consumer_running(cfg) as run:
         topics.publish(chunks)
-        await wait_until(lambda: count_rows(postgres.dsn, table) == 190, alive=run.task)
+        await wait_until(lambda: count_rows(postgres.dsn, table) == 199, alive=run.task)
         dead = await asyncio.to_thread(topics.dead_letters, 1)
         registry = run.running[0].metrics.registry
+        assert sample(registry, "rowbatch_rows_dead_lettered_total", reason="rejected-by-sink") == 1
         assert (
             sample(registry, "rowbatch_messages_dead_lettered_total", reason="rejected-by-sink")
-            == 1
+            == 0
         )
     [letter] = dead
     attrs = dict(letter.attributes)
-    assert attrs["rowbatch-chunk-id"] == f"v7-{table}"
+    assert attrs["rowbatch-parent-chunk-id"] == f"v7-{table}"
+    assert attrs["rowbatch-parent-rows"] == "3"
+    assert attrs["rowbatch-row-count"] == "1"
+    part = decode_chunk(letter.data, attrs)
+    assert part.columns["note"].tolist() == ["bad \x00 note"]
+    assert part.columns["id"].tolist() == [703]
     assert attrs["rowbatch-dlq-reason"] == "rejected-by-sink"
     assert attrs["rowbatch-dlq-code"] == "text_contains_nul"
     assert "note" in attrs["rowbatch-dlq-message"]
@@ -238,9 +246,9 @@ async def test_values_the_sink_cannot_store_are_dead_lettered_and_bytes_are_stor
         ).fetchone()
         rows = conn.execute(f"SELECT id, raw, note FROM {table}").fetchall()
     assert kind == ("bytea",)
-    assert len(rows) == 190
+    assert len(rows) == 199
     assert all(bytes(raw) == blobs[i] for i, raw, _ in rows)
-    assert not any(700 <= i < 710 for i, _, _ in rows)
+    assert {i for i, _, _ in rows if 700 <= i < 710} == set(range(700, 710)) - {703}
 
 
 async def test_an_inference_server_down_at_start_up_is_waited_for(

@@ -61,6 +61,7 @@ from rowbatch.consumer.engine.results import (
     ResultBuilder,
     largest_write_cost,
     split_by_message,
+    split_to_rows,
 )
 from rowbatch.consumer.engine.settle import Settler
 from rowbatch.consumer.engine.sink_writer import SinkRetry, SinkWriter
@@ -290,14 +291,15 @@ class Pipeline:
             on_resume=self.gate.reopen,
             clocks=clocks,
         )
+        self._settler = Settler(context, source=source, sink=sink, retry=retry)
         writer = SinkWriter[Answered](
             sink.write,
             build=results.build,
-            split=split_by_message,
+            # Down to the rows where rows can be dead-lettered on their own.
+            split=split_to_rows if self._settler.isolates_rows else split_by_message,
             metrics=metrics,
             retry=retry,
         )
-        self._settler = Settler(context, source=source, sink=sink, retry=retry)
         share = pipeline_share(settings, budget.limit)
         # A file sink's open row groups, within what is left of the half that may be set aside.
         files = (

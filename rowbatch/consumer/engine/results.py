@@ -43,6 +43,35 @@ def split_by_message(part: Answered) -> list[Answered]:
     return out
 
 
+def split_to_rows(part: Answered) -> list[Answered]:
+    """As :func:`split_by_message`, and a part of one message's rows into its two halves, so a
+    write the sink rejects is bisected down to the rows it rejects (for a source that
+    dead-letters rows: ``DeadLettersRows``)."""
+    if len(part.batch.segments) > 1 or len(part.batch) < 2:
+        return split_by_message(part)
+    batch = part.batch
+    [segment] = batch.segments
+    half = len(batch) // 2
+    return [
+        _rows(part, segment, 0, half),
+        _rows(part, segment, half, len(batch)),
+    ]
+
+
+def _rows(part: Answered, segment: Segment, start: int, stop: int) -> Answered:
+    """Rows ``[start, stop)`` of a one-segment part."""
+    batch = part.batch
+    nulls = {k: m[start:stop] for k, m in batch.nulls.items() if m[start:stop].any()}
+    rows = Batch(
+        {k: v[start:stop] for k, v in batch.columns.items()},
+        nulls,
+        (Segment(segment.message, segment.start + start, segment.start + stop),),
+        batch.oldest_at,
+    )
+    outputs = {k: v[start:stop] for k, v in part.outputs.items()}
+    return Answered(rows, outputs, part.model_version, part.span)
+
+
 def part_bytes(part: Answered) -> int:
     """The bytes of a part's columns, null masks and outputs (what joining it copies)."""
     batch = part.batch

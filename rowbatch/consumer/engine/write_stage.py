@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from rowbatch.consumer.engine.answered_queue import AnsweredQueue
+from rowbatch.consumer.engine.batcher import Segment
 from rowbatch.consumer.engine.budget import ByteBudget
 from rowbatch.consumer.engine.ledger import Entry
 from rowbatch.consumer.engine.results import Answered, write_cost
@@ -129,16 +130,29 @@ class WriteStage:
             rejected = await self._writer.write(live)
             span.set_attribute("rowbatch.rejected_parts", len(rejected))
         self._metrics.sink_seconds.observe(self._clock() - started)
-        failed = {segment for part, _ in rejected for segment in part.batch.segments}
+        # The rejected parts' segments are the live parts' segments, or rows of them (a sink
+        # write bisected down to the rows: ``results.split_to_rows``).
+        failed: dict[int, list[Segment]] = {}
         for part, error in rejected:
             reason = DeadLetterReason(ReasonClass.REJECTED_BY_SINK, f"{error}", error.code)
             for segment in part.batch.segments:
-                await self._settler.fail(segment, reason)
+                failed.setdefault(segment.message, []).append(segment)
+                await self._fail(segment, reason)
         done = []
         ranges: list[WrittenRows] = []
         for part in live:
             for segment in part.batch.segments:
-                if segment in failed or segment.message not in self._ledger:
+                bad = sum(
+                    len(f)
+                    for f in failed.get(segment.message, ())
+                    if segment.start <= f.start and f.stop <= segment.stop
+                )
+                if bad == len(segment) or segment.message not in self._ledger:
+                    continue
+                if bad:  # some rows rejected on their own: the others are written
+                    entry = self._ledger.written(segment.message, len(segment) - bad)
+                    if entry is not None:
+                        done.append(entry)
                     continue
                 if self._rows_written is not None:
                     delivery = self._ledger.get(segment.message).delivery
@@ -149,6 +163,15 @@ class WriteStage:
         if ranges and self._rows_written is not None:
             await self._rows_written(ranges)
         await self._settle_written(done)
+
+    async def _fail(self, segment: Segment, reason: DeadLetterReason) -> None:
+        """Rows the sink rejects: as rows when they are some of their message's rows (and
+        rows can be dead-lettered on their own), else the whole message."""
+        entry = self._ledger.get(segment.message) if segment.message in self._ledger else None
+        if entry is not None and len(segment) < entry.rows and self._settler.isolates_rows:
+            await self._settler.fail_rows(segment, reason)
+        else:
+            await self._settler.fail(segment, reason)
 
     def _live(self, part: Answered) -> Answered | None:
         """The part without the segments of messages settled meanwhile (abandoned, or failed

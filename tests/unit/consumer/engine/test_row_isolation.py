@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from rowbatch.consumer.engine.batcher import Batch
+from rowbatch.consumer.sinks.base import ResultRows, RowsRejected
 from rowbatch.consumer.sources.base import DeadLettersRows
 from rowbatch.consumer.sources.delivery import DeadLetterReason, Delivery
 from rowbatch.wire.chunks.decode import decode_chunk
@@ -163,3 +164,45 @@ def test_wire_error_names_the_header() -> None:
         parse_rows("3,2", 2)
     assert parse_rows("0-2,7", 4).tolist() == [0, 1, 2, 7]
     assert np.array_equal(parse_rows("5", 1), [5])
+
+
+class PickySink(FakeSink):
+    """Rejects any write holding a row whose input was 13 (as a database refuses a value)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attempts = 0
+
+    async def write(self, rows: ResultRows) -> int:
+        self.attempts += 1
+        if (np.asarray(rows.outputs["y"]) == 26).any():
+            raise RowsRejected("value 13 refused by a CHECK constraint", code="check_violation")
+        return await super().write(rows)
+
+
+async def test_rows_the_sink_rejects_cost_their_rows_only() -> None:
+    values = [float(v) for v in range(12)]
+    values[5] = values[9] = 13.0
+    source, sink = RowsSource([message(0, [1.0, 2.0]), message(1, values)]), PickySink()
+    await asyncio.wait_for(make(source, sink).run(asyncio.Event()), 10)
+    assert sorted(source.acked) == ["m0", "m1"]
+    assert source.dead == []
+    [(mid, payload, attributes, reason)] = source.parts
+    assert (mid, reason.reason_class.value, reason.code) == (
+        "m1",
+        "rejected-by-sink",
+        "check_violation",
+    )
+    assert attributes[H_PARENT_ROWS] == "5,9"
+    assert decode_chunk(payload, attributes).columns["x"].tolist() == [13.0, 13.0]
+    want = {("chunk-1", r): v * 2 for r, v in enumerate(values) if r not in (5, 9)}
+    assert {k: v for k, v in sink.rows.items() if k[0] == "chunk-1"} == want
+
+
+async def test_without_row_dead_letters_the_sink_rejects_the_message_whole() -> None:
+    values = [1.0, 13.0, 3.0]
+    source, sink = FakeSource([message(1, values), message(2, [4.0])]), PickySink()
+    await asyncio.wait_for(make(source, sink).run(asyncio.Event()), 10)
+    assert [(mid, r.reason_class.value) for mid, r in source.dead] == [("m1", "rejected-by-sink")]
+    assert source.acked == ["m2"]
+    assert not any(k[0] == "chunk-1" for k in sink.rows)
