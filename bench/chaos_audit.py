@@ -16,7 +16,7 @@ from google.api_core import exceptions as gexc
 from psycopg import sql
 
 from bench.chaos_lane import BUDGET_BYTES, RSS_ALLOWANCE, Lane, MiB
-from rowbatch.wire.headers.fields import H_CHUNK_ID
+from rowbatch.wire.headers.fields import H_CHUNK_ID, H_PARENT_CHUNK_ID
 
 A_REASON = "rowbatch-dlq-reason"
 A_CODE = "rowbatch-dlq-code"
@@ -143,12 +143,17 @@ async def _kafka_dlq(bootstrap: str, topic: str) -> list[dict[str, str]]:
     return out
 
 
+def _message_of(letter: dict[str, str]) -> str:
+    return letter.get(H_PARENT_CHUNK_ID) or letter.get(H_CHUNK_ID, "?")
+
+
 def audit(lane: Lane, elapsed_s: float) -> FaultRow:
     published = {p.chunk_id: p for p in lane.published}
     written, dup_ids = table_by_chunk(lane.stack.postgres.dsn, lane.table)
     dlq = read_dlq(lane)
-    dlq_by_chunk: Counter[str] = Counter(d.get(H_CHUNK_ID, "?") for d in dlq)
-    good_rows = sum(p.rows for p in published.values() if p.kind == "good")
+    # A row part names its message in rowbatch-parent-chunk-id; a whole message is its own.
+    dlq_by_chunk: Counter[str] = Counter(_message_of(d) for d in dlq)
+    good_rows = sum(p.rows - p.bad_rows for p in published.values())
     missing = dup = wrongly = wrong_reason = poison_written = 0
     for chunk_id, planned in published.items():
         rows_in = written.get(chunk_id, 0)
@@ -160,20 +165,22 @@ def audit(lane: Lane, elapsed_s: float) -> FaultRow:
                 dup += rows_in
             else:
                 missing += max(0, planned.rows - rows_in)
-        elif rows_in and in_dlq:
-            dup += rows_in
-        elif rows_in:
+            continue
+        want_in = planned.rows - planned.bad_rows
+        if rows_in > want_in:  # its bad rows written too
             poison_written += 1
-        elif not in_dlq:
-            missing += planned.rows
-    unknown = [d for d in dlq if d.get(H_CHUNK_ID) not in published]
+        elif want_in and rows_in < want_in:
+            missing += want_in - rows_in
+        if not in_dlq:
+            missing += planned.bad_rows
+    unknown = [d for d in dlq if _message_of(d) not in published]
     dup += dup_ids
     expected = Counter(p.reason for p in published.values() if p.reason)
     actual = Counter(d.get(A_REASON, "?") for d in dlq)
     codes_expected = Counter(p.code for p in published.values() if p.code)
     codes_actual = Counter(d[A_CODE] for d in dlq if A_CODE in d)
     for d in dlq:
-        planned_or_none = published.get(d.get(H_CHUNK_ID, ""))
+        planned_or_none = published.get(_message_of(d))
         if planned_or_none is None or planned_or_none.kind == "good":
             continue
         if d.get(A_REASON) != planned_or_none.reason or (

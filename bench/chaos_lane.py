@@ -51,6 +51,8 @@ class _Proc:
     proc: ConsumerProcess
     received: float = 0.0
     dead_lettered: float = 0.0
+    """Messages dead-lettered whole, and rows dead-lettered as row parts (each row-level
+    poison message of the plan has one bad row: one part)."""
     peak_rss: int = 0
 
 
@@ -212,9 +214,10 @@ class Lane:
             metrics = proc.metrics()
             if metrics is not None:
                 entry.received = metrics.get("rowbatch_messages_received_total", entry.received)
-                entry.dead_lettered = metrics.get(
-                    "rowbatch_messages_dead_lettered_total", entry.dead_lettered
-                )
+                whole = metrics.get("rowbatch_messages_dead_lettered_total")
+                rows = metrics.get("rowbatch_rows_dead_lettered_total")
+                if whole is not None:
+                    entry.dead_lettered = whole + (rows or 0.0)
             with contextlib.suppress(OSError, KeyError):
                 entry.peak_rss = max(entry.peak_rss, memory_kib(proc.pid)["VmHWM"] * 1024)
         count = self.count()
@@ -309,12 +312,12 @@ class Lane:
 
     def wait_done(self, stall_s: float, deadline_s: float) -> None:
         """Until every good row published is in the table and every poison message is dead-
-        lettered (by the consumers' counters), or nothing moved for ``stall_s`` once publishing
-        ended, or ``deadline_s`` passed."""
+        lettered, whole or its bad row as a row part (by the consumers' counters), or nothing
+        moved for ``stall_s`` once publishing ended, or ``deadline_s`` passed."""
         while self.publishing():
             time.sleep(0.1)
-        want_rows = sum(p.rows for p in self.published if p.kind == "good")
-        want_dlq = sum(1 for p in self.published if p.kind != "good")
+        want_rows = sum(p.rows - p.bad_rows for p in self.published)
+        want_dlq = sum(1 for p in self.published if p.kind != "good")  # one letter each
         deadline = time.monotonic() + deadline_s
         last, since = (-1, -1.0), time.monotonic()
         self.phase = "drain"

@@ -51,6 +51,12 @@ POISON_KINDS: dict[str, tuple[str, str]] = {
 }
 
 
+ROW_KINDS = frozenset({"reject-marker", "nul-in-text"})
+"""Poison in one row (the first) that the model or the sink rejects on its own: that row is
+dead-lettered as a row part of its message and the others written (a one-row message goes
+whole)."""
+
+
 @dataclass(frozen=True)
 class Planned:
     """One message and what must become of it."""
@@ -60,6 +66,14 @@ class Planned:
     rows: int
     kind: str = GOOD
     """``good`` (every row written once) or a key of ``POISON_KINDS``."""
+
+    @property
+    def bad_rows(self) -> int:
+        """Rows that must end in the dead-letter topic: every row of a poison message, or the
+        one bad row of a row-level kind (``ROW_KINDS``) among several."""
+        if self.kind == GOOD:
+            return 0
+        return 1 if self.kind in ROW_KINDS and self.rows > 1 else self.rows
 
     @property
     def reason(self) -> str | None:

@@ -33,6 +33,7 @@ from harness.service import REPO_ROOT
 from harness.triton import TritonEndpoint
 from rowbatch.consumer.service.config import ConsumerConfig
 from rowbatch.wire.chunks.encode import EncodedChunk, encode_chunk
+from rowbatch.wire.chunks.row_parts import part_chunk_id
 from tests.integration.consumer_helpers import Topics, consumer_running, wait_until
 from tests.integration.kafka_helpers import KafkaTopics, chunk_record, produce
 from tests.integration.pubsub_helpers import use_emulator
@@ -172,7 +173,12 @@ async def test_stats_show_and_replay_after_a_fix_exactly_once(
     await rig.publish_raw(good[1].payload, {"content-type": "application/json"})
     await rig.publish(good[GOOD // 2 :])
     messages = GOOD + REJECTED + len(wrong_type) + 2
+    # Each rejected message has one marked row: that row is dead-lettered as a row part, the
+    # message's other rows written and the message acked.
     want_reasons = {"rejected-by-model": REJECTED, "schema-mismatch": 2, "undecodable": 2}
+    whole = {"schema-mismatch": 2, "undecodable": 2}
+    parts = {c.headers.chunk_id: part_chunk_id(c.headers.chunk_id, [n % ROWS])
+             for n, c in enumerate(rejected)}  # fmt: skip
 
     table = f"emb_{uuid.uuid4().hex[:8]}"
     config = rig.config({"kind": "postgres", "dsn": postgres.dsn, "table": table})
@@ -184,14 +190,20 @@ async def test_stats_show_and_replay_after_a_fix_exactly_once(
         registry = run.running[0].metrics.registry
         await wait_until(lambda: settled(registry) >= messages, 180, "all settled", run.task)
         await run.stop_and_wait()
-        assert dead_lettered(registry) == want_reasons
+        assert dead_lettered(registry) == whole
+        assert (
+            registry.get_sample_value(
+                "rowbatch_rows_dead_lettered_total", {"reason": "rejected-by-model"}
+            )
+            == REJECTED
+        )
 
     # stats: exactly the poison mix, and reading twice finds the same (nothing consumed).
     first = await asyncio.to_thread(stats, config_file, rig.env)
     assert first["by_reason"] == want_reasons, first
     assert first["read"] == first["selected"] == sum(want_reasons.values())
     groups = [g for g in first["groups"] if g["reason"] == "rejected-by-model"]
-    assert sum(g["rows"] for g in groups) == REJECTED * ROWS
+    assert sum(g["rows"] for g in groups) == REJECTED  # one row a part
     assert {g["table"] for g in groups} == {"docs"}
     assert (await asyncio.to_thread(stats, config_file, rig.env))["by_reason"] == want_reasons
 
@@ -204,11 +216,12 @@ async def test_stats_show_and_replay_after_a_fix_exactly_once(
             )
         )
     )  # fmt: skip
-    assert sorted(s["chunk_id"] for s in shown) == sorted(c.headers.chunk_id for c in rejected)
+    assert sorted(s["chunk_id"] for s in shown) == sorted(parts.values())
     for s in shown:
         assert s["code"] == "invalid_argument"
-        assert s["preview"][0] == f"{ROWS} rows; columns: id, text", s["preview"]
+        assert s["preview"][0] == "1 rows; columns: id, text", s["preview"]
         assert s["attributes"]["rowbatch-dlq-reason"] == "rejected-by-model"
+        assert parts[s["attributes"]["rowbatch-parent-chunk-id"]] == s["chunk_id"]
     garbage = json.loads(
         ok(
             await asyncio.to_thread(
@@ -220,10 +233,10 @@ async def test_stats_show_and_replay_after_a_fix_exactly_once(
     assert all(g["preview"][0].startswith("does not decode") for g in garbage), garbage
     one = ok(
         await asyncio.to_thread(
-            dlq, config_file, rig.env, "show", "--chunk-id", rejected[3].headers.chunk_id
+            dlq, config_file, rig.env, "show", "--chunk-id", parts[rejected[3].headers.chunk_id]
         )
     )
-    assert f"chunk    {rejected[3].headers.chunk_id} of table docs" in one
+    assert f"chunk    {parts[rejected[3].headers.chunk_id]} of table docs" in one
     assert "1 shown" in one
 
     # The fix is deployed: the model no longer rejects. A dry run changes nothing.
@@ -233,10 +246,12 @@ async def test_stats_show_and_replay_after_a_fix_exactly_once(
             dlq, config_file, rig.env, "replay", "--reason", "rejected-by-model", "--dry-run"
         )
     )
-    assert f"would replay {REJECTED} ({REJECTED * ROWS} rows)" in dry, dry
+    assert f"would replay {REJECTED} ({REJECTED} rows)" in dry, dry
     assert (await asyncio.to_thread(stats, config_file, rig.env))["by_reason"] == want_reasons
 
     rejected_keys = {(c.headers.chunk_id, r) for c in rejected for r in range(ROWS)}
+    marked_keys = {(c.headers.chunk_id, n % ROWS) for n, c in enumerate(rejected)}
+    assert table_rows(postgres.dsn, table)[1] & rejected_keys == rejected_keys - marked_keys
     good_keys = {(c.headers.chunk_id, r) for c in good for r in range(ROWS)}
     async with consumer_running(config) as run:
         await wait_until(lambda: bool(run.running), 60, "consumer start", run.task)
@@ -254,7 +269,7 @@ async def test_stats_show_and_replay_after_a_fix_exactly_once(
         try:
             await wait_until(
                 lambda: (
-                    bool(table_rows(postgres.dsn, table)[1] & rejected_keys)
+                    bool(table_rows(postgres.dsn, table)[1] & marked_keys)
                     or replay.returncode is not None
                 ),
                 120,

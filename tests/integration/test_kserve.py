@@ -48,6 +48,7 @@ from rowbatch.consumer.model.inference.errors import (
     classify,
 )
 from rowbatch.consumer.service.config import ConsumerConfig
+from rowbatch.wire.chunks.decode import decode_chunk
 from rowbatch.wire.chunks.encode import EncodedChunk, encode_chunk
 from rowbatch.wire.dead_letter import ATTR_MESSAGE, ATTR_MESSAGE_ID, ATTR_REASON
 from tests.integration.consumer_helpers import Topics, consumer_running, wait_until
@@ -466,9 +467,10 @@ async def test_20k_rows_every_row_once_with_exact_values(
 async def test_rows_the_model_rejects_are_dead_lettered_and_the_rest_written(
     topics: Topics, kserve: KServeEndpoint, postgres: PostgresEndpoint
 ) -> None:
-    """InvalidInput -> INVALID_ARGUMENT -> poison: the batch is bisected by message and the
-    message holding the rejected row is dead-lettered whole (``rejected-by-model``, KServe's
-    message kept); every other message of the batch is written."""
+    """InvalidInput -> INVALID_ARGUMENT -> poison: the batch is bisected by message, then the
+    message holding the rejected row by row: that row alone is dead-lettered, as a row part
+    of its message (``rejected-by-model``, KServe's message kept); every other row is
+    written."""
     features, counts = rows(3000, seed=6)
     counts[1234, 0] = INVALID_COUNT  # in message p-12 (rows 1200..1299)
     chunks = chunks_of(features, counts, 100, "p")
@@ -485,14 +487,18 @@ async def test_rows_the_model_rejects_are_dead_lettered_and_the_rest_written(
 
         await wait_until(lambda: settled() == len(chunks), 120, "all settled", run.task)
         await run.stop_and_wait()
-        assert dead_lettered(registry) == {"rejected-by-model": 1}
+        assert dead_lettered(registry) == {}
+        assert counter(registry, "rowbatch_rows_dead_lettered_total") == 1
     [dead] = topics.dead_letters(expect=1)
     assert dead.attributes[ATTR_REASON] == "rejected-by-model"
     assert dead.attributes[ATTR_MESSAGE_ID] == ids[12]
-    assert dead.data == bad.payload
+    assert dead.attributes["rowbatch-parent-chunk-id"] == bad.headers.chunk_id
+    assert dead.attributes["rowbatch-parent-rows"] == "34"
+    part = decode_chunk(dead.data, dict(dead.attributes))
+    assert part.row_count == 1
     message = dead.attributes[ATTR_MESSAGE]
     assert "INVALID_ARGUMENT" in message and f"COUNT {INVALID_COUNT}" in message, message
-    good = np.array([i for i in range(3000) if not 1200 <= i < 1300])
+    good = np.array([i for i in range(3000) if i != 1234])
     assert_exact(stored(postgres.dsn, table), features[good], counts[good], good, "1")
 
 

@@ -37,6 +37,7 @@ from rowbatch.consumer.model.inference.errors import (
     RetryableInferenceError,
     classify,
 )
+from rowbatch.wire.chunks.decode import decode_chunk
 from rowbatch.wire.chunks.encode import EncodedChunk, encode_chunk
 from tests.integration.kafka_helpers import KafkaTopics, chunk_record, produce, read_all
 from tests.integration.test_consumer_pubsub import scorer_chunks
@@ -370,8 +371,9 @@ async def test_rows_the_model_rejects_are_dead_lettered_and_the_rest_written(
     tmp_path: Path,
 ) -> None:
     """400 messages of 50 rows, 8 of them holding one NaN row each: the model's
-    INVALID_ARGUMENT makes the consumer bisect each failing batch; exactly the 8 are
-    dead-lettered (``rejected-by-model``, with MLServer's message) and every other row is
+    INVALID_ARGUMENT makes the consumer bisect each failing batch down to the message, then the
+    message down to its rows; exactly the 8 NaN rows are dead-lettered, each as a row part of
+    its message (``rejected-by-model``, with MLServer's message), and every other row is
     written once. With adaptive batching on too, where a failing request fails the good
     requests merged with it: isolation runs one batch at a time and a message is called poison
     only after failing alone twice, so no good message is pinned (docs/model-servers.md).
@@ -387,14 +389,13 @@ async def test_rows_the_model_rejects_are_dead_lettered_and_the_rest_written(
     table = f"mlserver_poison_{int(time.time() * 1000) % 10**9}"
     config = consumer_config(topics, mlserver_unbatched, postgres, table)
     proc = start_consumer(tmp_path, config, "poison")
-    good = [n for n in range(400) if n not in POISON_MESSAGES]
     try:
 
         def settled() -> bool:
             metrics = proc.metrics() or {}
             written = metrics.get("rowbatch_rows_written_total", 0.0)
-            dead = metrics.get("rowbatch_messages_dead_lettered_total", 0.0)
-            return written + dead * size >= 400 * size
+            dead = metrics.get("rowbatch_rows_dead_lettered_total", 0.0)
+            return written + dead >= 400 * size
 
         await asyncio.to_thread(wait_for, "every message settled", proc, settled)
         assert proc.terminate(60) == 0, proc.log()
@@ -404,7 +405,7 @@ async def test_rows_the_model_rejects_are_dead_lettered_and_the_rest_written(
     by_chunk = {}
     for record in dead:
         headers = {k: v.decode() for k, v in record.headers}
-        by_chunk[headers["rowbatch-chunk-id"]] = (headers, record.value)
+        by_chunk[headers["rowbatch-parent-chunk-id"]] = (headers, record.value)
     assert sorted(by_chunk) == sorted(f"p{n}" for n in POISON_MESSAGES)
     assert len(dead) == len(POISON_MESSAGES)
     for n in POISON_MESSAGES:
@@ -414,9 +415,13 @@ async def test_rows_the_model_rejects_are_dead_lettered_and_the_rest_written(
         # MLServer names the row's index in the failing request (a message's rows may be
         # split between batches), not in the message.
         assert "InferenceError: FEATURES must be finite; rows [" in headers["rowbatch-dlq-message"]
-        assert payload == chunks[n].payload
+        assert headers["rowbatch-parent-rows"] == str(n % size)
+        part = decode_chunk(payload, headers)
+        assert part.row_count == 1
+        assert part.columns["id"].tolist() == [n * 1000 + n % size]
     ids = [int(r[0]) for r in table_rows(postgres.dsn, table)]
-    assert ids == [n * 1000 + r for n in good for r in range(size)], "the rest, once each"
+    want = [n * 1000 + r for n in range(400) for r in range(size)]
+    assert ids == [i for i in want if i not in {n * 1000 + n % size for n in POISON_MESSAGES}]
 
 
 @pytest.mark.timeout(300)

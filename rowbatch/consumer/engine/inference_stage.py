@@ -156,8 +156,8 @@ class InferenceStage:
         return [Answered(sub, answer.outputs, answer.model_version, span) for sub, answer in good]
 
     async def _isolated_rows(self, batch: Batch, segment: Segment) -> list[tuple[Batch, Answer]]:
-        """Bisects a segment the server rejects on its own down to its rows (already inside
-        the isolation lock): the rows it rejects alone are failed as rows (dead-lettered as a
+        """Bisects a segment the server rejects on its own down to its rows (one isolation at a
+        time, as for messages): the rows it rejects alone are failed as rows (dead-lettered as a
         row part of their message, the other rows written), the rest answered in the runs that
         succeeded. ``k`` bad rows among ``n`` cost at most ``1 + 2k ceil(log2 n) + k`` more
         requests (``poison.isolate`` with ``confirm``). When some rows fail for good but not as
@@ -165,13 +165,19 @@ class InferenceStage:
         alone = batch.select([segment])
         rows = [Segment(segment.message, i, i + 1) for i in range(segment.start, segment.stop)]
         split = Batch(alone.columns, alone.nulls, tuple(rows), alone.oldest_at)
-        found = await isolate(
-            rows,
-            lambda chosen: self._timed_run(split.select(chosen)),
-            self._model.is_poison,
-            is_fatal=self._model.is_fatal,
-            confirm=True,
-        )
+        try:
+            async with self._isolating:
+                found = await isolate(
+                    rows,
+                    lambda chosen: self._timed_run(split.select(chosen)),
+                    self._model.is_poison,
+                    is_fatal=self._model.is_fatal,
+                    confirm=True,
+                )
+        except Exception:
+            log.exception("inference failed for good isolating a message's rows; nacking it")
+            await self._settler.abandon([segment])
+            return []
         if found.failed:
             log.warning(
                 "inference failed for good on %d row(s) of a message while isolating its bad "
