@@ -43,6 +43,7 @@ from tests.integration.kafka_helpers import (
     group_offsets,
     paced_producer,
     produce,
+    read_all,
 )
 from tests.integration.test_consumer_pubsub import (
     dead_lettered,
@@ -446,3 +447,107 @@ async def test_records_in_flight_across_a_rebalance_are_written_by_two_members_b
     committed, end = await group_offsets(kafka, t.topic, t.group, t.partitions)
     assert committed == end
     print(f"\nrows written twice across the rebalance: {twice:.0f}; in the table once each")
+
+
+@pytest.mark.timeout(600)
+async def test_kill_9_after_a_row_part_is_dead_lettered_and_before_the_commit_leaves_every_row_once(
+    kafka: KafkaEndpoint, triton: TritonEndpoint, postgres: PostgresEndpoint, tmp_path: Path
+) -> None:
+    """500-row messages with marked rows the model rejects; the consumer commits offsets only
+    every 60 s, and is killed with -9 once row parts are in the dead-letter topic (their
+    messages acked, the offsets not yet committed). The restarted consumer reads those messages
+    again: their good rows are rewritten under the same keys (no duplicate row), their bad rows
+    dead-lettered again under the same part chunk id (the dead-letter topic is at least once,
+    as for whole messages), and a replay of every letter writes each marked row once."""
+    ChaosControl(reject_marker="POISON-ROW").write(triton.chaos_control)
+    t = await KafkaTopics.create(kafka, partitions=1)
+    marked = {n: [n * 37 % 500] for n in range(0, 12, 3)}
+    chunks = [text_chunk_marked(n, 500, marked.get(n, [])) for n in range(12)]
+    table = f"kafka_kill_rows_{int(time.time() * 1000) % 10**8}"
+    sink = {"kind": "postgres", "dsn": postgres.dsn, "table": table}
+    config = ConsumerConfig.model_validate(
+        {
+            **kafka_config(t, triton, sink, commit_interval_s=60.0).model_dump(mode="json"),
+            "model": {"url": triton.grpc_url, "name": "chaos", "max_wait_ms": 50},
+            "binding": {
+                "inputs": {"text": "TEXT"},
+                "outputs": {"EMBEDDING": "embedding"},
+                "passthrough": {"id": "int64"},
+            },
+            "sink": sink,
+        }
+    )
+    env = child_env(config)
+    children = [
+        Child(n, env | {"ROWBATCH_SERVER": json.dumps({"port": free_port()})}, tmp_path / n)
+        for n in ("a", "a2")
+    ]
+    a, a2 = children
+    want = {n * 1000 + r for n in range(12) for r in range(500)}
+    bad = {n * 1000 + r for n, rows in marked.items() for r in rows}
+
+    def ids() -> list[int]:
+        with psycopg.connect(postgres.dsn) as conn:
+            if conn.execute("SELECT to_regclass(%s)", (table,)).fetchone() == (None,):
+                return []
+            return [i for (i,) in conn.execute(f"SELECT id FROM {table}").fetchall()]
+
+    try:
+        a.start()
+        await wait_until(a.ready, 60, "consumer a ready")
+        await produce(kafka, t.topic, [chunk_record(c) for c in chunks])
+        await wait_until(lambda: len(ids()) == len(want - bad), 180, "every good row written")
+        letters = await read_all(kafka, t.dlq)
+        assert len(letters) == len(marked)
+        committed, _ = await group_offsets(kafka, t.topic, t.group, 1)
+        assert not committed.get(0), "the offsets were committed before the kill"
+        a.kill9()
+        a2.start()
+        await wait_until(a2.ready, 60, "the restarted consumer ready")
+        deadline = time.monotonic() + 120
+        while len(await read_all(kafka, t.dlq)) < 2 * len(marked):
+            assert time.monotonic() < deadline, log_tail(a2.log_path)
+            await asyncio.sleep(0.5)
+        assert a2.terminate() == 0, log_tail(a2.log_path)
+    finally:
+        for child in children:
+            child.cleanup()
+    got = ids()
+    assert len(got) == len(set(got)) == len(want - bad)  # no duplicate row
+    assert set(got) == want - bad
+    letters = await read_all(kafka, t.dlq)
+    by_parent: dict[str, set[str]] = {}
+    for record in letters:
+        headers = {k: bytes(v or b"").decode() for k, v in record.headers}
+        by_parent.setdefault(headers["rowbatch-parent-chunk-id"], set()).add(
+            headers["rowbatch-chunk-id"]
+        )
+    assert set(by_parent) == {f"t{n}" for n in marked}
+    assert all(len(parts) == 1 for parts in by_parent.values()), by_parent  # same part id
+    print(f"\n{len(letters)} letters for {len(marked)} parts after the kill; no row twice")
+
+    # Every letter replayed (the duplicates too), the model taking the marked rows now.
+    ChaosControl().write(triton.chaos_control)
+    replay = [
+        (r.key, bytes(r.value), [(k, bytes(v or b"")) for k, v in r.headers
+                                 if not k.startswith("rowbatch-dlq-")])
+        for r in letters
+    ]  # fmt: skip
+    await produce(kafka, t.topic, replay)
+    replayer = Child(
+        "r", env | {"ROWBATCH_SERVER": json.dumps({"port": free_port()})}, tmp_path / "r.log"
+    )
+    try:
+        replayer.start()
+        await wait_until(lambda: len(ids()) == len(want), 120, "the replayed rows written")
+        assert replayer.terminate() == 0, log_tail(replayer.log_path)
+    finally:
+        replayer.cleanup()
+    got = ids()
+    assert len(got) == len(set(got)) == len(want)
+
+
+def text_chunk_marked(n: int, rows: int, marked: list[int]) -> EncodedChunk:
+    texts = [f"message {n} row {r}" + (" POISON-ROW" if r in marked else "") for r in range(rows)]
+    ids = np.arange(n * 1000, n * 1000 + rows, dtype=np.int64)
+    return encode_chunk("docs", {"id": ids, "text": texts}, "arrow" if n % 2 else "json", f"t{n}")
