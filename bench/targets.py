@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from bench.bad_rows import BadRowsResult
 from bench.baseline import NaiveResult
 from bench.e2e import E2eResult
 from bench.latency import LatencyResult
@@ -95,8 +96,10 @@ def check_targets(sections: Mapping[str, Any]) -> list[Target]:
         )
     queued = sections.get("queued")
     per_message = sections.get("per_message")
+    bad_rows = sections.get("bad_rows")
     return (
         found
+        + (bad_rows.targets() if isinstance(bad_rows, BadRowsResult) else [])
         + (per_message.targets() if isinstance(per_message, PerMessageResult) else [])
         + saturation_targets(sections.get("saturation"))
         + table_targets(sections.get("table"))
