@@ -15,11 +15,20 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-import tritonclient.grpc as grpcclient
 
 from bench.procs import consumers, wait_for, wait_ready
 from bench.report import Table, Target
-from bench.stack import Bench, Broker, consumer_config, create_feed, publish, sink_config, unique
+from bench.stack import (
+    TEXT_BINDING,
+    Bench,
+    Broker,
+    consumer_config,
+    create_feed,
+    publish,
+    sink_config,
+    unique,
+)
+from bench.triton import server_stats
 from harness.chaos import ChaosControl
 from rowbatch.wire.chunks.encode import EncodedChunk, encode_chunk
 
@@ -29,11 +38,6 @@ ROWS = 500
 BAD_SHARE = 0.001
 MARKER = "POISON-ROW"
 TARGET_RATIO = 0.9
-BINDING = {
-    "inputs": {"text": "TEXT"},
-    "outputs": {"EMBEDDING": "embedding"},
-    "passthrough": {"id": "int64"},
-}
 
 
 @dataclass(frozen=True)
@@ -121,13 +125,9 @@ def _chunk(n: int, marked: bool, prefix: str) -> EncodedChunk:
 
 
 def _requests(url: str) -> int:
-    client = grpcclient.InferenceServerClient(url)
-    try:
-        stats = client.get_inference_statistics("chaos", as_json=True)["model_stats"][0]
-    finally:
-        client.close()
-    counts = stats["inference_stats"]
-    return int(counts["success"].get("count", 0)) + int(counts["fail"].get("count", 0))
+    """Requests Triton answered for ``chaos`` so far, successes and failures."""
+    stats = server_stats(url, "chaos")
+    return stats.requests + stats.failed
 
 
 def _run(bench: Bench, broker: Broker, messages: int, bad: bool) -> BadRowsRun:
@@ -143,7 +143,7 @@ def _run(bench: Bench, broker: Broker, messages: int, bad: bool) -> BadRowsRun:
         stack,
         feed,
         "chaos",
-        BINDING,
+        TEXT_BINDING,
         sink_config(bench, "postgres", table),
         model_extra={"max_wait_ms": 50},
     )

@@ -36,9 +36,12 @@ class ServerStats:
     inferences: int
     """Rows (inferences) in them."""
     requests: int
+    """Requests answered successfully."""
     queue_ns: int
     compute_ns: int
     """compute_input + compute_infer + compute_output."""
+    failed: int = 0
+    """Requests answered with an error (e.g. INVALID_ARGUMENT for rows the model rejects)."""
 
     def minus(self, before: ServerStats) -> ServerStats:
         return ServerStats(
@@ -47,6 +50,7 @@ class ServerStats:
             self.requests - before.requests,
             self.queue_ns - before.queue_ns,
             self.compute_ns - before.compute_ns,
+            self.failed - before.failed,
         )
 
     @property
@@ -71,7 +75,7 @@ def server_stats(url: str, model: str) -> ServerStats:
     finally:
         with contextlib.suppress(Exception):
             client.close()
-    total = ServerStats(0, 0, 0, 0, 0)
+    total = ServerStats(0, 0, 0, 0, 0, 0)
     for entry in stats:
         inf = entry.get("inference_stats", {})
 
@@ -84,5 +88,6 @@ def server_stats(url: str, model: str) -> ServerStats:
             total.requests + int(inf.get("success", {}).get("count", 0)),
             total.queue_ns + ns("queue"),
             total.compute_ns + ns("compute_input") + ns("compute_infer") + ns("compute_output"),
+            total.failed + int(inf.get("fail", {}).get("count", 0)),
         )
     return total

@@ -20,9 +20,9 @@ from typing import Any, Protocol
 import numpy as np
 import psycopg
 import pytest
-import tritonclient.grpc as grpcclient
 from prometheus_client import CollectorRegistry
 
+from bench.triton import server_stats
 from harness.chaos import ChaosControl
 from harness.kafka import KafkaEndpoint
 from harness.postgres import PostgresEndpoint
@@ -605,13 +605,8 @@ def marked_chunk(n: int, rows: int, marked: Sequence[int]) -> EncodedChunk:
 def triton_requests(triton: TritonEndpoint, model: str) -> int:
     """Requests Triton answered for ``model`` so far, successes and failures (its own
     statistics)."""
-    client = grpcclient.InferenceServerClient(triton.grpc_url)
-    try:
-        stats = client.get_inference_statistics(model, as_json=True)["model_stats"][0]
-    finally:
-        client.close()
-    counts = stats["inference_stats"]
-    return int(counts["success"].get("count", 0)) + int(counts["fail"].get("count", 0))
+    stats = server_stats(triton.grpc_url, model)
+    return stats.requests + stats.failed
 
 
 @pytest.mark.timeout(300)

@@ -30,9 +30,10 @@ class Entry:
     row_keys: NDArray[np.int64] | None = None
     """A row part's keys in its parent chunk (``chunk_id`` is the parent's); None: row ``i``
     is keyed ``i``."""
-    failed_rows: list[tuple[int, DeadLetterReason]] = field(default_factory=list)
+    failed_rows: tuple[tuple[int, DeadLetterReason], ...] = ()
     """Rows (indexes in the message) that failed for good on their own, with why: the message
-    is acked once its other rows are written and these are dead-lettered as a row part."""
+    is acked once its other rows are written and these are dead-lettered as a row part (a
+    tuple, grown only on failure: nothing is allocated for it per message)."""
 
     def __post_init__(self) -> None:
         self.unresolved = self.rows
@@ -95,7 +96,7 @@ class Ledger:
         entry = self._entries.get(key)
         if entry is None:
             return None
-        entry.failed_rows.extend((row, reason) for row in range(start, stop))
+        entry.failed_rows += tuple((row, reason) for row in range(start, stop))
         return self._resolve(entry, stop - start)
 
     def _resolve(self, entry: Entry, rows: int) -> Entry | None:
