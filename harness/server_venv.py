@@ -235,12 +235,19 @@ def _locked(path: Path, *, wait: bool = True) -> Iterator[bool]:
 #: models in ``deploy/models``) imports.
 TRITON_VENV = ServerVenv("triton", ("nvidia-pytriton==0.7.0", "numpy>=1.26,<2"))
 
+#: llama-cpp-python's OpenAI-compatible server (``python -m llama_cpp.server``) and the ``gguf``
+#: writer the harness makes its tiny model with.
+LLAMA_VENV = ServerVenv("llama", ("llama-cpp-python[server]==0.3.36", "gguf==0.19.0"))
+
 #: Every server venv the harness uses, by name; ``python -m harness server-venvs`` makes them.
 SERVER_VENVS: dict[str, ServerVenv] = {
     "triton": TRITON_VENV,
     # harness/mlserver.py; uvloop 0.22+ kills MLServer 1.7.1's workers (no current event loop)
     "mlserver": ServerVenv("mlserver", ("mlserver==1.7.1", "uvloop==0.21.0")),
     "kserve": ServerVenv("kserve", ("kserve==0.21.0",)),  # harness/kserve.py
+    # harness/llama.py: llama.cpp's OpenAI-compatible server; PyPI has only the source, which
+    # compiles for ~8-9 minutes on 2 cores, so scripts/test.sh makes it in the background
+    "llama": LLAMA_VENV,
 }
 
 

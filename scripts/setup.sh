@@ -64,7 +64,12 @@ fi
 # harness/ and bench/ are not in the installed package (rowbatch): .venv finds them through a
 # .pth file naming this checkout (scripts/dev-path.sh), written on every run
 bash scripts/dev-path.sh .venv/bin/python || die "could not write .venv's rowbatch-dev.pth"
-# The model servers' venvs (a few seconds to check when made; minutes the first time)
-.venv/bin/python -m harness server-venvs | sed 's/^/[setup] server venv /' \
+# The model servers' venvs (a few seconds to check when made; minutes the first time), all
+# but llama's: llama-cpp-python compiles llama.cpp (~8-9 minutes on 2 cores), so
+# scripts/test.sh builds that one in the background instead (`python -m harness server-venvs
+# llama` makes it in the foreground)
+server_venvs=$(.venv/bin/python -c 'from harness.server_venv import SERVER_VENVS; print(" ".join(n for n in SERVER_VENVS if n != "llama"))')
+# shellcheck disable=SC2086 # the names are words
+.venv/bin/python -m harness server-venvs $server_venvs | sed 's/^/[setup] server venv /' \
   || die "could not make the model servers' venvs (see above; ROWBATCH_SERVER_PYTHON picks their interpreter)"
 say "ready"

@@ -34,6 +34,17 @@ else
   say "Go absent: the tracing tests (Jaeger is built with Go) will fail; install Go 1.24 or newer"
 fi
 
+# The llama server venv (harness/llama.py; llama-cpp-python compiles llama.cpp from source,
+# ~8-9 minutes on 2 cores), which scripts/setup.sh leaves out: built in the background at the
+# lowest priority like Jaeger, on 2 compile jobs; the tests that use it wait on its lock. Its
+# log: .stack/llama-build.log.
+if ! .venv/bin/python -c 'import sys; from harness.server_venv import LLAMA_VENV; sys.exit(not LLAMA_VENV.is_ready())'; then
+  mkdir -p .stack
+  say "building the llama server venv in the background (log: .stack/llama-build.log)"
+  CMAKE_BUILD_PARALLEL_LEVEL=2 nohup nice -n 19 .venv/bin/python -m harness server-venvs llama \
+    >.stack/llama-build.log 2>&1 </dev/null &
+fi
+
 echo "[test] ruff"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .

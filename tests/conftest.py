@@ -24,6 +24,7 @@ os.environ.setdefault("GCE_METADATA_IP", "127.0.0.1:9")
 if TYPE_CHECKING:
     from harness.jaeger import JaegerEndpoint
     from harness.kafka import KafkaEndpoint
+    from harness.llama import LlamaEndpoint
     from harness.postgres import PostgresEndpoint
     from harness.pubsub import PubSubEndpoint
     from harness.s3 import S3Endpoint
@@ -105,7 +106,20 @@ def jaeger(run_dir: RunDir) -> Iterator[JaegerEndpoint]:
         yield endpoint
 
 
+@pytest.fixture(scope="session")
+def llama(run_dir: RunDir) -> Iterator[LlamaEndpoint]:
+    """llama-cpp-python's OpenAI-compatible server on a tiny local model (harness/llama.py);
+    its first use on a machine waits for the llama venv's build (scripts/test.sh starts it)."""
+    from harness.llama import LlamaService
+
+    with LlamaService(run_dir) as endpoint:
+        yield endpoint
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if Path(str(item.fspath)).parent.name == "integration":
             item.add_marker(pytest.mark.integration)
+    # The tests on the llama server run last: on a fresh machine its venv is still compiling
+    # in the background (scripts/test.sh) while the others run.
+    items.sort(key=lambda item: "llama" in getattr(item, "fixturenames", ()))

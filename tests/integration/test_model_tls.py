@@ -42,6 +42,7 @@ from harness.service import RunDir
 from harness.triton import TritonEndpoint, TritonService, TritonTls
 from rowbatch.consumer.model.discovery import ModelDiscoveryError
 from rowbatch.consumer.model.inference.client import InferenceClient
+from rowbatch.consumer.model.settings import ModelSettings
 from rowbatch.consumer.model.tls import TlsOptions, describe_handshake_failure
 from rowbatch.consumer.service.config import ConfigError, ConsumerConfig, load_config
 from rowbatch.consumer.service.runner import run_consumer
@@ -310,7 +311,9 @@ def test_config_loads_tls_files_and_rejects_bad_ones(
             }
         )
     )
-    tls = load_config(path).model.tls_options()
+    model = load_config(path).model
+    assert isinstance(model, ModelSettings)
+    tls = model.tls_options()
     assert tls == TlsOptions(pki.ca_cert, pki.client_cert, pki.client_key)
 
     # a client certificate whose key belongs to another certificate

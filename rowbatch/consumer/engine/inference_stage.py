@@ -10,13 +10,16 @@ import asyncio
 import contextlib
 import logging
 
+import numpy as np
+from numpy.typing import NDArray
+
 from rowbatch.consumer.engine.answered_queue import AnsweredQueue
 from rowbatch.consumer.engine.batcher import Batch, Segment
 from rowbatch.consumer.engine.poison import isolate
 from rowbatch.consumer.engine.results import Answered
 from rowbatch.consumer.engine.settle import Settler
 from rowbatch.consumer.engine.stage_context import StageContext
-from rowbatch.consumer.model.answer import Answer
+from rowbatch.consumer.model.answer import Answer, RowError, RowsFailed
 from rowbatch.consumer.model.handler import ModelHandler
 from rowbatch.consumer.sources.delivery import DeadLetterReason
 from rowbatch.wire.dead_letter import ReasonClass
@@ -104,6 +107,8 @@ class InferenceStage:
         self._metrics.batch_fill.observe(size / self._batcher.target)
         try:
             answer = await self._timed_run(batch)
+        except RowsFailed as partial:
+            return await self._rows_failed(batch, partial, span)
         except Exception as exc:
             if not self._model.is_poison(exc) and len(batch.segments) == 1:
                 log.exception("inference failed for good; nacking the batch's messages")
@@ -191,6 +196,64 @@ class InferenceStage:
             reason = DeadLetterReason(ReasonClass.REJECTED_BY_MODEL, f"{error}")
             await self._settler.fail_rows(row, reason)
         return [(_joined(split.select(run)), answer) for run, answer in found.good]
+
+    async def _rows_failed(self, batch: Batch, partial: RowsFailed, span: object) -> list[Answered]:
+        """A batch the handler answered row by row, some rows failing on their own (an
+        OpenAI-compatible server's 400 for one prompt): those rows are failed alone (their
+        whole message where the source cannot dead-letter rows), the rest written; no
+        request is sent again."""
+        bad = partial.failed
+        keep: list[Segment] = []
+        index: list[NDArray[np.int64]] = []
+        for segment, offset in zip(batch.segments, batch.offsets(), strict=True):
+            errors = [(row, bad[row]) for row in range(offset, offset + len(segment)) if row in bad]
+            if not errors:
+                keep.append(segment)
+                index.append(np.arange(offset, offset + len(segment), dtype=np.int64))
+                continue
+            if not self._settler.isolates_rows:
+                error = errors[0][1]
+                reason = DeadLetterReason(ReasonClass.REJECTED_BY_MODEL, error.message, error.code)
+                await self._settler.fail(segment, reason)
+                continue
+            await self._fail_rows(segment, offset, errors)
+            at = offset
+            for row, _ in [*errors, (offset + len(segment), None)]:
+                if row > at:
+                    start = segment.start + at - offset
+                    keep.append(Segment(segment.message, start, start + row - at))
+                    index.append(np.arange(at, row, dtype=np.int64))
+                at = row + 1
+        if not keep:
+            return []
+        rows = np.concatenate(index)
+        sub = Batch(
+            {k: v[rows] for k, v in batch.columns.items()},
+            {k: m[rows] for k, m in batch.nulls.items() if m[rows].any()},
+            tuple(keep),
+            batch.oldest_at,
+        )
+        outputs = {k: v[rows] for k, v in partial.answer.outputs.items()}
+        return [Answered(sub, outputs, partial.answer.model_version, span)]
+
+    async def _fail_rows(
+        self, segment: Segment, offset: int, errors: list[tuple[int, RowError]]
+    ) -> None:
+        """Fail ``errors``' rows of ``segment`` (batch positions from ``offset``), one call per
+        run of consecutive rows with the same code and message."""
+        run: list[tuple[int, RowError]] = []
+        for row, error in [*errors, (-1, None)]:
+            if run and (error is None or row != run[-1][0] + 1 or error != run[0][1]):
+                first = segment.start + run[0][0] - offset
+                reason = DeadLetterReason(
+                    ReasonClass.REJECTED_BY_MODEL, run[0][1].message, run[0][1].code
+                )
+                await self._settler.fail_rows(
+                    Segment(segment.message, first, first + len(run)), reason
+                )
+                run = []
+            if error is not None:
+                run.append((row, error))
 
     async def _timed_run(self, batch: Batch) -> Answer:
         started = self._clock()

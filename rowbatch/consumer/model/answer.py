@@ -23,3 +23,26 @@ class Answer:
         """Rows answered: the first output's first dimension (0 without outputs)."""
         first = next(iter(self.outputs.values()), None)
         return 0 if first is None else (first.shape[0] if first.ndim else 1)
+
+
+@dataclass(frozen=True, slots=True)
+class RowError:
+    """Why one row failed on its own: the fine reason code written to its dead letter
+    (``prompt_too_long``, ``invalid_request``, ``unparseable_output``, ``null_not_allowed``)
+    and the server's (or the parser's) own words."""
+
+    code: str
+    message: str
+
+
+class RowsFailed(Exception):
+    """A batch whose rows were answered one by one (or in groups) and some failed on their own:
+    ``answer`` holds every row's outputs (a failed row's are placeholders, never written),
+    ``failed`` each failed row's position in the batch and why. The engine writes the rest and
+    fails those rows alone (dead-lettered as a row part of their message); no bisection."""
+
+    def __init__(self, answer: Answer, failed: Mapping[int, RowError]) -> None:
+        first = next(iter(failed.values()), RowError("", ""))
+        super().__init__(f"{len(failed)} row(s) failed on their own: {first.message}")
+        self.answer = answer
+        self.failed = dict(failed)

@@ -9,6 +9,7 @@ import contextlib
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -65,7 +66,39 @@ class TensorSettings(Section):
         return TensorSpec(self.name, self.datatype, self.dims)
 
 
-class ModelSettings(Section):
+class ServerSettingsBase(Section):
+    """What every model-server kind shares (``[model]`` for an Open Inference Protocol server
+    and for an OpenAI-compatible one): the model's name, the latency bound of a partial batch,
+    and the retry and start-up waits."""
+
+    name: str
+    """The model's name on the server."""
+    max_wait_ms: float = Field(default=100.0, ge=0)
+    """Latency bound: a partial batch is sent once its oldest row has waited this long."""
+    backoff_initial_s: float = Field(default=0.1, gt=0)
+    backoff_max_s: float = Field(default=10.0, gt=0)
+    startup_wait_s: float = Field(default=300.0, ge=0)
+    """How long start-up waits for an inference server that does not answer (retrying with
+    backoff) before giving up with an error; an unknown model fails at once."""
+
+    @model_validator(mode="after")
+    def _backoff_order(self) -> ServerSettingsBase:
+        if self.backoff_initial_s > self.backoff_max_s:
+            raise ValueError("model.backoff_initial_s must not exceed model.backoff_max_s")
+        return self
+
+    @property
+    def backoff(self) -> Backoff:
+        """The waits between retries of the model server (requests, probes of an endpoint
+        that keeps failing, the start-up wait)."""
+        return Backoff(self.backoff_initial_s, self.backoff_max_s)
+
+
+class ModelSettings(ServerSettingsBase):
+    """``[model]`` for a server speaking the Open Inference Protocol over gRPC (Triton,
+    MLServer, KServe): ``kind = "oip"``, the default."""
+
+    kind: Literal["oip"] = "oip"
     url: str = "127.0.0.1:8001"
     """KServe v2 / Open Inference Protocol gRPC address (Triton, MLServer, KServe),
     ``host:port``; several servers as a list (in the
@@ -75,7 +108,6 @@ class ModelSettings(Section):
     resolve_interval_s: float = Field(default=10.0, gt=0)
     """How often ``dns:///`` names are resolved again (servers that appear join once they
     serve the same model; those that disappear are retired)."""
-    name: str
     version: str = ""
     """Empty: the server's choice (its version policy)."""
     batch_size: int | None = Field(default=None, ge=1)
@@ -83,8 +115,6 @@ class ModelSettings(Section):
     Triton, from its ModelConfig, the largest preferred batch size, else ``max_batch_size``; servers
     without ModelConfig (MLServer, KServe, others) 256. Must not exceed a ModelConfig's
     ``max_batch_size``; required for a Triton model that does not batch."""
-    max_wait_ms: float = Field(default=100.0, ge=0)
-    """Latency bound: a partial batch is sent once its oldest row has waited this long."""
     max_in_flight: int | None = Field(default=None, ge=1)
     """Batches in flight at once per server (the consumer keeps the sum over the servers
     found at start). Default per server kind (:mod:`rowbatch.consumer.model.server_kind`): Triton,
@@ -95,11 +125,6 @@ class ModelSettings(Section):
     it."""
     timeout_s: float = Field(default=60.0, gt=0)
     """Per-request deadline."""
-    backoff_initial_s: float = Field(default=0.1, gt=0)
-    backoff_max_s: float = Field(default=10.0, gt=0)
-    startup_wait_s: float = Field(default=300.0, ge=0)
-    """How long start-up waits for an inference server that does not answer (retrying with
-    backoff) before giving up with an error; an unknown model fails at once."""
     inputs: tuple[TensorSettings, ...] | None = None
     """The model's inputs (``[[model.inputs]]`` tables of ``name``, ``datatype``, ``dims``; in
     the environment a JSON list), for a server that describes neither in ModelConfig nor in
@@ -196,18 +221,6 @@ class ModelSettings(Section):
             )
         return self
 
-    @model_validator(mode="after")
-    def _backoff_order(self) -> ModelSettings:
-        if self.backoff_initial_s > self.backoff_max_s:
-            raise ValueError("model.backoff_initial_s must not exceed model.backoff_max_s")
-        return self
-
-    @property
-    def backoff(self) -> Backoff:
-        """The waits between retries of the model server (requests, probes of an endpoint
-        that keeps failing, the start-up wait)."""
-        return Backoff(self.backoff_initial_s, self.backoff_max_s)
-
     def configured_spec(self) -> ConfiguredSpec | None:
         """``inputs`` and ``outputs`` as tensor specs; ``None`` when not configured."""
         if self.inputs is None or self.outputs is None:
@@ -256,8 +269,9 @@ def _tls_check(check: Callable[[Path], None], path: Path) -> None:
 
 
 class BindingSettings(Section):
-    inputs: dict[str, str]
-    """Table column -> model input."""
+    inputs: dict[str, str] = Field(default_factory=dict)
+    """Table column -> model input (an Open Inference Protocol model's; an OpenAI-compatible
+    model's columns are the ones its prompt template names)."""
     outputs: dict[str, str]
     """Model output -> result column."""
     passthrough: dict[str, str] = Field(default_factory=dict)

@@ -233,6 +233,26 @@ class Metrics:
             ["endpoint"],
             registry=r,
         )
+        self.endpoint_window = Gauge(
+            "rowbatch_endpoint_window",
+            "Requests allowed in flight now, per OpenAI-compatible endpoint (the concurrency "
+            "window: shrunk by 429/503 and by the server's queue, grown while it is empty)",
+            ["endpoint"],
+            registry=r,
+        )
+        self.endpoint_server_waiting = Gauge(
+            "rowbatch_endpoint_server_waiting",
+            "Requests waiting in the server's own queue, as its metrics last said "
+            "(vllm:num_requests_waiting), per OpenAI-compatible endpoint",
+            ["endpoint"],
+            registry=r,
+        )
+        self.tokens = Counter(
+            "rowbatch_model_tokens",
+            "Tokens the OpenAI-compatible server counted (its usage), prompt or completion",
+            ["kind"],
+            registry=r,
+        )
         # Every labelled series exists from the start (at 0), so alerts and dashboards see 0
         # rather than nothing.
         for reason in DEAD_LETTER_REASONS:
@@ -244,6 +264,8 @@ class Metrics:
             self.sink_errors.labels(kind)
         for why in PAUSE_REASONS:
             self.paused.labels(why).set(0)
+        for kind in ("prompt", "completion"):
+            self.tokens.labels(kind)
 
     def endpoint(self, address: str) -> EndpointMetrics:
         """The per-endpoint series of ``address`` (created at 0)."""
@@ -264,6 +286,8 @@ class EndpointMetrics:
         self._rows = metrics.endpoint_rows.labels(address)
         self._inflight.set(0)
         self._healthy.set(0)
+        self._window = metrics.endpoint_window.labels(address)
+        self._waiting = metrics.endpoint_server_waiting.labels(address)
 
     def sent(self) -> None:
         self._requests.inc()
@@ -279,3 +303,9 @@ class EndpointMetrics:
 
     def healthy(self, up: bool) -> None:
         self._healthy.set(1 if up else 0)
+
+    def window(self, requests: int) -> None:
+        self._window.set(requests)
+
+    def server_waiting(self, requests: float) -> None:
+        self._waiting.set(requests)

@@ -4,7 +4,7 @@ waits while it is unreachable."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Literal
 
 from prometheus_client import CollectorRegistry
@@ -122,9 +122,14 @@ def make_table_source(
     binding: BindingSettings,
     decoder: MessageDecoder,
     metrics: Metrics | None = None,
+    *,
+    columns: tuple[str, ...] | None = None,
+    prompt: Mapping[str, object] | None = None,
 ) -> TableSource:
     """The table source of an offline run: its progress is keyed by the model (name and
-    version) and the binding; its first chunk is checked with ``decoder`` at start-up."""
+    version), the binding and, for a generative model, its ``prompt`` settings (templates,
+    sampling: another prompt is another result); its first chunk is checked with ``decoder``
+    at start-up. ``columns``: those read (default: the bound inputs and passthrough)."""
     from rowbatch.consumer.sources.table.source import TableModel, TableSource  # noqa: PLC0415
 
     def probe(delivery: Delivery) -> DeadLetterReason | None:
@@ -136,8 +141,12 @@ def make_table_source(
 
     return TableSource(
         settings,
-        model=TableModel(spec.name, spec.version, binding.model_dump()),
-        columns=(*binding.inputs, *binding.passthrough),
+        model=TableModel(
+            spec.name,
+            spec.version,
+            {**binding.model_dump(), **({"prompt": prompt} if prompt else {})},
+        ),
+        columns=columns if columns is not None else (*binding.inputs, *binding.passthrough),
         probe=probe,
         registry=metrics.registry if metrics is not None else None,
     )

@@ -23,6 +23,7 @@ from pydantic import ValidationError
 from rowbatch.consumer.engine.pipeline import PipelineFailed
 from rowbatch.consumer.model.binding import Binding, BindingError, check_binding
 from rowbatch.consumer.model.discovery import ModelDiscoveryError
+from rowbatch.consumer.model.openai.settings import OpenAISettings
 from rowbatch.consumer.model.spec import ModelConfigError
 from rowbatch.consumer.observe.memory import dump_traced, return_freed_memory
 from rowbatch.consumer.observe.tracing_settings import start_consumer_tracing
@@ -424,7 +425,34 @@ def _run_table(config: ConsumerConfig, summary_path: Path | None) -> int:
     return EXIT_UNREADABLE if summary.unreadable else EXIT_INCOMPLETE
 
 
+async def _check_openai(config: ConsumerConfig, settings: OpenAISettings) -> None:
+    from rowbatch.consumer.model.openai.client import EndpointPool  # noqa: PLC0415
+    from rowbatch.consumer.model.openai.startup import discover_once  # noqa: PLC0415
+    from rowbatch.consumer.service.build_openai import (  # noqa: PLC0415
+        openai_binding,
+        template_columns,
+    )
+
+    pool = EndpointPool(settings)
+    try:
+        found = await discover_once(pool, settings, template_columns(settings))
+    finally:
+        await pool.close()
+    openai_binding(settings, config.binding, found.spec)
+    print(f"model {settings.name} on {', '.join(settings.url)} ({found.spec.server})")
+    print(f"  api {settings.api}: prompt columns {list(template_columns(settings))}")
+    for tensor in found.spec.outputs:
+        print(f"  output {tensor}")
+    print(
+        f"{settings.requests_rows} row(s) per request, window {settings.max_in_flight} "
+        f"(up to {settings.window_ceiling}) per endpoint; binding OK"
+    )
+
+
 async def _check(config: ConsumerConfig) -> None:
+    if isinstance(config.model, OpenAISettings):
+        await _check_openai(config, config.model)
+        return
     specs = await check_endpoints(config.model)  # every endpoint, the same model config
     spec = next(iter(specs.values()))
     binding = Binding(

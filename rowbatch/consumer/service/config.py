@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import (
+    Discriminator,
     Field,
+    Tag,
     ValidationError,
     model_validator,
 )
@@ -23,6 +25,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from rowbatch.consumer.model.openai.settings import OpenAISettings
 from rowbatch.consumer.model.settings import BindingSettings, ModelSettings
 from rowbatch.consumer.observe.tracing_settings import TracingConfig
 from rowbatch.consumer.section import MiB, Section
@@ -53,6 +56,22 @@ SourceSettings = Annotated[
 offline table mode, ``sources/table/``)."""
 
 
+def _model_kind(value: object) -> str:
+    """``[model]``'s ``kind``: ``oip`` (the default) or ``openai``."""
+    if isinstance(value, dict):
+        return str(value.get("kind", "oip"))
+    return str(getattr(value, "kind", "oip"))
+
+
+ModelSection = Annotated[
+    Annotated[ModelSettings, Tag("oip")] | Annotated[OpenAISettings, Tag("openai")],
+    Discriminator(_model_kind),
+]
+"""The ``[model]`` section: an Open Inference Protocol server (``kind = "oip"``, the default:
+Triton, MLServer, KServe) or an OpenAI-compatible one (``kind = "openai"``: vLLM, SGLang,
+llama.cpp; docs/generative.md)."""
+
+
 SinkSettings = Annotated[
     SqliteSinkSettings | PostgresSinkSettings | ParquetSinkSettings | IcebergSinkSettings,
     Field(discriminator="kind"),
@@ -72,7 +91,7 @@ class ConsumerConfig(BaseSettings):
     )
 
     source: SourceSettings
-    model: ModelSettings
+    model: ModelSection
     binding: BindingSettings
     sink: SinkSettings = SqliteSinkSettings()
     budget_bytes: int = Field(default=256 * MiB, ge=MiB)
@@ -138,6 +157,8 @@ def _describe(exc: ValidationError, path: Path | None) -> str:
     lines = [f"invalid configuration ({where}; env vars ROWBATCH_<SECTION>__<FIELD> override):"]
     for err in exc.errors():
         parts = [str(p) for p in err["loc"] if not str(p).startswith("function-")]
+        if parts[:1] == ["model"] and parts[1:2] and parts[1] in _MODEL_TAGS:
+            del parts[1]  # one [model] section, whichever kind: model.url, not model.oip.url
         field = ".".join(parts)
         variable = _variable_for(parts)
         origin = f" (from the environment: {variable})" if variable else ""
@@ -145,6 +166,7 @@ def _describe(exc: ValidationError, path: Path | None) -> str:
     return "\n".join(lines)
 
 
+_MODEL_TAGS = frozenset({"oip", "openai"})
 _UNION_TAGS = frozenset({"pubsub", "kafka", "table", "sqlite", "postgres", "parquet", "iceberg"})
 """The ``kind`` tags pydantic puts in an error's location inside ``[source]`` and ``[sink]``."""
 

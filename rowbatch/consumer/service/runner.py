@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from rowbatch.consumer.engine.budget import ByteBudget
@@ -19,10 +19,12 @@ from rowbatch.consumer.model.binding import (
     check_binding,
 )
 from rowbatch.consumer.model.endpoints import Membership
-from rowbatch.consumer.model.handler import OipHandler
+from rowbatch.consumer.model.handler import ModelHandler, OipHandler
 from rowbatch.consumer.model.inference.errors import error_kind
 from rowbatch.consumer.model.inference.retry import InferenceRetry, RetryingInferencer
+from rowbatch.consumer.model.openai.settings import OpenAISettings
 from rowbatch.consumer.model.server_kind import target_batch_size
+from rowbatch.consumer.model.settings import ModelSettings
 from rowbatch.consumer.model.spec import ModelSpec
 from rowbatch.consumer.model.spec_match import same_spec
 from rowbatch.consumer.observe.memory import trim
@@ -44,6 +46,7 @@ from rowbatch.consumer.service.build_model import (
     health_timing,
     per_endpoint_limit,
 )
+from rowbatch.consumer.service.build_openai import open_openai
 from rowbatch.consumer.service.config import ConsumerConfig
 from rowbatch.consumer.service.gc_tuning import tune_gc
 from rowbatch.consumer.service.health import HealthServer
@@ -144,6 +147,7 @@ async def _checked_source(
     source: Source | None,
     *,
     spec: ModelSpec,
+    columns: tuple[str, ...],
     decoder: MessageDecoder,
     metrics: Metrics,
     signal: ScalingSignal | None,
@@ -153,13 +157,128 @@ async def _checked_source(
     the configured broker's waited for (made and checked again, with backoff) while it does
     not answer."""
     if source is None and isinstance(config.source, TableSettings):
-        source = make_table_source(config.source, spec, config.binding, decoder, metrics)
+        model = config.model
+        prompt = (
+            model.model_dump(
+                include={"api", "prompt", "system_prompt", "max_tokens", "temperature"}
+                | {"sampling", "json_schema"},
+                mode="json",
+            )
+            if isinstance(model, OpenAISettings)
+            else None
+        )
+        source = make_table_source(
+            config.source, spec, config.binding, decoder, metrics, columns=columns, prompt=prompt
+        )
     if source is not None:
         await source.check()
         return source
     source = make_source(config.source, metrics, signal, config.budget_bytes)
     await unless_stopped(open_source(source, config.source), stop)
     return source
+
+
+@dataclass
+class ModelSide:
+    """The model as start-up found it, whatever the server kind."""
+
+    spec: ModelSpec
+    handler: ModelHandler
+    binding: Binding
+    in_flight: int
+    """Batches in flight at once."""
+    slots_fill_server: bool
+    """The in-flight limit comes from the server (not ``model.max_in_flight``)."""
+    close: Callable[[], Awaitable[None]]
+    balancer: Balancer | None = None
+
+
+async def _open_oip(
+    config: ConsumerConfig,
+    settings: ModelSettings,
+    passthrough: Mapping[str, ColumnType],
+    metrics: Metrics,
+    gate: Gate,
+) -> ModelSide:
+    """An Open Inference Protocol model: its endpoints discovered (waiting while none
+    answers), the binding checked, the retrying handler (the balancer closed on failure)."""
+    binding = Binding(
+        inputs=config.binding.inputs,
+        outputs=config.binding.outputs,
+        passthrough=tuple(config.binding.passthrough),
+    )
+    membership = Membership(settings.endpoints())
+    balancer = Balancer(
+        settings.name,
+        connector(settings, membership),
+        meter=metrics.endpoint,
+        on_error=lambda exc: metrics.inference_errors.labels(error_kind(exc)).inc(),
+        timing=health_timing(settings),
+    )
+    try:
+        specs = await discover_endpoints_waiting(balancer, membership, settings)
+        spec = same_spec(specs)
+        check_binding(spec, binding)
+        target = target_batch_size(spec, settings.batch_size)
+        balancer.start(spec, per_endpoint_limit(settings, target), specs)
+        if membership.endpoints.dynamic:
+            balancer.follow(membership.addresses, settings.resolve_interval_s)
+    except BaseException:
+        await close_bounded("inference clients", balancer.close(), CLOSE_STEP_S)
+        raise
+    inferencer = RetryingInferencer(  # backs off only when no endpoint is left to try
+        balancer,
+        InferenceRetry(settings.backoff, client_timeout_s=settings.timeout_s),
+        on_backoff_start=gate.backoff_started,
+        on_backoff_end=gate.backoff_ended,
+        probe=balancer.any_healthy,
+    )
+    handler = OipHandler(inferencer, spec, binding, passthrough, target)
+    return ModelSide(
+        spec,
+        handler,
+        binding,
+        balancer.capacity,
+        settings.max_in_flight is None,
+        balancer.close,
+        balancer,
+    )
+
+
+async def _open_model(
+    config: ConsumerConfig, passthrough: Mapping[str, ColumnType], metrics: Metrics, gate: Gate
+) -> ModelSide:
+    settings = config.model
+    if isinstance(settings, ModelSettings):
+        return await _open_oip(config, settings, passthrough, metrics, gate)
+    model = await open_openai(settings, config.binding, passthrough, metrics=metrics, gate=gate)
+    return ModelSide(
+        model.spec,
+        model.handler,
+        model.binding,
+        model.batches_in_flight,
+        True,
+        model.pool.close,
+    )
+
+
+def _describe_model(model: ModelSide, config: ConsumerConfig) -> str:
+    spec = model.spec
+    head = f"model {spec.name} v{spec.version or ' as each answer names it'} on {spec.server}"
+    if model.balancer is not None:
+        limits = ", ".join(f"{ep.address}: {ep.limit}" for ep in model.balancer.endpoints)
+        return (
+            f"{head} (spec from {spec.source}), batch size "
+            f"{model.handler.target_batch_size}, {model.in_flight} in flight ({limits})"
+        )
+    settings = config.model
+    assert isinstance(settings, OpenAISettings)
+    return (
+        f"{head} over {settings.api}, {settings.requests_rows} row(s) per request, windows of "
+        f"{settings.max_in_flight} requests per endpoint (up to {settings.window_ceiling}"
+        f"{', following the server queue' if settings.adapt else ''}), batches of "
+        f"{model.handler.target_batch_size} rows, {model.in_flight} in flight"
+    )
 
 
 async def run_consumer(
@@ -172,11 +291,6 @@ async def run_consumer(
 ) -> None:
     """Run until ``stop`` is set (or the source ends). ``source``/``sink`` replace the
     configured ones (tests)."""
-    binding = Binding(
-        inputs=config.binding.inputs,
-        outputs=config.binding.outputs,
-        passthrough=tuple(config.binding.passthrough),
-    )
     passthrough_types = {k: ColumnType.parse(v) for k, v in config.binding.passthrough.items()}
     metrics = Metrics()
     running: Running | None = None
@@ -189,45 +303,18 @@ async def run_consumer(
         config.server.port,
     )
     await health.start()
-    membership = Membership(config.model.endpoints())
-    balancer = Balancer(
-        config.model.name,
-        connector(config.model, membership),
-        meter=metrics.endpoint,
-        on_error=lambda exc: metrics.inference_errors.labels(error_kind(exc)).inc(),
-        timing=health_timing(config.model),
-    )
+    # Closed while the model's retries (or the sink's) back off: intake waits, the source
+    # is paused. Made before the retries, which close it, and given to the pipeline.
+    gate = Gate(metrics)
+    model: ModelSide | None = None
     try:
-        specs = await unless_stopped(
-            discover_endpoints_waiting(balancer, membership, config.model), stop
-        )
-        spec = same_spec(specs)
-        check_binding(spec, binding)
-        target = target_batch_size(spec, config.model.batch_size)
-        balancer.start(spec, per_endpoint_limit(config.model, target), specs)
-        if membership.endpoints.dynamic:
-            balancer.follow(membership.addresses, config.model.resolve_interval_s)
-        in_flight = balancer.capacity
-        running = Running(metrics, health, spec, target, balancer=balancer)
+        model = await unless_stopped(_open_model(config, passthrough_types, metrics, gate), stop)
+        spec, handler, binding = model.spec, model.handler, model.binding
+        target = handler.target_batch_size
+        running = Running(metrics, health, spec, target, balancer=model.balancer)
         sink = sink or make_sink(config.sink, metrics.registry)
         await unless_stopped(open_sink(sink, table_spec(config, spec), config.sink), stop)
-        signal = scaling_signal(
-            config.source, metrics, slots_fill_server=config.model.max_in_flight is None
-        )
-        # Closed while the model's retries (or the sink's) back off: intake waits, the source
-        # is paused. Made before the retries, which close it, and given to the pipeline.
-        gate = Gate(metrics)
-        inferencer = RetryingInferencer(  # backs off only when no endpoint is left to try
-            balancer,
-            InferenceRetry(
-                config.model.backoff,
-                client_timeout_s=config.model.timeout_s,
-            ),
-            on_backoff_start=gate.backoff_started,
-            on_backoff_end=gate.backoff_ended,
-            probe=balancer.any_healthy,
-        )
-        handler = OipHandler(inferencer, spec, binding, passthrough_types, target)
+        signal = scaling_signal(config.source, metrics, slots_fill_server=model.slots_fill_server)
         decoder = MessageDecoder(
             binding.columns,
             handler.check,
@@ -235,7 +322,14 @@ async def run_consumer(
             decode_limits(config),
         )
         source = await _checked_source(
-            config, source, spec=spec, decoder=decoder, metrics=metrics, signal=signal, stop=stop
+            config,
+            source,
+            spec=spec,
+            columns=binding.columns,
+            decoder=decoder,
+            metrics=metrics,
+            signal=signal,
+            stop=stop,
         )
         running.source = source
         settings = pipeline_settings(
@@ -244,7 +338,7 @@ async def run_consumer(
             spec,
             target_batch_size=handler.target_batch_size,
             output_bytes_per_row=handler.output_bytes_per_row,
-            max_in_flight=in_flight,
+            max_in_flight=model.in_flight,
         )
         running.model_work_at_risk = settings.model_work_at_risk
         pipeline = Pipeline(
@@ -258,15 +352,8 @@ async def run_consumer(
             hooks=PipelineHooks(gate, trim=trim),
         )
         log.info(
-            "consuming: model %s v%s on %s (spec from %s), batch size %d, %d in flight (%s), "
-            "budget %d bytes; a kill costs at most %d rows of model work",
-            spec.name,
-            spec.version or " as each answer names it",
-            spec.server,
-            spec.source,
-            target,
-            in_flight,
-            ", ".join(f"{ep.address}: {ep.limit}" for ep in balancer.endpoints),
+            "consuming: %s, budget %d bytes; a kill costs at most %d rows of model work",
+            _describe_model(model, config),
             config.budget_bytes,
             settings.model_work_at_risk,
         )
@@ -283,5 +370,6 @@ async def run_consumer(
     except StoppedDuringStartup:
         log.info("stopped during start-up, before consuming anything")
     finally:
-        await close_bounded("inference clients", balancer.close(), CLOSE_STEP_S)
+        if model is not None:
+            await close_bounded("inference clients", model.close(), CLOSE_STEP_S)
         await close_bounded("health server", health.close(), CLOSE_STEP_S)

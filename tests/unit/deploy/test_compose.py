@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from harness.consumer_process import ConsumerProcess
+from rowbatch.consumer.model.settings import ModelSettings
 from rowbatch.consumer.service.config import ConsumerConfig, load_config
 from rowbatch.consumer.service.shutdown import CLOSE_MARGIN_S
 from rowbatch.consumer.sources.kafka.settings import KafkaSettings
@@ -113,6 +114,7 @@ def test_every_address_the_config_names_is_a_service_listening_there(
     services = _services(compose)
     _, config = _config(compose, "consumer", broker)
     env = _env(services["consumer"])
+    assert isinstance(config.model, ModelSettings)
     wanted: list[tuple[str, str]] = [("model.url", config.model.url)]
     source = config.source
     if isinstance(source, PubSubSettings):

@@ -41,7 +41,14 @@ class InferenceError(Exception):
 
 
 class RetryableInferenceError(InferenceError):
-    """Transient: the same request may succeed later."""
+    """Transient: the same request may succeed later; ``retry_after_s``: not before then (an
+    HTTP ``Retry-After``), when the server said."""
+
+    def __init__(
+        self, message: str, *, model: str, status: str, retry_after_s: float | None = None
+    ) -> None:
+        super().__init__(message, model=model, status=status)
+        self.retry_after_s = retry_after_s
 
 
 class PoisonInferenceError(InferenceError):

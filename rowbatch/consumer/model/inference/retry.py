@@ -10,7 +10,7 @@ import logging
 import random
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from opentelemetry import trace
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
@@ -22,6 +22,8 @@ from rowbatch.timing import SYSTEM_CLOCKS, Backoff, BackoffWait, Clocks
 from rowbatch.tracing import active as tracing_active
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class Inferencer(Protocol):
@@ -77,7 +79,7 @@ class RetryingInferencer:
 
     def __init__(
         self,
-        client: Inferencer,
+        client: Inferencer | None,
         policy: InferenceRetry | None = None,
         *,
         on_backoff_start: Callable[[], None] = _nothing,
@@ -112,6 +114,12 @@ class RetryingInferencer:
 
     async def infer(self, inputs: Sequence[Any], outputs: Sequence[str]) -> Answer:
         """The client's answer, after as many retries as transient failures need."""
+        return await self.call(lambda: self._attempt(inputs, outputs))
+
+    async def call(self, attempt: Callable[[], Awaitable[T]]) -> T:
+        """``attempt()``'s result, called again after each :class:`RetryableInferenceError`
+        as the policy says (any request shape: the OpenAI-compatible handler's too);
+        ``on_error`` sees each failed attempt."""
         in_backoff = False
 
         def before_sleep(state: RetryCallState) -> None:
@@ -128,29 +136,42 @@ class RetryingInferencer:
                 exc,
             )
 
+        async def counted() -> T:
+            try:
+                return await attempt()
+            except InferenceError as exc:
+                self._on_error(exc)
+                raise
+
         retrying = AsyncRetrying(
             sleep=self._pause,
             stop=self._stop,
-            wait=self._wait,
+            wait=self._wait_for,
             retry=retry_if_exception_type(RetryableInferenceError),
             before_sleep=before_sleep,
             reraise=True,
         )
         try:
-            result: Answer = await retrying(self._attempt, inputs, outputs)
+            result: T = await retrying(counted)
         finally:
             if in_backoff:
                 self._leave_backoff()
         return result
 
+    def _wait_for(self, state: RetryCallState) -> float:
+        """The policy's backoff, or longer where the server said when to come back (an HTTP
+        ``Retry-After``)."""
+        wait = float(self._wait(state))
+        exc = state.outcome.exception() if state.outcome is not None else None
+        if isinstance(exc, RetryableInferenceError) and exc.retry_after_s is not None:
+            return max(wait, min(exc.retry_after_s, self.policy.backoff.max_s))
+        return wait
+
     async def _attempt(self, inputs: Sequence[Any], outputs: Sequence[str]) -> Answer:
-        try:
-            return await self._client.infer(
-                inputs, outputs, client_timeout=self.policy.client_timeout_s
-            )
-        except InferenceError as exc:
-            self._on_error(exc)
-            raise
+        assert self._client is not None, "infer() needs a client (call() does not)"
+        return await self._client.infer(
+            inputs, outputs, client_timeout=self.policy.client_timeout_s
+        )
 
     async def _pause(self, seconds: float) -> None:
         """Sleep out a backoff, or less if the probe sees the server come back (in a

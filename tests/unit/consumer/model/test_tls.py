@@ -104,7 +104,9 @@ def load_with_model(tmp_path: Path, **model: Any) -> ModelSettings:
             }
         )
     )
-    return load_config(path).model
+    loaded = load_config(path).model
+    assert isinstance(loaded, ModelSettings)
+    return loaded
 
 
 def config_error(tmp_path: Path, **model: Any) -> str:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from rowbatch.consumer.model.configured_spec import ConfiguredSpec
+from rowbatch.consumer.model.settings import ModelSettings
 from rowbatch.consumer.model.spec import TensorSpec
 from rowbatch.consumer.service.config import ConfigError, load_config
 
@@ -53,6 +54,7 @@ def config_with(tmp_path: Path, tensors: str) -> Path:
 
 def test_tensor_tables_become_the_configured_spec(tmp_path: Path) -> None:
     config = load_config(config_with(tmp_path, TENSORS))
+    assert isinstance(config.model, ModelSettings)
     assert config.model.configured_spec() == ConfiguredSpec(
         (TensorSpec("FEATURES", "FP32", (16,)), TensorSpec("TEXT", "BYTES", (-1,))),
         (TensorSpec("SCORE", "FP32", ()),),
@@ -61,6 +63,7 @@ def test_tensor_tables_become_the_configured_spec(tmp_path: Path) -> None:
 
 def test_without_tensors_nothing_is_configured(tmp_path: Path) -> None:
     config = load_config(config_with(tmp_path, ""))
+    assert isinstance(config.model, ModelSettings)
     assert (config.model.inputs, config.model.outputs) == (None, None)
     assert config.model.configured_spec() is None
 
@@ -74,7 +77,9 @@ def test_tensors_from_the_environment_as_json(
     monkeypatch.setenv(
         "ROWBATCH_MODEL__OUTPUTS", '[{"name": "SCORE", "datatype": "FP32", "dims": [1]}]'
     )
-    spec = load_config(config_with(tmp_path, "")).model.configured_spec()
+    model = load_config(config_with(tmp_path, "")).model
+    assert isinstance(model, ModelSettings)
+    spec = model.configured_spec()
     assert spec == ConfiguredSpec(
         (TensorSpec("FEATURES", "FP32", (16,)),), (TensorSpec("SCORE", "FP32", (1,)),)
     )
