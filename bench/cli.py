@@ -34,6 +34,7 @@ from bench import (
     baseline,
     ceiling,
     e2e,
+    generative,
     latency,
     machine,
     memory,
@@ -66,10 +67,14 @@ SECTIONS = (
     "sinks",
     "queued",
     "bad_rows",
+    "generative",
 )
-DEFAULT_SECTIONS = tuple(name for name in SECTIONS if name not in ("queued", "bad_rows"))
+DEFAULT_SECTIONS = tuple(
+    name for name in SECTIONS if name not in ("queued", "bad_rows", "generative")
+)
 """What a run without ``--only`` runs (``queued`` publishes a million messages first;
-``bad_rows``, issue 46's cost of isolating rows, runs on its own)."""
+``bad_rows``, issue 46's cost of isolating rows, and ``generative``, issue 47's window on the
+fixed-step server, run on their own)."""
 DEFAULT_ROWS = 200_000
 QUICK_ROWS = 10_000
 
@@ -167,6 +172,7 @@ def _sections(args: BenchArgs, done: dict[str, Any]) -> dict[str, Callable[[Benc
         "sinks": sinks.run,
         "queued": queued.run,
         "bad_rows": bad_rows.run,
+        "generative": generative.run,
     }
 
 

@@ -10,6 +10,7 @@ from typing import Any
 from bench.bad_rows import BadRowsResult
 from bench.baseline import NaiveResult
 from bench.e2e import E2eResult
+from bench.generative import GenerativeResult
 from bench.latency import LatencyResult
 from bench.memory import MemoryResult
 from bench.overhead import TARGET_US, OverheadResult
@@ -97,9 +98,11 @@ def check_targets(sections: Mapping[str, Any]) -> list[Target]:
     queued = sections.get("queued")
     per_message = sections.get("per_message")
     bad_rows = sections.get("bad_rows")
+    generative = sections.get("generative")
     return (
         found
         + (bad_rows.targets() if isinstance(bad_rows, BadRowsResult) else [])
+        + (generative.targets() if isinstance(generative, GenerativeResult) else [])
         + (per_message.targets() if isinstance(per_message, PerMessageResult) else [])
         + saturation_targets(sections.get("saturation"))
         + table_targets(sections.get("table"))
