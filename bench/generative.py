@@ -14,8 +14,8 @@ on the same server:
 
 Per run, from the server's own ``/stats`` over the middle of the drain (from 10 % to 90 % of
 the rows written, so the ramp and the tail are left out): the slots' occupancy and the waiting
-queue's p50/p99/max sampled at every step; over the whole run: rows/s from the first row
-written to the last, 429s, rows dead-lettered, every row written once (counted in the table),
+queue's p50/p99/max sampled at every step, and the rows/s over the same stretch; over the whole
+run: 429s, rows dead-lettered, every row written once (counted in the table),
 the consumer's CPU per row; for the storm, the seconds from the first row written until a 2 s
 window first reaches 90 % of the server's ceiling (SLOTS / (TOKENS x STEP_MS) rows/s)."""
 
@@ -118,7 +118,7 @@ class GenerativeResult:
                 "One consumer, a Kafka backlog of 20-row messages, chat completions (one row a "
                 "request, max_tokens = tokens), PostgreSQL. occupancy and queue: the server's "
                 "own figures, sampled every step from 10 % to 90 % of the rows written; rows/s: "
-                "first row written to the last; of ceiling: rows/s over slots / (tokens x step); "
+                "over the same 10 % to 90 %; of ceiling: rows/s over slots / (tokens x step); "
                 "back in s: the storm's first 2 s window at 90 % of the ceiling, from the "
                 "first row written.",
             ),
@@ -242,13 +242,13 @@ def _run(
             marks.append((now, done))
             if "start" not in window and done >= 0.1 * rows:
                 httpx.post(f"{server.url}/stats/reset", timeout=10)
-                window["start"] = now
+                window["start"], window["start_rows"] = now, done
             if "stats" not in window and done >= 0.9 * rows:
                 window["stats"] = _stats(server)
+                window["end"], window["end_rows"] = now, done
             return done >= rows
 
         wait_for(progress, 900, f"{rows} rows written", procs, every_s=0.1)
-        last = time.monotonic()
         cpu = proc.cpu()
         rejected = int(proc.metric("rowbatch_endpoint_errors_total") or 0)  # HTTP 429s here
         dead = int(proc.metric("rowbatch_rows_dead_lettered_total") or 0) + int(
@@ -259,13 +259,14 @@ def _run(
         raise AssertionError(f"{mode}: {written - distinct} rows written twice")
     stats = window.get("stats") or _stats(server)
     queue = stats["waiting_queue"]
-    seconds = last - first[0] if first else 0.0
+    seconds = window["end"] - window["start"] if "end" in window else 0.0
+    steady = window["end_rows"] - window["start_rows"] if "end" in window else 0.0
     return GenerativeRun(
         mode=mode,
         window=_describe(model),
         rows=rows,
         written=written,
-        rows_per_s=written / seconds if seconds else 0.0,
+        rows_per_s=steady / seconds if seconds else 0.0,
         ceiling_rows_per_s=ceiling,
         occupancy=float(stats["occupancy"]),
         queue_p50=float(queue["p50"]),

@@ -129,7 +129,9 @@ class InferenceStage:
                 found = await isolate(
                     list(batch.segments),
                     lambda segments: self._timed_run(batch.select(segments)),
-                    self._model.is_poison,
+                    # A part answered with rows failing alone is split too: alone, its
+                    # message's rows are failed and the rest written (below).
+                    lambda e: self._model.is_poison(e) or isinstance(e, RowsFailed),
                     is_fatal=self._model.is_fatal,
                     confirm=True,
                 )
@@ -140,8 +142,11 @@ class InferenceStage:
         good = [(batch.select(segments), answer) for segments, answer in found.good]
         bad = found.bad + found.failed
         nacked: list[Segment] = []
+        partial: list[Answered] = []
         for segment, error in bad:
-            if not self._model.is_poison(error):
+            if isinstance(error, RowsFailed):
+                partial += await self._rows_failed(batch.select([segment]), error, span)
+            elif not self._model.is_poison(error):
                 nacked.append(segment)
             elif len(segment) > 1 and self._settler.isolates_rows:
                 good += await self._isolated_rows(batch, segment)
@@ -158,7 +163,8 @@ class InferenceStage:
                 next(error for _, error in bad if not self._model.is_poison(error)),
             )
             await self._settler.abandon(nacked)
-        return [Answered(sub, answer.outputs, answer.model_version, span) for sub, answer in good]
+        answered = [Answered(sub, a.outputs, a.model_version, span) for sub, a in good]
+        return answered + partial
 
     async def _isolated_rows(self, batch: Batch, segment: Segment) -> list[tuple[Batch, Answer]]:
         """Bisects a segment the server rejects on its own down to its rows (one isolation at a
@@ -200,8 +206,9 @@ class InferenceStage:
     async def _rows_failed(self, batch: Batch, partial: RowsFailed, span: object) -> list[Answered]:
         """A batch the handler answered row by row, some rows failing on their own (an
         OpenAI-compatible server's 400 for one prompt): those rows are failed alone (their
-        whole message where the source cannot dead-letter rows), the rest written; no
-        request is sent again."""
+        whole message where the source cannot dead-letter rows), the rest written; a message
+        with a row whose request failed for good (``fatal``) is nacked whole. No request is
+        sent again."""
         bad = partial.failed
         keep: list[Segment] = []
         index: list[NDArray[np.int64]] = []
@@ -210,6 +217,14 @@ class InferenceStage:
             if not errors:
                 keep.append(segment)
                 index.append(np.arange(offset, offset + len(segment), dtype=np.int64))
+                continue
+            if any(error.fatal for _, error in errors):
+                log.warning(
+                    "inference failed for good on %d row(s) of a message; nacking it: %s",
+                    sum(error.fatal for _, error in errors),
+                    next(error.message for _, error in errors if error.fatal),
+                )
+                await self._settler.abandon([segment])
                 continue
             if not self._settler.isolates_rows:
                 error = errors[0][1]
@@ -257,7 +272,11 @@ class InferenceStage:
 
     async def _timed_run(self, batch: Batch) -> Answer:
         started = self._clock()
-        out = await self._model.run(batch)
+        try:
+            out = await self._model.run(batch)
+        except RowsFailed:  # answered, some rows failing alone: timed as answered
+            self._metrics.inference_seconds.observe(self._clock() - started)
+            raise
         self._metrics.inference_seconds.observe(self._clock() - started)
         return out
 

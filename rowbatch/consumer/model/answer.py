@@ -33,6 +33,9 @@ class RowError:
 
     code: str
     message: str
+    fatal: bool = False
+    """The request failed for good without saying the row is bad (a 500, an answer that does
+    not fit): the row's message is nacked and redelivered, not dead-lettered."""
 
 
 class RowsFailed(Exception):

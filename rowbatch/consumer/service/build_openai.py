@@ -14,7 +14,7 @@ from rowbatch.consumer.model.binding import Binding, BindingError, check_binding
 from rowbatch.consumer.model.inference.errors import error_kind
 from rowbatch.consumer.model.inference.retry import InferenceRetry, RetryingInferencer
 from rowbatch.consumer.model.openai.client import EndpointPool
-from rowbatch.consumer.model.openai.handler import OpenAIHandler
+from rowbatch.consumer.model.openai.handler import BATCH_COLUMNS, OpenAIHandler
 from rowbatch.consumer.model.openai.outputs import USAGE_OUTPUTS
 from rowbatch.consumer.model.openai.settings import OpenAISettings
 from rowbatch.consumer.model.openai.startup import OpenAIServerUnavailable, discover_once
@@ -42,8 +42,11 @@ class OpenAIModel:
 
 
 def template_columns(settings: OpenAISettings) -> tuple[str, ...]:
-    """The columns the prompt (and system prompt) name."""
-    names = PromptTemplate(settings.prompt).columns
+    """The columns the prompt (and system prompt) name; ``api = "batch"``: the request's
+    (``custom_id``, ``url``, ``body``)."""
+    if settings.api == "batch":
+        return BATCH_COLUMNS
+    names = PromptTemplate(settings.prompt or "").columns
     if settings.system_prompt is not None:
         names += PromptTemplate(settings.system_prompt).columns
     return tuple(dict.fromkeys(names))

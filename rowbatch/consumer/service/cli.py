@@ -88,6 +88,9 @@ commands:
                               and check the existing ones (--dry-run: change nothing)
   dlq stats|show|replay --config FILE [filters]
                               count, inspect or replay the dead letters (dlq --help)
+  openai-batch --config FILE --input FILE --output FILE [--state DIR]
+                              run an OpenAI Batch API file through the [model]'s
+                              OpenAI-compatible server (openai-batch --help)
 
 rowbatch-consumer COMMAND --help shows one command's usage, options and exit codes.
 
@@ -476,6 +479,10 @@ def main(argv: list[str] | None = None) -> int:
         from rowbatch.consumer.service.dlq_cli import main as dlq_main  # noqa: PLC0415
 
         return dlq_main(argv[1:])
+    if argv[:1] == ["openai-batch"]:  # its own options and help: openai_batch.py
+        from rowbatch.consumer.service.openai_batch import main as batch_main  # noqa: PLC0415
+
+        return batch_main(argv[1:])
     return _command(argv)
 
 

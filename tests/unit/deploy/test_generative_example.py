@@ -34,7 +34,7 @@ def test_the_example_names_every_openai_setting() -> None:
 def test_the_example_loads_as_an_openai_model(tmp_path: Path) -> None:
     config = load_config(EXAMPLE)
     assert isinstance(config.model, OpenAISettings)
-    assert config.model.api == "chat" and config.model.prompt.endswith("{body}")
+    assert config.model.api == "chat" and (config.model.prompt or "").endswith("{body}")
 
 
 def test_the_example_with_its_options_uncommented_loads(tmp_path: Path) -> None:

@@ -9,11 +9,20 @@ answer is raised as :class:`~rowbatch.consumer.model.answer.RowsFailed`, and the
 the other rows and dead-letters those. A request of several rows refused as a whole is sent
 again one row per request (at most ``rows_per_request`` more requests), so only its bad rows
 fail. Transient failures (429, 503, timeouts) are retried with backoff, pausing intake, as for
-any server; a fatal one (500, 401, 404) fails the batch, whose messages are nacked."""
+any server; a request failing for good (500, 401, 404, an answer that does not fit) fails its
+rows as ``fatal``: the engine nacks their messages (redelivered) and writes the rest.
+
+With ``api = "batch"`` each row is a request of the OpenAI Batch API file format: its ``body``
+column (JSON text) is sent to its ``url`` column's path with ``model`` set to ``model.name``,
+and the answer's JSON is the ``response`` output. A row whose url is not one of the three
+paths, or whose body is not a JSON object (or asks to ``stream``), fails alone
+(``invalid_request``), as does one the server refuses, and one that fails for good (a 500:
+``server_error``, dead-lettered rather than nacked, so every request gets an outcome)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -27,6 +36,7 @@ from rowbatch.consumer.model.mismatch import SchemaMismatch
 from rowbatch.consumer.model.openai.errors import row_code
 from rowbatch.consumer.model.openai.outputs import (
     RowValues,
+    batch_values,
     choice_values,
     usage_of,
 )
@@ -42,6 +52,10 @@ PATHS = {
     "completions": "/v1/completions",
     "embeddings": "/v1/embeddings",
 }
+BATCH_COLUMNS = ("custom_id", "url", "body")
+"""The columns of a row of ``api = "batch"`` (the OpenAI Batch API file format's fields;
+``method`` is always POST)."""
+BATCH_PATHS = frozenset(PATHS.values())
 
 
 class OpenAIHandler:
@@ -62,18 +76,20 @@ class OpenAIHandler:
         self._post = post
         self._settings = settings
         self._api = settings.api
-        self._path = PATHS[settings.api]
+        self._path = PATHS.get(settings.api, "")
         self._outputs = tuple(outputs)
         self._json_fields = tuple(t for t in outputs if t.name.startswith("json."))
         self._passthrough = dict(passthrough)
-        self._prompt = PromptTemplate(settings.prompt)
+        self._prompt = PromptTemplate(settings.prompt or "")
         self._system = (
             PromptTemplate(settings.system_prompt) if settings.system_prompt is not None else None
         )
         self.columns = tuple(
             dict.fromkeys((*self._prompt.columns, *(self._system.columns if self._system else ())))
         )
-        """The columns the templates name."""
+        """The columns the templates name (``api = "batch"``: :data:`BATCH_COLUMNS`)."""
+        if self._api == "batch":
+            self.columns = BATCH_COLUMNS
         self._target = target_batch_size
         self._clock = clock
         self._on_tokens = on_tokens
@@ -93,6 +109,8 @@ class OpenAIHandler:
                 size += 4 * t.dims[0]
             elif t.datatype == "BYTES":
                 size += 4 * self._settings.max_tokens if t.name in ("text",) else 32
+                if t.name == "response":  # the answer's JSON: the text and its envelope
+                    size += 4 * self._settings.max_tokens + 1024
             else:
                 size += 8
         return size
@@ -144,6 +162,8 @@ class OpenAIHandler:
                 )
 
     async def run(self, batch: BatchRows) -> Answer:
+        if self._api == "batch":
+            return await self._run_requests(batch)
         rows = len(batch)
         failed: dict[int, RowError] = {}
         prompts = self._render(self._prompt, batch, failed)
@@ -161,6 +181,102 @@ class OpenAIHandler:
         if failed:
             raise RowsFailed(answer, failed)
         return answer
+
+    async def _run_requests(self, batch: BatchRows) -> Answer:
+        """``api = "batch"``: each row's request as it is, all of them at once through the
+        windows; a row refused (by us or by the server) fails alone."""
+        rows = len(batch)
+        failed: dict[int, RowError] = {}
+        values = RowValues(self._outputs, rows)
+        urls, bodies = (self._batch_texts(batch, name) for name in ("url", "body"))
+        requests: list[tuple[int, str, dict[str, Any]]] = []
+        for row in range(rows):
+            request = self._batch_request(urls[row], bodies[row])
+            if isinstance(request, RowError):
+                failed[row] = request
+            else:
+                requests.append((row, *request))
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                for row, path, body in requests:
+                    tasks.create_task(self._batch_row(row, path, body, values, failed))
+        except BaseExceptionGroup as group_error:
+            raise _first(group_error) from None
+        answer = Answer(values.columns)
+        if failed:
+            raise RowsFailed(answer, failed)
+        return answer
+
+    @staticmethod
+    def _batch_texts(batch: BatchRows, name: str) -> list[str | None]:
+        """Column ``name`` as text per row (None where null)."""
+        null = batch.nulls.get(name)
+        out: list[str | None] = []
+        for i, value in enumerate(batch.columns[name].tolist()):
+            if null is not None and null[i]:
+                out.append(None)
+            elif isinstance(value, bytes | bytearray):
+                out.append(bytes(value).decode("utf-8", "replace"))
+            else:
+                out.append(str(value))
+        return out
+
+    def _batch_request(
+        self, url: str | None, body_text: str | None
+    ) -> tuple[str, dict[str, Any]] | RowError:
+        """A row's path and body (``model`` set to ours), or why it is not a request."""
+        if url is None or url not in BATCH_PATHS:
+            return RowError(
+                "invalid_request",
+                f"url {url!r} is not one of {', '.join(sorted(BATCH_PATHS))}",
+            )
+        try:
+            body = json.loads(body_text) if body_text is not None else None
+        except ValueError as exc:
+            return RowError("invalid_request", f"the body is not JSON: {exc}")
+        if not isinstance(body, dict):
+            return RowError("invalid_request", f"the body is {type(body).__name__}, not an object")
+        if body.get("stream"):
+            return RowError("invalid_request", "stream: a batch request is answered whole")
+        body["model"] = self._settings.name
+        return url, body
+
+    async def _batch_row(
+        self,
+        row: int,
+        path: str,
+        body: dict[str, Any],
+        values: RowValues,
+        failed: dict[int, RowError],
+    ) -> None:
+        """One request of ``api = "batch"``, its answer into ``values`` (or ``failed``)."""
+        estimate = 0
+        if self._rate is not None:
+            asked = body.get("max_tokens") or body.get("max_completion_tokens")
+            max_out = 0 if path == PATHS["embeddings"] else self._settings.max_tokens
+            if isinstance(asked, int) and max_out:
+                max_out = asked
+            estimate = estimate_tokens(len(json.dumps(body)), max_out)
+            await self._rate.take(estimate)
+        started = self._clock()
+        try:
+            answer: dict[str, Any] = await self._post(path, body)
+        except PoisonInferenceError as exc:
+            failed[row] = RowError(row_code(exc.message), exc.message)
+            return
+        except FatalInferenceError as exc:
+            # Dead-lettered, not nacked: a batch request has an outcome, and table mode
+            # redelivers a nacked row at once, forever (llama.cpp answers a malformed body
+            # with a 500 every time).
+            failed[row] = RowError("server_error", exc.message)
+            return
+        latency_ms = (self._clock() - started) * 1000.0
+        prompt_tokens, completion_tokens = usage_of(answer)
+        self._on_tokens(prompt_tokens, completion_tokens)
+        if self._rate is not None:
+            self._rate.settle(estimate, prompt_tokens + completion_tokens)
+        got = batch_values(answer, model=self._settings.name, latency_ms=latency_ms)
+        values.put(row, got)
 
     def _render(
         self, template: PromptTemplate | None, batch: BatchRows, failed: dict[int, RowError]
@@ -193,7 +309,13 @@ class OpenAIHandler:
                 for row in rows:
                     tasks.create_task(self._group([row], prompts, system, values, failed))
             return
-        self._fill(rows, answer, latency_ms, values, failed)
+        except FatalInferenceError as exc:
+            _failed_for_good(rows, exc, failed)
+            return
+        try:
+            self._fill(rows, answer, latency_ms, values, failed)
+        except FatalInferenceError as exc:
+            _failed_for_good(rows, exc, failed)
 
     async def _request(
         self, rows: Sequence[int], prompts: Sequence[str], system: Sequence[str] | None
@@ -277,6 +399,15 @@ class OpenAIHandler:
 
     def is_fatal(self, exc: BaseException) -> bool:
         return isinstance(exc, FatalInferenceError)
+
+
+def _failed_for_good(
+    rows: Sequence[int], error: FatalInferenceError, failed: dict[int, RowError]
+) -> None:
+    """The rows of a request that failed for good (their messages are nacked, the batch's
+    other rows written): no bisection, whose re-requests would cost generations."""
+    for row in rows:
+        failed[row] = RowError("server_error", error.message, fatal=True)
 
 
 def _first(group: BaseExceptionGroup[Any]) -> BaseException:

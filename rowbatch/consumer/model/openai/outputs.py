@@ -4,7 +4,11 @@ tensors, so the result table is made as for any model), and each answered row's 
 - chat and completions: ``text``, ``finish_reason``, ``prompt_tokens``, ``completion_tokens``,
   ``model`` (the name the server answered with), ``latency_ms`` (the request's), and with a
   ``json_schema`` each top-level field as ``json.<field>``;
-- embeddings: ``embedding`` (a float32 vector), ``prompt_tokens``, ``model``, ``latency_ms``.
+- embeddings: ``embedding`` (a float32 vector), ``prompt_tokens``, ``model``, ``latency_ms``;
+- batch (each row a request of the OpenAI Batch API file format): ``response`` (the answer's
+  JSON text, as the batch output file holds it), and as chat's ``text``, ``finish_reason``,
+  ``prompt_tokens``, ``completion_tokens``, ``model``, ``latency_ms`` (the text and finish
+  reason of the first choice; empty for an embeddings request).
 
 Token counts come from the answer's ``usage``, which counts a request: they are per row only
 when a request holds one row, so a binding that names them with ``rows_per_request > 1`` is
@@ -56,6 +60,33 @@ def embedding_outputs(dim: int) -> tuple[TensorSpec, ...]:
         TensorSpec("model", "BYTES", ()),
         TensorSpec("latency_ms", "FP64", ()),
     )
+
+
+def batch_outputs() -> tuple[TensorSpec, ...]:
+    """The outputs of ``api = "batch"``: the answer's JSON text, then chat's."""
+    return (TensorSpec("response", "BYTES", ()), *text_outputs(None))
+
+
+def batch_values(answer: Mapping[str, Any], *, model: str, latency_ms: float) -> dict[str, Any]:
+    """A batch row's outputs from the server's ``answer`` to its request (chat, completions
+    or embeddings: the first choice's text where there is one)."""
+    prompt_tokens, completion_tokens = usage_of(answer)
+    text, finish = "", ""
+    choices = answer.get("choices")
+    if isinstance(choices, list) and choices and isinstance(choices[0], Mapping):
+        first = choices[0]
+        got = choice_values(first, chat=isinstance(first.get("message"), Mapping), json_fields=())
+        assert not isinstance(got, RowError)  # no fields to parse
+        text, finish = got["text"], got["finish_reason"]
+    return {
+        "response": orjson.dumps(answer).decode(),
+        "text": text,
+        "finish_reason": finish,
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "model": str(answer.get("model") or model),
+        "latency_ms": latency_ms,
+    }
 
 
 @dataclass

@@ -8,15 +8,21 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from rowbatch.consumer.model.openai.template import PromptTemplate, TemplateError
 from rowbatch.consumer.model.settings import ServerSettingsBase
 
-Api = Literal["chat", "completions", "embeddings"]
+Api = Literal["chat", "completions", "embeddings", "batch"]
 
 #: Rows per request of the APIs that take a list (``prompt`` / ``input``), unless configured.
-DEFAULT_ROWS_PER_REQUEST: dict[str, int] = {"chat": 1, "completions": 16, "embeddings": 64}
+DEFAULT_ROWS_PER_REQUEST: dict[str, int] = {
+    "chat": 1,
+    "completions": 16,
+    "embeddings": 64,
+    "batch": 1,
+}
 
 
 class OpenAISettings(ServerSettingsBase):
@@ -30,16 +36,21 @@ class OpenAISettings(ServerSettingsBase):
     api: Api = "chat"
     """``chat``: ``/v1/chat/completions``, one row per request; ``completions``:
     ``/v1/completions``, ``rows_per_request`` prompts per request; ``embeddings``:
-    ``/v1/embeddings``, ``rows_per_request`` inputs per request."""
-    prompt: str
+    ``/v1/embeddings``, ``rows_per_request`` inputs per request; ``batch``: each row is a
+    request of the OpenAI Batch API file format (columns ``custom_id``, ``url``, ``body``: the
+    body's JSON, sent to the row's ``url`` with its ``model`` replaced by ``model.name``), one
+    row per request (``rowbatch-consumer openai-batch``, docs/generative.md)."""
+    prompt: str | None = Field(default=None, validate_default=True)
     """The text sent for each row: a template naming the row's columns in braces
     (``"Summarise: {body}"``; ``{{`` and ``}}`` for literal braces). The user message of a chat,
-    the prompt of a completion, the input of an embedding."""
+    the prompt of a completion, the input of an embedding. Required, except with ``batch``
+    (which takes none: each row's body is the request)."""
     system_prompt: str | None = None
     """Chat only: a system message before each row's user message (a template too)."""
     max_tokens: int = Field(default=256, ge=1)
     """Most tokens generated per row (not for embeddings); also what the byte budget sets
-    aside per row in flight."""
+    aside per row in flight. With ``batch`` only the latter (and the ``tokens_per_minute``
+    estimate of a body without ``max_tokens``): each body says its own."""
     temperature: float | None = Field(default=0.0, ge=0)
     """Sampling temperature; 0 (the default) for repeatable results; ``None``: the server's."""
     sampling: dict[str, Any] = Field(default_factory=dict)
@@ -123,6 +134,14 @@ class OpenAISettings(ServerSettingsBase):
                 raise ValueError(str(exc)) from None
         return value
 
+    @field_validator("prompt")
+    @classmethod
+    def _prompt_unless_batch(cls, value: str | None, info: ValidationInfo) -> str | None:
+        api = info.data.get("api")
+        if value is None and api is not None and api != "batch":
+            raise PydanticCustomError("missing", "Field required")
+        return value
+
     @field_validator("api_key_file")
     @classmethod
     def _key_file_readable(cls, value: Path | None) -> Path | None:
@@ -135,11 +154,16 @@ class OpenAISettings(ServerSettingsBase):
     def _sampling_not_ours(cls, value: dict[str, Any]) -> dict[str, Any]:
         ours = sorted(set(value) & _FIELDS_WE_SET)
         if ours:
-            raise ValueError(f"{ours} are set by rowbatch (use the model.* settings)")
+            raise ValueError(
+                f"{ours} are set by rowbatch (model.* settings) or not supported (one answer"
+                " per row, read whole)"
+            )
         return value
 
     @model_validator(mode="after")
     def _consistent(self) -> OpenAISettings:
+        if self.api == "batch":
+            self._batch_consistent()
         if self.api == "chat" and self.rows_per_request not in (None, 1):
             raise ValueError("model.rows_per_request: a chat request holds one row")
         if self.api == "embeddings" and self.json_schema is not None:
@@ -155,6 +179,25 @@ class OpenAISettings(ServerSettingsBase):
             if self.json_schema.get("type", "object") != "object" or not isinstance(props, dict):
                 raise ValueError("model.json_schema: an object schema with 'properties'")
         return self
+
+    def _batch_consistent(self) -> None:
+        """``api = "batch"``: the rows' bodies are the requests, so nothing shapes them."""
+        shaping = [
+            name
+            for name in ("prompt", "system_prompt", "json_schema")
+            if getattr(self, name) is not None
+        ]
+        if self.sampling:
+            shaping.append("sampling")
+        if "temperature" in self.model_fields_set:
+            shaping.append("temperature")
+        if shaping:
+            names = ", ".join(f"model.{name}" for name in shaping)
+            raise ValueError(
+                f"{names}: not with api = 'batch' (each row's body is the request as it is)"
+            )
+        if self.rows_per_request not in (None, 1):
+            raise ValueError("model.rows_per_request: a batch request holds one row")
 
     @property
     def requests_rows(self) -> int:
@@ -174,5 +217,15 @@ class OpenAISettings(ServerSettingsBase):
 
 
 _FIELDS_WE_SET = frozenset(
-    {"model", "messages", "prompt", "input", "max_tokens", "temperature", "response_format"}
+    {
+        "model",
+        "messages",
+        "prompt",
+        "input",
+        "max_tokens",
+        "temperature",
+        "response_format",
+        "n",  # one answer per row: several would not fit the row's result
+        "stream",  # answers are read whole
+    }
 )

@@ -2,7 +2,9 @@
 every endpoint answers ``GET /v1/models``; check each serves
 ``model.name``, and send one small request of the configured API (an embeddings model's answer
 says its dimension). A wrong key, model or path fails here, with the server's words, instead of
-dead-lettering the first rows."""
+dead-lettering the first rows. ``api = "batch"`` sends no probe: its rows may ask any of the
+three APIs (an embeddings model answers no chat), so only ``GET /v1/models`` is checked, and a
+rerun of a finished batch sends no request at all."""
 
 from __future__ import annotations
 
@@ -15,10 +17,14 @@ from rowbatch.consumer.model.inference.errors import (
     FatalInferenceError,
     RetryableInferenceError,
 )
-from rowbatch.consumer.model.openai.client import EndpointPool
+from rowbatch.consumer.model.openai.client import EndpointPool, HttpTimeout, HttpUnreachable
 from rowbatch.consumer.model.openai.errors import classify_status
 from rowbatch.consumer.model.openai.handler import PATHS
-from rowbatch.consumer.model.openai.outputs import embedding_outputs, text_outputs
+from rowbatch.consumer.model.openai.outputs import (
+    batch_outputs,
+    embedding_outputs,
+    text_outputs,
+)
 from rowbatch.consumer.model.openai.settings import OpenAISettings
 from rowbatch.consumer.model.spec import ModelSpec, TensorSpec
 
@@ -42,26 +48,26 @@ async def _models(pool: EndpointPool, settings: OpenAISettings) -> str:
     owned = ""
     for endpoint in pool.endpoints:
         try:
-            response = await endpoint.http.get("/v1/models")
-        except Exception as exc:
-            raise OpenAIServerUnavailable(f"{endpoint.url}: {type(exc).__name__}: {exc}") from exc
-        if response.status_code in (502, 503, 504):
-            raise OpenAIServerUnavailable(f"{endpoint.url}/v1/models: HTTP {response.status_code}")
-        if response.status_code != 200:
+            response = await endpoint.http.get("/v1/models", 10.0)
+        except (HttpTimeout, HttpUnreachable) as exc:
+            raise OpenAIServerUnavailable(f"{endpoint.url}: {exc}") from exc
+        if response.status in (502, 503, 504):
+            raise OpenAIServerUnavailable(f"{endpoint.url}/v1/models: HTTP {response.status}")
+        if response.status != 200:
             raise classify_status(
-                response.status_code,
-                response.content,
+                response.status,
+                response.body,
                 model=settings.name,
                 url=f"{endpoint.url}/v1/models",
                 retry_after=None,
             )
         try:
-            listed = orjson.loads(response.content).get("data") or []
+            listed = orjson.loads(response.body).get("data") or []
             ids = {str(m.get("id")): str(m.get("owned_by") or "") for m in listed}
         except (orjson.JSONDecodeError, AttributeError) as exc:
             raise FatalInferenceError(
                 f"{endpoint.url}/v1/models does not answer an OpenAI model list: "
-                f"{response.content[:200]!r}",
+                f"{response.body[:200]!r}",
                 model=settings.name,
                 status="BAD_ANSWER",
             ) from exc
@@ -77,7 +83,10 @@ async def _models(pool: EndpointPool, settings: OpenAISettings) -> str:
 
 
 async def _probe(pool: EndpointPool, settings: OpenAISettings) -> int:
-    """One small request per endpoint; the embedding dimension (0 for other APIs)."""
+    """One small request per endpoint; the embedding dimension (0 for other APIs; none for
+    ``batch``)."""
+    if settings.api == "batch":
+        return 0
     body: dict[str, object] = {"model": settings.name}
     if settings.api == "chat":
         body.update(messages=[{"role": "user", "content": PROBE_TEXT}], max_tokens=1)
@@ -87,20 +96,23 @@ async def _probe(pool: EndpointPool, settings: OpenAISettings) -> int:
         body.update(settings.sampling, input=[PROBE_TEXT])
     dims = set()
     for endpoint in pool.endpoints:
-        response = await endpoint.http.post(PATHS[settings.api], content=orjson.dumps(body))
-        if response.status_code != 200:
+        try:
+            response = await endpoint.http.post(PATHS[settings.api], orjson.dumps(body))
+        except (HttpTimeout, HttpUnreachable) as exc:
+            raise OpenAIServerUnavailable(f"{endpoint.url}: {exc}") from exc
+        if response.status != 200:
             error = classify_status(
-                response.status_code,
-                response.content,
+                response.status,
+                response.body,
                 model=settings.name,
                 url=f"{endpoint.url}{PATHS[settings.api]}",
-                retry_after=response.headers.get("retry-after"),
+                retry_after=response.retry_after,
             )
             if isinstance(error, RetryableInferenceError):
                 raise OpenAIServerUnavailable(str(error))
             raise error
         if settings.api == "embeddings":
-            data = orjson.loads(response.content).get("data") or [{}]
+            data = orjson.loads(response.body).get("data") or [{}]
             vector = data[0].get("embedding")
             if not isinstance(vector, list) or not vector:
                 raise FatalInferenceError(
@@ -129,6 +141,8 @@ async def discover_once(
     outputs = (
         embedding_outputs(dim)
         if settings.api == "embeddings"
+        else batch_outputs()
+        if settings.api == "batch"
         else text_outputs(settings.json_schema)
     )
     spec = ModelSpec(

@@ -29,8 +29,8 @@ class TokenRate:
         want = min(float(tokens), self._capacity)
         async with self._lock:  # first come, first served
             self._refill()
-            while self._level < want:
-                await self._sleep((want - self._level) / self._rate)
+            while self._level < want - 1e-6:  # a rounding shortfall is no reason to wait
+                await self._sleep(max((want - self._level) / self._rate, 0.001))
                 self._refill()
             self._level -= want
 
