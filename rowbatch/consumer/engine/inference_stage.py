@@ -149,7 +149,7 @@ class InferenceStage:
             elif not self._model.is_poison(error):
                 nacked.append(segment)
             elif len(segment) > 1 and self._settler.isolates_rows:
-                good += await self._isolated_rows(batch, segment)
+                good += await self._isolated_rows(batch, segment, error)
             else:
                 reason = DeadLetterReason(ReasonClass.REJECTED_BY_MODEL, f"{error}")
                 await self._settler.fail(segment, reason)
@@ -166,11 +166,13 @@ class InferenceStage:
         answered = [Answered(sub, a.outputs, a.model_version, span) for sub, a in good]
         return answered + partial
 
-    async def _isolated_rows(self, batch: Batch, segment: Segment) -> list[tuple[Batch, Answer]]:
+    async def _isolated_rows(
+        self, batch: Batch, segment: Segment, error: BaseException
+    ) -> list[tuple[Batch, Answer]]:
         """Bisects a segment the server rejects on its own down to its rows (one isolation at a
         time, as for messages): the rows it rejects alone are failed as rows (dead-lettered as a
         row part of their message, the other rows written), the rest answered in the runs that
-        succeeded. ``k`` bad rows among ``n`` cost at most ``1 + 2k ceil(log2 n) + k`` more
+        succeeded. ``k`` bad rows among ``n`` cost at most ``2k ceil(log2 n) + k`` more
         requests (``poison.isolate`` with ``confirm``). When some rows fail for good but not as
         poison (the server may be at fault), the whole message is nacked instead."""
         alone = batch.select([segment])
@@ -183,6 +185,7 @@ class InferenceStage:
                     lambda chosen: self._timed_run(split.select(chosen)),
                     self._model.is_poison,
                     is_fatal=self._model.is_fatal,
+                    known_failure=error,  # the segment alone just failed so: not sent again
                     confirm=True,
                 )
         except Exception:
@@ -198,8 +201,8 @@ class InferenceStage:
             )
             await self._settler.abandon([segment])
             return []
-        for row, error in found.bad:
-            reason = DeadLetterReason(ReasonClass.REJECTED_BY_MODEL, f"{error}")
+        for row, rejected in found.bad:
+            reason = DeadLetterReason(ReasonClass.REJECTED_BY_MODEL, f"{rejected}")
             await self._settler.fail_rows(row, reason)
         return [(_joined(split.select(run)), answer) for run, answer in found.good]
 

@@ -323,6 +323,7 @@ class Pipeline:
                 clocks=clocks,
                 rows_committed=progress,
             )
+            self._settler.hold_written = self._commits.hold
         self._intake = IntakeStage(
             context,
             settler=self._settler,

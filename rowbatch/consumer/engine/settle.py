@@ -7,7 +7,7 @@ budget bytes."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 
 from rowbatch.consumer.engine.batcher import Segment
 from rowbatch.consumer.engine.ledger import Entry
@@ -29,13 +29,16 @@ log = logging.getLogger(__name__)
 
 
 def _by_reason(
-    failed: Sequence[tuple[int, DeadLetterReason]],
+    failed: Sequence[tuple[int, DeadLetterReason]], *, by_message: bool = False
 ) -> list[tuple[DeadLetterReason, list[int]]]:
     """The failed rows grouped by reason (class and code; the first message of each group
-    speaks for it), each group's rows ascending."""
-    groups: dict[tuple[str, str], tuple[DeadLetterReason, list[int]]] = {}
+    speaks for it, unless ``by_message``: then rows of other words make other groups), each
+    group's rows ascending."""
+    groups: dict[tuple[str, ...], tuple[DeadLetterReason, list[int]]] = {}
     for row, reason in failed:
-        key = (reason.reason_class.value, reason.code)
+        key: tuple[str, ...] = (reason.reason_class.value, reason.code)
+        if by_message:
+            key += (reason.message,)
         groups.setdefault(key, (reason, []))[1].append(row)
     return [(reason, sorted(rows)) for reason, rows in groups.values()]
 
@@ -53,6 +56,10 @@ class Settler:
         self._source = source
         self._deletes_dead_letters = not isinstance(source, KeepsRowProgress)
         """Whether a dead-lettered message's written rows are deleted (see the module)."""
+        self._parts_by_message = isinstance(source, KeepsRowProgress)
+        """Whether failed rows of one reason but other words make other row parts: a source
+        keeping its own progress per row (the table mode) writes one dead-letter line per row,
+        each with its own row's words, as its halving path does."""
         telemetry = context.telemetry
         self._tracing = telemetry.tracing
         self._signal = telemetry.signal
@@ -63,6 +70,11 @@ class Settler:
         self._batcher = context.batcher
         self._budget = context.budget
         self._wall = context.clocks.wall
+        self.hold_written: Callable[[Sequence[Entry]], Awaitable[None]] | None = None
+        """Where a message that its failed rows complete goes when some of its rows were
+        written: a sink that stages its writes has the commit stage's ``hold`` here (its rows
+        are not part of the table before the next commit, so it is settled after it); None:
+        settled at once."""
 
     @property
     def isolates_rows(self) -> bool:
@@ -139,7 +151,11 @@ class Settler:
         """The segment's rows failed for good on their own: they are dead-lettered as a row
         part once the message's other rows are written, and the message acked."""
         done = self._ledger.failed_rows(segment.message, segment.start, segment.stop, reason)
-        if done is not None:
+        if done is None:
+            return
+        if done.written_rows and self.hold_written is not None:
+            await self.hold_written([done])
+        else:
             await self.settle(done)
 
     async def _rows_out(self, entry: Entry) -> bool:
@@ -149,7 +165,7 @@ class Settler:
         source = self._source
         assert isinstance(source, DeadLettersRows)
         delivery = entry.delivery
-        for reason, rows in _by_reason(entry.failed_rows):
+        for reason, rows in _by_reason(entry.failed_rows, by_message=self._parts_by_message):
             try:
                 payload, attributes = row_part(delivery.payload, delivery.attributes, rows)
                 with self._tracing.dead_letter(

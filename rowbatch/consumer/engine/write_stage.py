@@ -149,15 +149,17 @@ class WriteStage:
                 )
                 if bad == len(segment) or segment.message not in self._ledger:
                     continue
-                if bad:  # some rows rejected on their own: the others are written
-                    entry = self._ledger.written(segment.message, len(segment) - bad)
-                    if entry is not None:
-                        done.append(entry)
-                    continue
-                if self._rows_written is not None:
+                if self._rows_written is not None:  # the rows written: all but the rejected
                     delivery = self._ledger.get(segment.message).delivery
-                    ranges.append((delivery, segment.start, segment.stop))
-                entry = self._ledger.written(segment.message, len(segment))
+                    at = segment.start
+                    for f in sorted(failed.get(segment.message, ()), key=lambda f: f.start):
+                        if segment.start <= f.start and f.stop <= segment.stop:
+                            if f.start > at:
+                                ranges.append((delivery, at, f.start))
+                            at = f.stop
+                    if at < segment.stop:
+                        ranges.append((delivery, at, segment.stop))
+                entry = self._ledger.written(segment.message, len(segment) - bad)
                 if entry is not None:
                     done.append(entry)
         if ranges and self._rows_written is not None:

@@ -201,3 +201,17 @@ def memoized_check(
             full_check(chunk)
 
     return check
+
+
+def check_passthrough(chunk: DecodedChunk, passthrough: Mapping[str, ColumnType]) -> None:
+    """Raises :class:`SchemaMismatch` naming the first passthrough column whose type is not
+    the configured one."""
+    for name, want in passthrough.items():
+        got = chunk.types[name]
+        if got != want:
+            raise SchemaMismatch(
+                f"passthrough column {name!r} is {got}, configured as {want}",
+                column=name,
+                expected=str(want),
+                found=str(got),
+            )

@@ -17,7 +17,7 @@ from numpy.typing import NDArray
 
 from rowbatch.consumer.model.answer import Answer
 from rowbatch.consumer.model.binding import Binding
-from rowbatch.consumer.model.chunk_check import check_chunk, memoized_check
+from rowbatch.consumer.model.chunk_check import check_chunk, check_passthrough, memoized_check
 from rowbatch.consumer.model.discovery import output_bytes_per_row
 from rowbatch.consumer.model.inference.errors import FatalInferenceError, PoisonInferenceError
 from rowbatch.consumer.model.mismatch import SchemaMismatch
@@ -121,15 +121,7 @@ class OipHandler:
                 found="absent",
                 code="missing_column",
             )
-        for name, want in self._passthrough.items():
-            got = chunk.types[name]
-            if got != want:
-                raise SchemaMismatch(
-                    f"passthrough column {name!r} is {got}, configured as {want}",
-                    column=name,
-                    expected=str(want),
-                    found=str(got),
-                )
+        check_passthrough(chunk, self._passthrough)
         check_chunk(
             self._spec, self._binding, {name: chunk.column(name) for name in self._binding.columns}
         )

@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any
 
 from rowbatch.consumer.model.answer import Answer, RowError, RowsFailed
+from rowbatch.consumer.model.chunk_check import check_passthrough
 from rowbatch.consumer.model.handler import BatchRows
 from rowbatch.consumer.model.inference.errors import (
     FatalInferenceError,
@@ -151,15 +152,7 @@ class OpenAIHandler:
                     expected="a scalar or text",
                     found=str(got),
                 )
-        for name, want in self._passthrough.items():
-            got = chunk.types[name]
-            if got != want:
-                raise SchemaMismatch(
-                    f"passthrough column {name!r} is {got}, configured as {want}",
-                    column=name,
-                    expected=str(want),
-                    found=str(got),
-                )
+        check_passthrough(chunk, self._passthrough)
 
     async def run(self, batch: BatchRows) -> Answer:
         if self._api == "batch":
@@ -171,16 +164,8 @@ class OpenAIHandler:
         values = RowValues(self._outputs, rows)
         live = [r for r in range(rows) if r not in failed]
         groups = [live[i : i + self._per_request] for i in range(0, len(live), self._per_request)]
-        try:
-            async with asyncio.TaskGroup() as tasks:
-                for group in groups:
-                    tasks.create_task(self._group(group, prompts, system, values, failed))
-        except BaseExceptionGroup as group_error:
-            raise _first(group_error) from None
-        answer = Answer(values.columns)
-        if failed:
-            raise RowsFailed(answer, failed)
-        return answer
+        await _all(self._group(group, prompts, system, values, failed) for group in groups)
+        return _answer(values, failed)
 
     async def _run_requests(self, batch: BatchRows) -> Answer:
         """``api = "batch"``: each row's request as it is, all of them at once through the
@@ -196,16 +181,8 @@ class OpenAIHandler:
                 failed[row] = request
             else:
                 requests.append((row, *request))
-        try:
-            async with asyncio.TaskGroup() as tasks:
-                for row, path, body in requests:
-                    tasks.create_task(self._batch_row(row, path, body, values, failed))
-        except BaseExceptionGroup as group_error:
-            raise _first(group_error) from None
-        answer = Answer(values.columns)
-        if failed:
-            raise RowsFailed(answer, failed)
-        return answer
+        await _all(self._batch_row(row, path, body, values, failed) for row, path, body in requests)
+        return _answer(values, failed)
 
     @staticmethod
     def _batch_texts(batch: BatchRows, name: str) -> list[str | None]:
@@ -408,6 +385,25 @@ def _failed_for_good(
     other rows written): no bisection, whose re-requests would cost generations."""
     for row in rows:
         failed[row] = RowError("server_error", error.message, fatal=True)
+
+
+async def _all(requests: Iterable[Coroutine[Any, Any, None]]) -> None:
+    """Run ``requests`` at once (each through a window); the first to raise cancels the rest
+    and its error is raised (not a group)."""
+    try:
+        async with asyncio.TaskGroup() as tasks:
+            for request in requests:
+                tasks.create_task(request)
+    except BaseExceptionGroup as group_error:
+        raise _first(group_error) from None
+
+
+def _answer(values: RowValues, failed: Mapping[int, RowError]) -> Answer:
+    """The batch's answer, raised as :class:`RowsFailed` when some rows failed."""
+    answer = Answer(values.columns)
+    if failed:
+        raise RowsFailed(answer, failed)
+    return answer
 
 
 def _first(group: BaseExceptionGroup[Any]) -> BaseException:

@@ -49,6 +49,11 @@ class TableSettings(Section):
     new_run: bool = False
     """Start over (forget the progress under ``state`` for this shard) instead of resuming;
     needed when the model, its version, the binding or ``chunk_rows`` changed."""
+    max_delivery_attempts: int = Field(default=5, ge=1)
+    """A chunk the model fails for good (an error that is neither transient nor about its
+    rows: Triton's INTERNAL, an OpenAI-compatible server's 500) goes round again this many
+    times at most; then its rows are dead-lettered as ``too-many-attempts`` (a table run
+    ends; a broker's consumer has the same setting)."""
     read_ahead_chunks: int = Field(default=8, ge=1, le=1024)
     """Chunks read and encoded ahead of the engine (besides the engine's own work bound)."""
     progress_interval_s: float = Field(default=10.0, gt=0)

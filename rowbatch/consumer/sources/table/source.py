@@ -5,12 +5,16 @@ Each chunk is a delivery whose payload is what a producer would publish for thos
 source keeps its progress per row (``KeepsRowProgress``): after each sink write (or commit) the
 engine tells it which rows were made durable, of chunks whole or not, and their ranges are
 recorded in the shard's progress before any ack, so a restart redoes only rows not yet written
-(a part of a chunk keeps the chunk's keys: ``Delivery.row_offset``). A dead letter of a chunk of
-several rows cuts it in halves, which go round again without the rows already written (the
-engine deletes none of them), until each bad row stands alone and is written to the dead-letter
-file with its reason (a reason that holds for every row, a missing column or a column of the
-wrong type, is not bisected). A nack puts the chunk back. The deliveries end once every row of
-the shard is settled, so the engine drains and the run ends by itself.
+(a part of a chunk keeps the chunk's keys: ``Delivery.row_offset``). Rows that fail on their own
+(the model's per-row rejections, the sink's refused rows) are dead-lettered as rows
+(``DeadLettersRows``): written to the dead-letter file with their reason and recorded in the
+progress before the engine acks the chunk, whose other rows are written once. A dead letter of a
+whole chunk of several rows (a failure the engine cannot pin to rows) cuts it in halves, which go
+round again without the rows already written (the engine deletes none of them), until each bad
+row stands alone and is written to the dead-letter file (a reason that holds for every row, a
+missing column or a column of the wrong type, is not bisected). A nack puts the chunk back. The
+deliveries end once every row of the shard is settled, so the engine drains and the run ends by
+itself.
 
 Reading (files, decoding, encoding) runs in a worker thread, a few chunks ahead of the engine
 (``read_ahead_chunks``, and within a quarter of the byte budget); a read that fails on the
@@ -21,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +36,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from rowbatch.consumer.sources.base import (
     READ_AHEAD_SHARE,
     VECTOR_MAX,
+    DeadLetterFailed,
     DeliveryIterator,
     SharedBudget,
     SourceConfigError,
@@ -41,6 +47,7 @@ from rowbatch.consumer.sources.base import (
 from rowbatch.consumer.sources.delivery import DeadLetterReason, Delivery
 from rowbatch.consumer.sources.table.checkpoint import Checkpoint, RunIdentity, RunMismatch, Settled
 from rowbatch.consumer.sources.table.dead_letters import (
+    lettered_rows,
     records,
     unreadable_record,
     write_dead_letters,
@@ -60,10 +67,14 @@ from rowbatch.consumer.sources.table.state import StateFolder
 from rowbatch.tables.schema import parse_schema
 from rowbatch.timing import Backoff
 from rowbatch.wire.chunks.encode import EncodedChunk
+from rowbatch.wire.chunks.row_parts import parent_of
+from rowbatch.wire.headers.fields import H_CHUNK_ID, H_PARENT_CHUNK_ID, H_ROW_COUNT
 
 log = logging.getLogger(__name__)
 
-WHOLE_CHUNK_CODES: Final = frozenset({"missing_column", "column_type_mismatch", "schema_mismatch"})
+WHOLE_CHUNK_CODES: Final = frozenset(
+    {"missing_column", "column_type_mismatch", "schema_mismatch", "too_many_attempts"}
+)
 """Dead-letter codes that hold for every row of a chunk alike: not bisected."""
 READ_RETRY: Final = Backoff(1.0, 60.0, jitter=0.0)
 """The waits after a read (or a state write) failing on the filesystem: 1 s at first, doubling
@@ -164,6 +175,34 @@ class _TableMetrics:
 class _Held:
     piece: Piece
     attempt: int
+    dead: set[int] = field(default_factory=set)
+    """Its rows (indexes in the piece) dead-lettered on their own (``dead_letter_rows``)."""
+
+
+def _runs(rows: Sequence[int]) -> list[tuple[int, int]]:
+    """``rows`` (ascending, distinct) as runs ``(first, count)`` of consecutive rows."""
+    out: list[tuple[int, int]] = []
+    for row in rows:
+        if out and out[-1][0] + out[-1][1] == row:
+            out[-1] = (out[-1][0], out[-1][1] + 1)
+        else:
+            out.append((row, 1))
+    return out
+
+
+def _part_rows(delivery: Delivery, attributes: Mapping[str, str], rows: int) -> list[int]:
+    """The indexes, in ``delivery``'s chunk of ``rows`` rows, of the rows its row part
+    (``attributes``: ``rowbatch.wire.chunks.row_parts``) holds; ValueError when the part is
+    not one of this chunk's."""
+    if H_PARENT_CHUNK_ID in delivery.attributes:  # a table chunk is never a part itself
+        raise ValueError(f"{delivery.message_id} is a row part itself")
+    found = parent_of(attributes, int(attributes.get(H_ROW_COUNT, "")))
+    if found is None or found[0] != delivery.attributes.get(H_CHUNK_ID):
+        raise ValueError(f"the dead letter is not a row part of {delivery.message_id}")
+    index = [int(i) for i in found[1]]
+    if not index or index[-1] >= rows:
+        raise ValueError(f"row part of {delivery.message_id}: rows {index} of {rows}")
+    return index
 
 
 @dataclass(frozen=True)
@@ -218,6 +257,11 @@ class TableSource:
         self._closed = False
         self._budget: SharedBudget | None = None
         self._max_ahead_rows: int | None = None
+        self._lettered: set[tuple[str, int]] = set()
+        """``(file key, file row)`` of rows whose dead-letter records this process wrote and
+        whose progress record has not been written yet (a try again of that write, after the
+        progress write failed, does not write the records twice)."""
+        self._lettering = threading.Lock()
 
     # --- start-up ------------------------------------------------------------------------------
 
@@ -259,6 +303,7 @@ class TableSource:
             raise SourceConfigError(f"[source] table: {exc}") from exc
         known = [u.rows for u in self._units]
         self.counts.planned = None if None in known else sum(r or 0 for r in known)
+        await asyncio.to_thread(self._settle_lettered)
         self.counts.skipped = self._checkpoint.settled_rows()
         self._metrics.planned.set(self.counts.planned or 0)
         self._metrics.skipped.set(self.counts.skipped)
@@ -295,6 +340,39 @@ class TableSource:
         reason = probe(self._delivery(part, chunk, 1, hold=False))
         if reason is not None and reason.code in WHOLE_CHUNK_CODES:
             raise SourceConfigError(f"{where} does not fit the binding: {reason.message}")
+
+    def _settle_lettered(self) -> None:
+        """Blocking: rows with a dead-letter record that the progress does not hold (a kill
+        between the record and the progress write) are recorded as dead-lettered, so this run
+        neither dead-letters them again nor sends them to the model. Only read when some rows
+        of the shard are not settled yet."""
+        assert self._folder is not None and self._checkpoint is not None
+        checkpoint = self._checkpoint
+        if not any(
+            u.rows is None or checkpoint.missing(u.file.key, u.first_row, u.rows)
+            for u in self._units
+        ):
+            return
+        keys = {u.file.relative: u.file.key for u in self._units}
+        late = sorted(
+            (keys[file], row)
+            for file, row in lettered_rows(self._folder)
+            if file in keys and checkpoint.missing(keys[file], row, 1)
+        )
+        settled: list[Settled] = []
+        for key, row in late:
+            last = settled[-1] if settled else None
+            if last is not None and last.file == key and last.first_row + last.rows == row:
+                settled[-1] = Settled(key, last.first_row, last.rows + 1, "d")
+            else:
+                settled.append(Settled(key, row, 1, "d"))
+        if settled:
+            checkpoint.record(settled)
+            log.warning(
+                "%d dead-lettered row(s) had a dead-letter record but no progress record (a "
+                "kill between the two): recorded as dead-lettered now",
+                len(late),
+            )
 
     def _first_encoded(self) -> tuple[Piece, Encoded] | None:
         """The first piece of the first unit that reads (one that cannot is the run's to
@@ -401,19 +479,28 @@ class TableSource:
         await self._durably("recording progress", self._checkpoint.record, settled)
 
     async def ack_many(self, deliveries: Sequence[Delivery]) -> None:
+        """Records the deliveries' rows not recorded already (by ``rows_written``) as written,
+        then forgets them. Not those of a chunk with rows dead-lettered on their own: the
+        engine may ack such a chunk as soon as its last rows failed, before the commit of a
+        sink that stages its writes holds its other rows (``Settler.fail_rows``), so they are
+        recorded only as ``rows_written`` tells them (after that commit); rows it never tells
+        are read again by a rerun, and written again under the same keys."""
         held = [self._held[d.message_id] for d in deliveries]
         assert self._checkpoint is not None
         checkpoint = self._checkpoint
         settled = [
-            Settled(h.piece.unit.file.key, h.piece.first_row, h.piece.rows, "w")
-            for h in held  # unless every row was recorded already (rows_written)
-            if checkpoint.missing(h.piece.unit.file.key, h.piece.first_row, h.piece.rows)
+            Settled(h.piece.unit.file.key, first, rows, "w")
+            for h in held
+            if not h.dead
+            for first, rows in checkpoint.missing(
+                h.piece.unit.file.key, h.piece.first_row, h.piece.rows
+            )
         ]
         await self._durably("recording progress", self._checkpoint.record, settled)
         rows = 0
         for d, h in zip(deliveries, held, strict=True):
             del self._held[d.message_id]
-            rows += h.piece.rows
+            rows += h.piece.rows - len(h.dead)
             self.counts.bytes += d.size
         self.counts.chunks += len(deliveries)
         self._count_written(rows)
@@ -449,7 +536,7 @@ class TableSource:
                 await self._settle_bad(encoded, held.attempt)
                 parts += encoded.chunks
             del self._held[delivery.message_id]  # a part may take its id over
-            kept = piece.rows - sum(half.rows for half in left)
+            kept = piece.rows - sum(half.rows for half in left) - len(held.dead)
             if kept:  # its rows recorded as written stay written
                 self._count_written(kept)
             for sub, chunk in parts:
@@ -460,12 +547,61 @@ class TableSource:
                 piece.rows,
                 reason.code,
             )
-        else:
-            await self._durably(
-                "writing dead letters", self._write_dead_letters, [(piece, reason)], held.attempt
-            )
+        else:  # but its rows dead-lettered on their own already (before a nack)
+            alive = [i for i in range(piece.rows) if i not in held.dead]
+            bad = [(piece.part(first, n), reason) for first, n in _runs(alive)]
+            await self._durably("writing dead letters", self._write_dead_letters, bad, held.attempt)
             del self._held[delivery.message_id]
         self._changed.set()
+
+    @property
+    def dead_letters_rows(self) -> bool:
+        """Rows failing on their own go to the dead-letter file as rows (``DeadLettersRows``),
+        the rest of their chunk written once."""
+        return True
+
+    async def dead_letter_rows(
+        self,
+        delivery: Delivery,
+        payload: bytes,
+        attributes: Mapping[str, str],
+        reason: DeadLetterReason,
+    ) -> None:
+        """Writes the rows of ``delivery`` that its row part (``attributes``; ``payload`` is
+        not needed: the rows are read from the held piece) names to the dead-letter file, one
+        record each as a chunk cut down to them would have (``_write_dead_letters``), and
+        records them in the progress as dead-lettered, both durably, before returning; the
+        delivery stays held (the engine acks it once its other rows are written). Rows the
+        progress holds already (a delivery dead-lettered again after a nack) get no second
+        record. A state store that fails is tried again with backoff; any other failure
+        raises :class:`DeadLetterFailed` (the engine then nacks the delivery)."""
+        held = self._held.get(delivery.message_id)
+        if held is None:
+            raise DeadLetterFailed(f"{delivery.message_id} is not held: settled already")
+        try:
+            rows = _part_rows(delivery, attributes, held.piece.rows)
+            await self._durably(
+                "writing dead letters", self._write_row_part, held.piece, rows, reason, held.attempt
+            )
+        except Exception as exc:
+            raise DeadLetterFailed(
+                f"dead letters of rows of {delivery.message_id} not written: {exc}"
+            ) from exc
+        held.dead.update(rows)
+        self._changed.set()
+
+    def _write_row_part(
+        self, piece: Piece, rows: Sequence[int], reason: DeadLetterReason, attempt: int
+    ) -> None:
+        """Blocking: ``rows`` of ``piece`` (indexes in it) not yet settled, dead-lettered."""
+        assert self._checkpoint is not None
+        key = piece.unit.file.key
+        bad: list[tuple[Piece, DeadLetterReason]] = []
+        for start, count in _runs(rows):
+            run = piece.part(start, count)
+            for first, n in self._checkpoint.missing(key, run.first_row, run.rows):
+                bad.append((run.part(first - run.first_row, n), reason))
+        self._write_dead_letters(bad, attempt)
 
     def _halves_left(self, piece: Piece) -> list[Piece]:
         """The rows of ``piece``'s halves not yet recorded as written."""
@@ -529,11 +665,26 @@ class TableSource:
         )
 
     def _write_dead_letters(self, bad: list[tuple[Piece, DeadLetterReason]], attempt: int) -> None:
-        """Blocking: the rows' records, then their ranges in the progress."""
+        """Blocking: the rows' records (but those this process wrote already, in a try of the
+        same write whose progress record failed), then their ranges in the progress."""
         assert self._folder is not None and self._checkpoint is not None
-        lines = [line for piece, reason in bad for line in records(piece, reason, attempt=attempt)]
+        if not bad:
+            return
+        keys = {(p.unit.file.key, p.first_row + i) for p, _ in bad for i in range(p.rows)}
+        with self._lettering:
+            done = set(self._lettered)
+        lines = [
+            line
+            for piece, reason in bad
+            for part in self._unlettered(piece, done)
+            for line in records(part, reason, attempt=attempt)
+        ]
         write_dead_letters(self._folder, lines)
+        with self._lettering:
+            self._lettered |= keys
         self._checkpoint.record(Settled(p.unit.file.key, p.first_row, p.rows, "d") for p, _ in bad)
+        with self._lettering:
+            self._lettered -= keys
         rows = sum(p.rows for p, _ in bad)
         self.counts.dead_lettered += rows
         self._metrics.rows.labels("dead_lettered").inc(rows)
@@ -546,6 +697,15 @@ class TableSource:
                 reason.code,
                 reason.message,
             )
+
+    @staticmethod
+    def _unlettered(piece: Piece, done: set[tuple[str, int]]) -> list[Piece]:
+        """The parts of ``piece`` whose rows are not in ``done`` (``(file key, file row)``)."""
+        key = piece.unit.file.key
+        if not done or not any((key, piece.first_row + i) in done for i in range(piece.rows)):
+            return [piece]
+        left = [i for i in range(piece.rows) if (key, piece.first_row + i) not in done]
+        return [piece.part(first, n) for first, n in _runs(left)]
 
     def _write_unreadable(self, unreadable: Unreadable) -> None:
         """Blocking: one dead-letter record for the part that cannot be read. Its rows are
