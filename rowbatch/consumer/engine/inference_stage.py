@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -42,6 +43,7 @@ class InferenceStage:
         answered: AnsweredQueue,
         model: ModelHandler,
         intake_done: asyncio.Event,
+        serial_isolation: bool = True,
     ) -> None:
         self._settler = settler
         self._batcher = context.batcher
@@ -55,7 +57,11 @@ class InferenceStage:
         self._tracing = context.telemetry.tracing
         self.in_flight = 0
         """Requests at the model server now."""
-        self._isolating = asyncio.Lock()
+        self._isolating: contextlib.AbstractAsyncContextManager[Any] = (
+            asyncio.Lock() if serial_isolation else contextlib.nullcontext()
+        )
+        """Held while a failed batch is bisected: one isolation at a time unless the server
+        fails each request on its own rows (``[model] isolation = "concurrent"``)."""
 
     async def flush(self) -> None:
         """Queue each batch as it becomes ready; once intake is done, the rest, then return."""
@@ -110,20 +116,28 @@ class InferenceStage:
         except RowsFailed as partial:
             return await self._rows_failed(batch, partial, span)
         except Exception as exc:
-            if not self._model.is_poison(exc) and len(batch.segments) == 1:
+            inference_error = self._model.is_poison(exc) or self._model.is_fatal(exc)
+            if not self._model.is_poison(exc) and (len(batch.segments) == 1 or not inference_error):
+                # Failed for good alone, or not an inference error at all (a bug building the
+                # request): nothing to isolate.
                 log.exception("inference failed for good; nacking the batch's messages")
                 await self._settler.abandon(batch.segments)
                 return []
             with self._tracing.span("isolate", **{"rowbatch.messages": len(batch.segments)}):
-                return await self._isolated(batch, span)
+                return await self._isolated(batch, span, exc)
         return [Answered(batch, answer.outputs, answer.model_version, span)]
 
-    async def _isolated(self, batch: Batch, span: object) -> list[Answered]:
+    async def _isolated(self, batch: Batch, span: object, error: Exception) -> list[Answered]:
         """Bisects a failed batch: answers what succeeds, fails the poison segments, nacks
         those failing for good (a model raising on their rows may be the server's fault, so
         they are redelivered, and dead-lettered as ``too-many-attempts`` if they never pass)."""
         # One isolation at a time: a server that merges concurrent requests (MLServer's
         # adaptive batching) would fail one bisection's attempts for another's poison.
+        only = batch.segments[0] if len(batch.segments) == 1 else None
+        if only is not None and len(only) > 1 and self._settler.isolates_rows:
+            # One message, rejected as poison: it failed alone already, so straight to its rows.
+            runs = await self._isolated_rows(batch, only, error)
+            return [Answered(sub, a.outputs, a.model_version, span) for sub, a in runs]
         try:
             async with self._isolating:
                 found = await isolate(
@@ -133,6 +147,7 @@ class InferenceStage:
                     # message's rows are failed and the rest written (below).
                     lambda e: self._model.is_poison(e) or isinstance(e, RowsFailed),
                     is_fatal=self._model.is_fatal,
+                    known_failure=error,  # the whole batch just failed so: not sent again
                     confirm=True,
                 )
         except Exception:
@@ -143,15 +158,15 @@ class InferenceStage:
         bad = found.bad + found.failed
         nacked: list[Segment] = []
         partial: list[Answered] = []
-        for segment, error in bad:
-            if isinstance(error, RowsFailed):
-                partial += await self._rows_failed(batch.select([segment]), error, span)
-            elif not self._model.is_poison(error):
+        for segment, failure in bad:
+            if isinstance(failure, RowsFailed):
+                partial += await self._rows_failed(batch.select([segment]), failure, span)
+            elif not self._model.is_poison(failure):
                 nacked.append(segment)
             elif len(segment) > 1 and self._settler.isolates_rows:
-                good += await self._isolated_rows(batch, segment, error)
+                good += await self._isolated_rows(batch, segment, failure)
             else:
-                reason = DeadLetterReason(ReasonClass.REJECTED_BY_MODEL, f"{error}")
+                reason = DeadLetterReason(ReasonClass.REJECTED_BY_MODEL, f"{failure}")
                 await self._settler.fail(segment, reason)
         if nacked:
             log.warning(
@@ -160,7 +175,7 @@ class InferenceStage:
                 len(nacked),
                 len(batch.segments),
                 sum(len(sub.segments) for sub, _ in good),
-                next(error for _, error in bad if not self._model.is_poison(error)),
+                next(e for _, e in bad if not self._model.is_poison(e)),
             )
             await self._settler.abandon(nacked)
         answered = [Answered(sub, a.outputs, a.model_version, span) for sub, a in good]

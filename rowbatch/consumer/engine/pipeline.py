@@ -120,6 +120,8 @@ class PipelineSettings:
     """A committing sink's (Parquet, Iceberg) longest wait between commits
     (``[sink] commit_interval_s``, :mod:`rowbatch.consumer.engine.commit_stage`); None: the
     sink does not commit its writes."""
+    serial_isolation: bool = True
+    """One isolation (bisection of a failed batch) at a time (``[model] isolation``)."""
     max_write_bytes: int = 2 * 1024 * 1024
     """Batches are coalesced only while their outputs (``output_bytes_per_row`` a row) stay
     under this: a write's encoding buffers live outside the budget, so models with large
@@ -342,6 +344,7 @@ class Pipeline:
             answered=self._answered,
             model=model,
             intake_done=self._intake_done,
+            serial_isolation=settings.serial_isolation,
         )
         self._writers = WriteStage(
             context,

@@ -125,6 +125,13 @@ class ModelSettings(ServerSettingsBase):
     it."""
     timeout_s: float = Field(default=60.0, gt=0)
     """Per-request deadline."""
+    isolation: Literal["serial", "concurrent"] = "serial"
+    """How batches that fail are bisected to find their bad messages and rows: ``serial``, one
+    isolation at a time (safe with any server: MLServer's adaptive batching, or a Triton model
+    that raises for a whole execution, would fail one isolation's requests for another's
+    poison); ``concurrent``, each batch's at once, for a server that fails each request on its
+    own rows (a Triton model answering an error per request): isolations then stop holding up
+    one another (docs/dead-letters.md)."""
     inputs: tuple[TensorSettings, ...] | None = None
     """The model's inputs (``[[model.inputs]]`` tables of ``name``, ``datatype``, ``dims``; in
     the environment a JSON list), for a server that describes neither in ModelConfig nor in

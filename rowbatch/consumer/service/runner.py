@@ -98,6 +98,9 @@ def pipeline_settings(
         write_concurrency=sink.write_concurrency,
         max_write_rows=max_write_rows,
         sink_backoff=sink.backoff,
+        serial_isolation=not (
+            isinstance(config.model, ModelSettings) and config.model.isolation == "concurrent"
+        ),
         commit_interval_s=(
             sink.commit_interval_s
             if isinstance(sink, ParquetSinkSettings | IcebergSinkSettings)

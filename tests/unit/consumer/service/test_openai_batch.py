@@ -31,9 +31,7 @@ from rowbatch.consumer.model.openai.outputs import batch_outputs
 from rowbatch.consumer.model.openai.settings import OpenAISettings
 from rowbatch.consumer.model.openai.startup import _probe
 from rowbatch.consumer.service import cli
-from rowbatch.consumer.service.build_openai import template_columns
-from rowbatch.consumer.service.config import ConfigError
-from rowbatch.consumer.service.openai_batch import (
+from rowbatch.consumer.service.batch_requests import (
     DUPLICATE_ID,
     INVALID_JSON,
     INVALID_REQUEST,
@@ -43,11 +41,13 @@ from rowbatch.consumer.service.openai_batch import (
     BadLine,
     BatchStateError,
     Request,
-    batch_config,
     convert,
     read_input,
-    write_output,
 )
+from rowbatch.consumer.service.batch_results import write_output
+from rowbatch.consumer.service.build_openai import template_columns
+from rowbatch.consumer.service.config import ConfigError
+from rowbatch.consumer.service.openai_batch import batch_config
 from rowbatch.consumer.sinks.settings import ParquetSinkSettings
 from rowbatch.consumer.sources.table.settings import TableSettings
 
