@@ -8,6 +8,13 @@ text completions, a small ``n_ctx`` so a long prompt overflows it) and ``tiny-em
 (``embedding=True``, for ``/v1/embeddings``). The server listens on 127.0.0.1 on a free port,
 in a session of its own (stopped by its pid's process group).
 
+Optionally the server asks for an API key (``api_key``: every ``/v1`` endpoint then answers
+401 ``{"detail": "Invalid API key"}`` to a request without ``Authorization: Bearer <key>``)
+and serves HTTPS only (``tls``: uvicorn's ``ssl_certfile`` / ``ssl_keyfile``, top-level fields
+of the config file like ``api_key``); the readiness check then sends the key and trusts
+``tls.ca_cert``, and :attr:`LlamaEndpoint.url` is ``https://127.0.0.1:PORT``. Without them the
+config file and URL are what they always were.
+
 Behaviour of llama-cpp-python 0.3.36's server, as seen through HTTP here (what a client must
 classify; tests/integration/test_llama_server.py checks each point):
 
@@ -74,12 +81,13 @@ import json
 import logging
 import os
 import signal
+import ssl
 import subprocess
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
@@ -104,15 +112,36 @@ _TINY_SCRIPT: Final = Path(tiny_gguf.__file__).resolve()
 
 
 @dataclass(frozen=True)
+class LlamaTls:
+    """HTTPS on the server: its certificate and key (PEM; uvicorn's ``ssl_certfile`` and
+    ``ssl_keyfile``), and ``ca_cert``, the CA the readiness check trusts for that certificate
+    (what a client's ``tls_ca_file`` names)."""
+
+    server_cert: Path
+    server_key: Path
+    ca_cert: Path
+
+    def context(self) -> ssl.SSLContext:
+        """A client context trusting ``ca_cert`` alone (host names checked)."""
+        return ssl.create_default_context(cafile=str(self.ca_cert))
+
+
+@dataclass(frozen=True)
 class LlamaEndpoint:
     """Where a running llama-cpp-python server listens, and what it serves."""
 
-    url: str  # "http://127.0.0.1:PORT" (OpenAI clients want base_url)
+    url: str  # "http://127.0.0.1:PORT", "https://..." with tls (OpenAI clients want base_url)
     model_path: Path
     chat_model: str = CHAT_MODEL
     embed_model: str = EMBED_MODEL
     n_ctx: int = DEFAULT_N_CTX  # the chat model's context: longer prompts get a 400
     embedding_dim: int = tiny_gguf.N_EMBD
+    api_key: str | None = field(default=None, repr=False)  # the key the server asks for
+    tls: LlamaTls | None = None  # set when the server serves HTTPS only
+
+    def headers(self) -> dict[str, str]:
+        """``Authorization: Bearer <key>`` when the server asks for a key, else nothing."""
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
     @property
     def base_url(self) -> str:
@@ -160,9 +189,13 @@ def server_config(
     n_ctx: int = DEFAULT_N_CTX,
     embed_n_ctx: int = EMBED_N_CTX,
     model_overrides: Mapping[str, Mapping[str, Any]] | None = None,
+    api_key: str | None = None,
+    tls: LlamaTls | None = None,
 ) -> dict[str, Any]:
     """The ``--config_file`` contents: the server on 127.0.0.1:``port`` with the two aliases.
-    ``model_overrides`` maps an alias to ModelSettings fields merged into its entry."""
+    ``model_overrides`` maps an alias to ModelSettings fields merged into its entry;
+    ``api_key`` and ``tls`` add the ServerSettings fields ``api_key``, ``ssl_certfile`` and
+    ``ssl_keyfile`` (absent without them)."""
     common: dict[str, Any] = {
         "model": str(model),
         "seed": 1234,
@@ -186,16 +219,34 @@ def server_config(
         raise ValueError(f"model_overrides name unknown aliases {unknown}; known: {list(models)}")
     for alias, fields in (model_overrides or {}).items():
         models[alias].update(fields)
-    return {"host": LOOPBACK, "port": port, "models": list(models.values())}
+    config: dict[str, Any] = {"host": LOOPBACK, "port": port}
+    if api_key is not None:
+        config["api_key"] = api_key
+    if tls is not None:
+        config["ssl_certfile"] = str(tls.server_cert)
+        config["ssl_keyfile"] = str(tls.server_key)
+    config["models"] = list(models.values())
+    return config
 
 
-def _http(url: str, body: Mapping[str, Any] | None = None) -> tuple[int, Any]:
-    """One request (GET, or POST of ``body`` as JSON): its status and decoded JSON body."""
+def _http(
+    url: str,
+    body: Mapping[str, Any] | None = None,
+    *,
+    api_key: str | None = None,
+    context: ssl.SSLContext | None = None,
+) -> tuple[int, Any]:
+    """One request (GET, or POST of ``body`` as JSON), with ``api_key`` as a bearer token and
+    ``context`` for https: its status and decoded JSON body."""
     data = None if body is None else json.dumps(body).encode()
     headers = {"Content-Type": "application/json"}
-    request = urllib.request.Request(url, data=data, headers=headers)  # noqa: S310 - our http URL
+    if api_key is not None:
+        headers["Authorization"] = f"Bearer {api_key}"
+    request = urllib.request.Request(url, data=data, headers=headers)  # noqa: S310 - our URL
     try:
-        with urllib.request.urlopen(request, timeout=_HTTP_TIMEOUT_S) as response:  # noqa: S310
+        with urllib.request.urlopen(  # noqa: S310
+            request, timeout=_HTTP_TIMEOUT_S, context=context
+        ) as response:
             return int(response.status), json.loads(response.read() or b"null")
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read() or b"null")
@@ -219,17 +270,22 @@ class _ReadyCheck:
     """Ready when ``GET /v1/models`` lists both aliases and a one-token completion answers."""
 
     url: str
+    api_key: str | None = None
+    context: ssl.SSLContext | None = None
     last_error: str = ""
+
+    def _http(self, path: str, body: Mapping[str, Any] | None = None) -> tuple[int, Any]:
+        return _http(f"{self.url}{path}", body, api_key=self.api_key, context=self.context)
 
     def __call__(self) -> bool:
         try:
-            status, models = _http(f"{self.url}/v1/models")
+            status, models = self._http("/v1/models")
             ids = {m.get("id") for m in models.get("data", [])} if status == 200 else set()
             if not {CHAT_MODEL, EMBED_MODEL} <= ids:
                 self.last_error = f"GET /v1/models: {status} {models}"
                 return False
-            status, done = _http(
-                f"{self.url}/v1/completions",
+            status, done = self._http(
+                "/v1/completions",
                 {"model": CHAT_MODEL, "prompt": "ready?", "max_tokens": 1, "temperature": 0},
             )
             if status != 200 or not done.get("choices"):
@@ -244,16 +300,19 @@ class _ReadyCheck:
 class LlamaService(ManagedService[LlamaEndpoint]):
     """``with LlamaService(run) as endpoint:`` runs the llama-cpp-python server until the block
     ends. ``n_ctx``: the chat model's context (tokens); ``model_overrides`` maps an alias
-    (``tiny``, ``tiny-embed``) to llama_cpp.server ModelSettings fields merged into its entry."""
+    (``tiny``, ``tiny-embed``) to llama_cpp.server ModelSettings fields merged into its entry;
+    ``api_key``: the key every request must bear; ``tls``: serve HTTPS only."""
 
     name = "llama"
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - keyword-only options, each with its default
         self,
         run: RunDir,
         *,
         n_ctx: int = DEFAULT_N_CTX,
         model_overrides: Mapping[str, Mapping[str, Any]] | None = None,
+        api_key: str | None = None,
+        tls: LlamaTls | None = None,
         name: str | None = None,
         port: int | None = None,
         venv: ServerVenv = LLAMA_VENV,
@@ -264,6 +323,8 @@ class LlamaService(ManagedService[LlamaEndpoint]):
         self.run = run
         self.n_ctx = n_ctx
         self.model_overrides = dict(model_overrides or {})
+        self.api_key = api_key
+        self.tls = tls
         self.port = port
         self.venv = venv
         self.ready_timeout_s = ready_timeout_s
@@ -281,7 +342,12 @@ class LlamaService(ManagedService[LlamaEndpoint]):
         model = tiny_model(self.venv)
         self.port = self.port or free_port()
         config = server_config(
-            model, self.port, n_ctx=self.n_ctx, model_overrides=self.model_overrides
+            model,
+            self.port,
+            n_ctx=self.n_ctx,
+            model_overrides=self.model_overrides,
+            api_key=self.api_key,
+            tls=self.tls,
         )
         data = self.run.data(self.name)
         config_file = data / "config.json"
@@ -293,8 +359,10 @@ class LlamaService(ManagedService[LlamaEndpoint]):
             env=self._env(python.parent),
             cwd=data,
         )
-        url = f"http://{LOOPBACK}:{self.port}"
-        check = _ReadyCheck(url)
+        scheme = "http" if self.tls is None else "https"
+        url = f"{scheme}://{LOOPBACK}:{self.port}"
+        context = self.tls.context() if self.tls is not None else None
+        check = _ReadyCheck(url, self.api_key, context)
         log_path = self.run.log(self.name)
         log_start = log_path.stat().st_size if log_path.exists() else 0
         started = time.monotonic()
@@ -309,7 +377,9 @@ class LlamaService(ManagedService[LlamaEndpoint]):
                 exc.add_note(f"the server refused its config {config_file}:\n{refused}")
             raise
         log.info("llama server ready in %.1f s on %s", time.monotonic() - started, url)
-        return LlamaEndpoint(url=url, model_path=model, n_ctx=self.n_ctx)
+        return LlamaEndpoint(
+            url=url, model_path=model, n_ctx=self.n_ctx, api_key=self.api_key, tls=self.tls
+        )
 
     @property
     def pid(self) -> int | None:

@@ -51,6 +51,18 @@ class HttpUnreachable(Exception):
     """The connection failed (refused, reset, closed mid-answer)."""
 
 
+class HttpUntrusted(Exception):
+    """The server's TLS certificate does not verify: a setting to mend (``model.tls_ca_file``,
+    the URL's host), not an outage to wait out."""
+
+    def __init__(self, url: str, detail: str) -> None:
+        super().__init__(
+            f"{url}: the server's TLS certificate is not trusted ({detail}): set "
+            "model.tls_ca_file to the CA that signed it, or reach the server by a name its "
+            "certificate holds"
+        )
+
+
 class HttpSession(Protocol):
     """HTTP/1.1 to one server (:class:`AiohttpSession`; tests pass fakes)."""
 
@@ -106,6 +118,8 @@ class AiohttpSession:
                 )
         except TimeoutError as exc:
             raise HttpTimeout(f"{type(exc).__name__}") from exc
+        except aiohttp.ClientConnectorCertificateError as exc:
+            raise HttpUntrusted(self._base, str(exc.certificate_error)) from exc
         except aiohttp.ClientError as exc:
             raise HttpUnreachable(f"{type(exc).__name__}: {exc}") from exc
 
@@ -225,6 +239,10 @@ class EndpointPool:
                     f"{self._settings.timeout_s} s ({exc})",
                     model=model,
                     status="DEADLINE_EXCEEDED",
+                ) from exc
+            except HttpUntrusted as exc:
+                raise FatalInferenceError(
+                    f"model {model!r}: {exc}", model=model, status="TLS"
                 ) from exc
             except HttpUnreachable as exc:
                 if endpoint.meter is not None:

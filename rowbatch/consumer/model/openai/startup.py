@@ -17,7 +17,12 @@ from rowbatch.consumer.model.inference.errors import (
     FatalInferenceError,
     RetryableInferenceError,
 )
-from rowbatch.consumer.model.openai.client import EndpointPool, HttpTimeout, HttpUnreachable
+from rowbatch.consumer.model.openai.client import (
+    EndpointPool,
+    HttpTimeout,
+    HttpUnreachable,
+    HttpUntrusted,
+)
 from rowbatch.consumer.model.openai.errors import classify_status
 from rowbatch.consumer.model.openai.handler import PATHS
 from rowbatch.consumer.model.openai.outputs import (
@@ -49,6 +54,8 @@ async def _models(pool: EndpointPool, settings: OpenAISettings) -> str:
     for endpoint in pool.endpoints:
         try:
             response = await endpoint.http.get("/v1/models", 10.0)
+        except HttpUntrusted as exc:
+            raise FatalInferenceError(str(exc), model=settings.name, status="TLS") from exc
         except (HttpTimeout, HttpUnreachable) as exc:
             raise OpenAIServerUnavailable(f"{endpoint.url}: {exc}") from exc
         if response.status in (502, 503, 504):
@@ -98,6 +105,8 @@ async def _probe(pool: EndpointPool, settings: OpenAISettings) -> int:
     for endpoint in pool.endpoints:
         try:
             response = await endpoint.http.post(PATHS[settings.api], orjson.dumps(body))
+        except HttpUntrusted as exc:
+            raise FatalInferenceError(str(exc), model=settings.name, status="TLS") from exc
         except (HttpTimeout, HttpUnreachable) as exc:
             raise OpenAIServerUnavailable(f"{endpoint.url}: {exc}") from exc
         if response.status != 200:
