@@ -36,6 +36,7 @@ from rowbatch.consumer.sources.base import Source
 from rowbatch.consumer.sources.kafka.source import KafkaSource
 from rowbatch.wire.chunks.decode import decode_chunk
 from rowbatch.wire.chunks.encode import EncodedChunk, encode_chunk
+from rowbatch.wire.chunks.row_parts import format_rows
 from tests.integration.consumer_helpers import Topics, wait_until
 from tests.integration.kafka_helpers import (
     Header,
@@ -690,6 +691,66 @@ async def test_one_bad_row_costs_one_row(
         assert np.array_equal(
             np.frombuffer(got[(chunk, r)][1], "<f4"), embed(f"message {n} row {r} ✓ POISON-ROW")
         )
+
+
+@pytest.mark.timeout(300)
+async def test_rows_failing_the_input_checks_cost_their_rows(
+    broker: Broker, chaos: TritonEndpoint, consumers: list[Run], tmp_path: Path
+) -> None:
+    """500-row messages (JSON and Arrow), a few rows with a null text where the model takes
+    none: those rows are set apart at intake and dead-lettered as row parts (schema-mismatch,
+    null_not_allowed, naming their row), never sent to Triton (no isolation requests: the
+    clean run's count), every other row written once, no message dead-lettered whole."""
+    await broker.prepare(partitions=3)
+    nulls = {2: [0], 5: [7, 8, 499], 12: [300]}
+    chunks = []
+    for n in range(16):
+        texts = [f"message {n} row {r} ✓" for r in range(500)]
+        ids = np.arange(n * 1000, n * 1000 + 500, dtype=np.int64)
+        mask = np.zeros(500, dtype=np.bool_)
+        mask[nulls.get(n, [])] = True
+        chunks.append(
+            encode_chunk(
+                "docs",
+                {"id": ids, "text": texts},
+                "arrow" if n % 2 else "json",
+                f"t{n}",
+                null_masks={"text": mask},
+            )
+        )
+    bad_rows = sum(len(rows) for rows in nulls.values())
+    failed_before = server_stats(chaos.grpc_url, "chaos").failed
+    await broker.publish(records(chunks))
+
+    sink = {"kind": "sqlite", "path": str(tmp_path / "r.sqlite"), "table": "emb"}
+    run = await start(consumers, consumer_config(broker, chaos, "chaos", sink))
+    registry = run.registry
+    await wait_until(lambda: settled(registry) == len(chunks), 120, "all settled", run.task)
+    await broker.drained(registry, None)
+    failed = server_stats(chaos.grpc_url, "chaos").failed - failed_before
+    await run.stop_and_wait()
+    assert dead_lettered(registry) == {}  # no message dead-lettered whole
+    assert (
+        registry.get_sample_value(
+            "rowbatch_rows_dead_lettered_total", {"reason": "schema-mismatch"}
+        )
+        == bad_rows
+    )
+    assert failed == 0  # the null rows never reached Triton: no request failed, no isolation
+    letters = await broker.dead_letters(expect=len(nulls))
+    by_parent = {d.text("rowbatch-parent-chunk-id"): d for d in letters}
+    assert set(by_parent) == {f"t{n}" for n in nulls}
+    for n, rows in nulls.items():
+        letter = by_parent[f"t{n}"]
+        assert letter.text("rowbatch-parent-rows") == format_rows(rows)
+        assert letter.text("rowbatch-dlq-reason") == "schema-mismatch"
+        assert letter.text("rowbatch-dlq-code") == "null_not_allowed"
+        assert f"row {rows[0]} is null" in letter.text("rowbatch-dlq-message")
+        part = decode_chunk(letter.payload, {k: v.decode() for k, v in letter.headers.items()})
+        assert part.columns["id"].tolist() == [n * 1000 + r for r in rows]
+    got = read_embeddings(tmp_path / "r.sqlite", "emb")  # asserts each key once
+    want = {(f"t{n}", r) for n in range(len(chunks)) for r in range(500)}
+    assert set(got) == want - {(f"t{n}", r) for n, rows in nulls.items() for r in rows}
 
 
 @pytest.mark.timeout(300)

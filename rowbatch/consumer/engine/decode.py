@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from rowbatch.consumer.engine.bad_rows import ROW_CODES, find_bad_rows, rows_of
 from rowbatch.consumer.model.mismatch import SchemaMismatch
 from rowbatch.consumer.observe.costs import arrays_overhead, attributes_bytes, held_cost
 from rowbatch.consumer.sources.delivery import DeadLetterReason, Delivery
@@ -34,6 +35,27 @@ class PoisonMessage(Exception):
         self.reason = reason
 
 
+class PoisonRows(PoisonMessage):
+    """Some rows of this message fail the binding's value checks on their own: ``failed``
+    (their indexes in the message, ascending, with why); ``kept`` holds the message's other rows
+    (its ``positions`` their indexes in the message, its ``row_keys`` their keys). Where rows
+    cannot be dead-lettered on their own, the whole message is dead-lettered with ``reason``
+    (the message's first failure, as for any poison message)."""
+
+    def __init__(
+        self,
+        reason: DeadLetterReason,
+        kept: MessageRows,
+        failed: tuple[tuple[int, DeadLetterReason], ...],
+        rows: int,
+    ) -> None:
+        super().__init__(reason)
+        self.kept = kept
+        self.failed = failed
+        self.rows = rows
+        """The message's rows, kept and failed."""
+
+
 @dataclass(frozen=True, eq=False)
 class MessageRows:
     """The columns of one message that the consumer needs (model inputs and passthrough)."""
@@ -52,6 +74,9 @@ class MessageRows:
     row_keys: NDArray[np.int64] | None = None
     """A row part's rows' indexes in its parent chunk (``chunk_id`` is then the parent's), the
     keys its rows are written under; None for a whole chunk (row ``i`` keyed ``i``)."""
+    positions: NDArray[np.int64] | None = None
+    """The rows' indexes in their message when some of its rows were left out (failing the
+    value checks on their own: ``PoisonRows``); None: row ``i`` is the message's row ``i``."""
 
     @classmethod
     def _of(
@@ -80,15 +105,21 @@ class MessageRows:
         return out
 
 
-def _as_part(rows: MessageRows, attributes: Mapping[str, str]) -> MessageRows:
-    """``rows`` of a row part (``rowbatch.wire.chunks.row_parts``): keyed by its parent's chunk
-    id and the parent's row indexes."""
+def _parent(attributes: Mapping[str, str], rows: int) -> tuple[str, NDArray[np.int64]] | None:
+    """A row part's parent chunk id and its ``rows`` rows' indexes there; None for a whole
+    chunk; ``PoisonMessage`` when the headers naming them are malformed."""
     try:
-        found = parent_of(attributes, rows.rows)
+        return parent_of(attributes, rows)
     except WireError as exc:
         raise PoisonMessage(
             DeadLetterReason(ReasonClass.UNDECODABLE, f"{exc.reason}: {exc}", exc.reason)
         ) from exc
+
+
+def _as_part(rows: MessageRows, attributes: Mapping[str, str]) -> MessageRows:
+    """``rows`` of a row part (``rowbatch.wire.chunks.row_parts``): keyed by its parent's chunk
+    id and the parent's row indexes."""
+    found = _parent(attributes, rows.rows)
     if found is None:
         return rows
     parent, keys = found
@@ -103,6 +134,10 @@ def _as_part(rows: MessageRows, attributes: Mapping[str, str]) -> MessageRows:
     )
     out.__dict__["row_keys"] = keys
     return out
+
+
+def _mismatch(exc: SchemaMismatch) -> DeadLetterReason:
+    return DeadLetterReason(ReasonClass.SCHEMA_MISMATCH, f"{exc.code}: {exc}", exc.code)
 
 
 def rows_cost(delivery: Delivery, rows: MessageRows, output_bytes: int) -> int:
@@ -193,9 +228,12 @@ class MessageDecoder:
         try:
             self._check(chunk)
         except SchemaMismatch as exc:
-            raise PoisonMessage(
-                DeadLetterReason(ReasonClass.SCHEMA_MISMATCH, f"{exc.code}: {exc}", exc.code)
-            ) from exc
+            reason = _mismatch(exc)
+            if exc.code in ROW_CODES and chunk.row_count > 1:
+                split = self._rows_apart(chunk, attribute_bytes, delivery.attributes, reason)
+                if split is not None:
+                    raise split from exc
+            raise PoisonMessage(reason) from exc
         except (ValueError, TypeError, KeyError) as exc:
             raise PoisonMessage(
                 DeadLetterReason(
@@ -207,6 +245,41 @@ class MessageDecoder:
         if H_PARENT_CHUNK_ID in delivery.attributes:
             return _as_part(self._decoded(chunk, attribute_bytes), delivery.attributes)
         return self._decoded(chunk, attribute_bytes)
+
+    def _rows_apart(
+        self,
+        chunk: DecodedChunk,
+        attribute_bytes: int,
+        attributes: Mapping[str, str],
+        reason: DeadLetterReason,
+    ) -> PoisonRows | None:
+        """The message's rows failing the check alone apart from the others
+        (``bad_rows.find_bad_rows``); None when its failure is not its rows'."""
+        found = find_bad_rows(self._check, chunk)
+        if found is None:
+            return None
+        failing = {row for row, _ in found}
+        kept = np.asarray(
+            [row for row in range(chunk.row_count) if row not in failing], dtype=np.int64
+        )
+        rows = self._decoded(rows_of(chunk, kept), attribute_bytes)
+        chunk_id, keys = rows.chunk_id, kept
+        parent = _parent(attributes, chunk.row_count)
+        if parent is not None:  # a row part: keyed by its parent's rows
+            chunk_id, keys = parent[0], parent[1][kept]
+        rows = MessageRows._of(
+            chunk_id,
+            rows.rows,
+            rows.columns,
+            rows.nulls,
+            rows.nbytes,
+            attribute_bytes=rows.attribute_bytes,
+            array_overhead=rows.array_overhead,
+        )
+        rows.__dict__["row_keys"] = keys
+        rows.__dict__["positions"] = kept
+        failed = tuple((row, _mismatch(error)) for row, error in found)
+        return PoisonRows(reason, rows, failed, chunk.row_count)
 
     def _decoded(self, chunk: DecodedChunk, attribute_bytes: int) -> MessageRows:
         decoded = chunk.columns

@@ -1,15 +1,23 @@
 """The intake stage: takes deliveries from the source while the gate is open, the batcher holds
 fewer rows than the pipeline's work bound and the byte budget has room, decodes them (poison
-goes straight to the dead-letter topic), opens their ledger entries and queues their rows in
-the batcher. It also hands back to the source what it takes back before it was sent to the
-model (``withdraw``)."""
+goes straight to the dead-letter topic; rows failing the value checks on their own are set
+apart to be dead-lettered as a row part when the source can), opens their ledger entries and
+queues their rows in the batcher. It also hands back to the source what it takes back before
+it was sent to the model (``withdraw``)."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 
-from rowbatch.consumer.engine.decode import MessageDecoder, MessageRows, PoisonMessage, rows_cost
+from rowbatch.consumer.engine.decode import (
+    MessageDecoder,
+    MessageRows,
+    PoisonMessage,
+    PoisonRows,
+    rows_cost,
+)
 from rowbatch.consumer.engine.gate import Gate
 from rowbatch.consumer.engine.settle import Settler
 from rowbatch.consumer.engine.stage_context import StageContext
@@ -23,6 +31,8 @@ from rowbatch.consumer.sources.base import (
     WorkBound,
 )
 from rowbatch.consumer.sources.delivery import Delivery
+
+log = logging.getLogger(__name__)
 
 _INTAKE_YIELD_EVERY = 32
 """Intake yields to the event loop after this many messages in a row (and whenever the
@@ -124,21 +134,26 @@ class IntakeStage:
                 self._at = at
                 if self._withdrawn and delivery in self._withdrawn:
                     continue
+                failed: PoisonRows | None = None
                 try:
                     rows = self._intake.rows(delivery)
                 except PoisonMessage as poison:
-                    self._at = at + 1  # settled by the dead letter, whatever happens
-                    await self._settler.dead_letter(delivery, poison.reason, None)
-                    continue
+                    if isinstance(poison, PoisonRows) and self._settler.isolates_rows:
+                        rows, failed = poison.kept, poison  # its other rows go on
+                    else:
+                        self._at = at + 1  # settled by the dead letter, whatever happens
+                        await self._settler.dead_letter(delivery, poison.reason, None)
+                        continue
                 reserve = self._cost(delivery, rows)
                 if gate.is_open and batcher.pending_rows < work.rows and budget.fits(reserve):
                     budget.take_now(reserve)
                 elif not await self._admit_waiting(delivery, reserve):
                     continue  # withdrawn while it waited
-                self._accept(delivery, rows, reserve)
-                rows_in += rows.rows
+                self._accept(delivery, rows, reserve, failed)
+                count = rows.rows if failed is None else failed.rows
+                rows_in += count
                 if self._signal is not None:
-                    self._signal.received(rows.rows, ages[at])
+                    self._signal.received(count, ages[at])
                 # A source with a deep buffer yields without ever suspending: let the flusher,
                 # the inference workers and the writers run (and release budget) meanwhile.
                 self._taken += 1
@@ -231,10 +246,35 @@ class IntakeStage:
             await self._budget.acquire(reserve)
         self._metrics.inflight_bytes.set(self._budget.used)
 
-    def _accept(self, delivery: Delivery, rows: MessageRows, reserve: int) -> None:
-        entry = self._ledger.open(
-            delivery, rows.chunk_id, rows.rows, reserve, self._clock(), rows.row_keys
-        )
+    def _accept(
+        self, delivery: Delivery, rows: MessageRows, reserve: int, failed: PoisonRows | None
+    ) -> None:
+        """Open the message in the ledger and queue its rows; ``failed``: some of its rows
+        failed the value checks on their own (they are dead-lettered as a row part once the
+        others are written), ``rows`` holds the others."""
+        if failed is None:
+            entry = self._ledger.open(
+                delivery, rows.chunk_id, rows.rows, reserve, self._clock(), rows.row_keys
+            )
+        else:
+            entry = self._ledger.open(
+                delivery,
+                rows.chunk_id,
+                failed.rows,
+                reserve,
+                self._clock(),
+                rows.row_keys,
+                failed_rows=failed.failed,
+                positions=rows.positions,
+            )
+            log.warning(
+                "%d of the %d rows of message %s fail the model's input checks on their own; "
+                "they will be dead-lettered as a row part (%s)",
+                len(failed.failed),
+                failed.rows,
+                delivery.message_id,
+                failed.failed[0][1].message,
+            )
         self._tracing.opened(entry.key, delivery)
         if rows.rows == 0:
             done = self._ledger.written(entry.key, 0)

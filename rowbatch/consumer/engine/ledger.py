@@ -34,6 +34,23 @@ class Entry:
     """Rows (indexes in the message) that failed for good on their own, with why: the message
     is acked once its other rows are written and these are dead-lettered as a row part (a
     tuple, grown only on failure: nothing is allocated for it per message)."""
+    positions: NDArray[np.int64] | None = None
+    """The message's indexes of the rows queued for the model when some failed at intake (in
+    ``failed_rows`` from the start); None: the queued row ``i`` is the message's row ``i``."""
+
+    def in_message(self, start: int, stop: int) -> list[tuple[int, int]]:
+        """Queued rows ``[start, stop)`` as runs ``[low, high)`` of the message's rows."""
+        positions = self.positions
+        if positions is None:
+            return [(start, stop)]
+        rows = positions[start:stop].tolist()
+        runs: list[tuple[int, int]] = []
+        for row in rows:
+            if runs and runs[-1][1] == row:
+                runs[-1] = (runs[-1][0], row + 1)
+            else:
+                runs.append((row, row + 1))
+        return runs
 
     def __post_init__(self) -> None:
         self.unresolved = self.rows
@@ -58,10 +75,18 @@ class Ledger:
         reserved_bytes: int,
         accepted_at: float,
         row_keys: NDArray[np.int64] | None = None,
+        failed_rows: tuple[tuple[int, DeadLetterReason], ...] = (),
+        positions: NDArray[np.int64] | None = None,
     ) -> Entry:
+        """Message ``delivery`` of ``rows`` rows, in flight. ``failed_rows``: those that failed
+        already (at intake; resolved from the start), ``positions`` the others' indexes."""
         entry = Entry(next(self._keys), delivery, chunk_id, rows, reserved_bytes, accepted_at)
         if row_keys is not None:
             entry.row_keys = row_keys
+        if failed_rows:
+            entry.failed_rows = failed_rows
+            entry.unresolved -= len(failed_rows)
+            entry.positions = positions
         self._entries[entry.key] = entry
         return entry
 
@@ -90,13 +115,15 @@ class Ledger:
     def failed_rows(
         self, key: int, start: int, stop: int, reason: DeadLetterReason
     ) -> Entry | None:
-        """Rows ``[start, stop)`` of message ``key`` failed for good on their own: they will be
-        dead-lettered as a row part and the rest of the message written and acked. Returns the
-        entry once every row is resolved (and forgets it)."""
+        """Queued rows ``[start, stop)`` of message ``key`` failed for good on their own: they
+        will be dead-lettered as a row part and the rest of the message written and acked.
+        Returns the entry once every row is resolved (and forgets it)."""
         entry = self._entries.get(key)
         if entry is None:
             return None
-        entry.failed_rows += tuple((row, reason) for row in range(start, stop))
+        positions = entry.positions
+        rows = range(start, stop) if positions is None else positions[start:stop].tolist()
+        entry.failed_rows += tuple((row, reason) for row in rows)
         return self._resolve(entry, stop - start)
 
     def _resolve(self, entry: Entry, rows: int) -> Entry | None:

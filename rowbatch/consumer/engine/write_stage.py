@@ -150,15 +150,15 @@ class WriteStage:
                 if bad == len(segment) or segment.message not in self._ledger:
                     continue
                 if self._rows_written is not None:  # the rows written: all but the rejected
-                    delivery = self._ledger.get(segment.message).delivery
+                    held = self._ledger.get(segment.message)
                     at = segment.start
                     for f in sorted(failed.get(segment.message, ()), key=lambda f: f.start):
                         if segment.start <= f.start and f.stop <= segment.stop:
                             if f.start > at:
-                                ranges.append((delivery, at, f.start))
+                                ranges += _in_message(held, at, f.start)
                             at = f.stop
                     if at < segment.stop:
-                        ranges.append((delivery, at, segment.stop))
+                        ranges += _in_message(held, at, segment.stop)
                 entry = self._ledger.written(segment.message, len(segment) - bad)
                 if entry is not None:
                     done.append(entry)
@@ -187,3 +187,8 @@ class WriteStage:
         index = batch.rows_of(live)
         outputs = {k: v[index] for k, v in part.outputs.items()}
         return Answered(batch.select(live), outputs, part.model_version, part.span)
+
+
+def _in_message(entry: Entry, start: int, stop: int) -> list[WrittenRows]:
+    """Queued rows ``[start, stop)`` of ``entry`` as ranges of its message's rows."""
+    return [(entry.delivery, low, high) for low, high in entry.in_message(start, stop)]
