@@ -1,6 +1,6 @@
 """OpenTelemetry tracing shared by the producer and the consumer: turning it on (the SDK with
-an OTLP exporter and a parent-based ratio sampler), and carrying W3C trace context in a
-message's attributes (Pub/Sub) or headers (Kafka).
+an OTLP exporter and a parent-based sampler, :func:`sampler`), and carrying W3C trace context
+in a message's attributes (Pub/Sub) or headers (Kafka).
 
 Off by default and free when off: nothing here starts an exporter or a thread until
 :func:`start_tracing` is called, and the hot paths ask :func:`active` (a module flag) before
@@ -21,12 +21,16 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from opentelemetry import trace
 from opentelemetry.trace import SpanContext, TraceFlags, TraceState
 
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace.sampling import Sampler
+
 __all__ = [
+    "FOLLOWS_LINKS",
     "PUBSUB_PREFIX",
     "TRACEPARENT",
     "TRACESTATE",
@@ -38,6 +42,7 @@ __all__ = [
     "context_of",
     "inject",
     "linked_or_ratio",
+    "sampler",
     "start_tracing",
     "traceparent_of",
 ]
@@ -49,6 +54,10 @@ TRACE_CONTEXT_BYTES: Final = 256
 much of a message's size limit free for it, whether tracing is on or not."""
 PUBSUB_PREFIX: Final = "googclient_"
 """What Google's Pub/Sub client puts before the W3C names in message attributes."""
+FOLLOWS_LINKS: Final = "rowbatch.links"
+"""The attribute of a span over messages or requests (an ``infer`` span, a ``write`` span): how
+many contexts it links. Such a root is sampled by what it links (:func:`linked_or_ratio`): kept
+when a link is sampled, else with the batch ratio, never with the ratio of other roots."""
 
 _active = False
 
@@ -74,7 +83,13 @@ class TracingSettings:
     """OTLP over gRPC, e.g. ``http://127.0.0.1:4317`` (``https://`` for TLS)."""
     sample_ratio: float | None = None
     """Parent-based: a message's spans follow its producer's decision; a trace started here
-    (an inference request) is kept with this probability."""
+    (a producer's ``send``, a consumed message that carries no trace context) is kept with this
+    probability."""
+    batch_sample_ratio: float = 0.0
+    """The probability that a span over messages (an inference request and its children, a
+    sink write) linking no sampled context is kept anyway. 0: follow the messages (a request
+    is kept only when it carries a sampled message, a write only when it writes a kept
+    request)."""
     link_limit: int = 128
     """Most links one span carries (the SDK's ``OTEL_SPAN_LINK_COUNT_LIMIT`` default); an
     inference span over more messages puts the rest on child spans."""
@@ -83,6 +98,10 @@ class TracingSettings:
     def __post_init__(self) -> None:
         if self.sample_ratio is not None and not 0.0 <= self.sample_ratio <= 1.0:
             raise TracingError(f"tracing sample ratio must be in [0, 1], not {self.sample_ratio}")
+        if not 0.0 <= self.batch_sample_ratio <= 1.0:
+            raise TracingError(
+                f"tracing batch sample ratio must be in [0, 1], not {self.batch_sample_ratio}"
+            )
         if self.link_limit < 1:
             raise TracingError(f"tracing link limit must be >= 1, not {self.link_limit}")
 
@@ -116,10 +135,19 @@ def _sample_ratio(settings: TracingSettings) -> float:
     return ratio
 
 
+def sampler(settings: TracingSettings) -> Sampler:
+    """The sampler of :func:`start_tracing`: parent-based (a child follows its parent, a
+    message's spans its producer's decision), :func:`linked_or_ratio` at the root."""
+    from opentelemetry.sdk.trace.sampling import ParentBased  # noqa: PLC0415
+
+    root = linked_or_ratio(_sample_ratio(settings), batch_ratio=settings.batch_sample_ratio)
+    return ParentBased(root)
+
+
 def start_tracing(settings: TracingSettings) -> Tracing:
     """Configure the OpenTelemetry SDK for this process (the global tracer provider): spans
-    batched to an OTLP/gRPC exporter, sampled parent-based with a ratio at the root, the
-    resource named ``settings.service_name`` unless ``OTEL_SERVICE_NAME`` says otherwise.
+    batched to an OTLP/gRPC exporter, sampled by :func:`sampler`, the resource named
+    ``settings.service_name`` unless ``OTEL_SERVICE_NAME`` says otherwise.
     Call once, early; :meth:`Tracing.shutdown` at the end."""
     global _active  # noqa: PLW0603 (the process-wide switch the hot paths read)
     # Imported here: a process with tracing off never loads the SDK or the exporter.
@@ -127,13 +155,12 @@ def start_tracing(settings: TracingSettings) -> Tracing:
     from opentelemetry.sdk.resources import SERVICE_NAME, Resource  # noqa: PLC0415
     from opentelemetry.sdk.trace import SpanLimits, TracerProvider  # noqa: PLC0415
     from opentelemetry.sdk.trace.export import BatchSpanProcessor  # noqa: PLC0415
-    from opentelemetry.sdk.trace.sampling import ParentBased  # noqa: PLC0415
 
     named = bool(os.environ.get("OTEL_SERVICE_NAME"))
     attributes = {} if named else {SERVICE_NAME: settings.service_name}
     provider = TracerProvider(
         resource=Resource.create(attributes),
-        sampler=ParentBased(linked_or_ratio(_sample_ratio(settings))),
+        sampler=sampler(settings),
         span_limits=SpanLimits(max_links=settings.link_limit),
     )
     endpoint = settings.endpoint
@@ -147,11 +174,16 @@ def start_tracing(settings: TracingSettings) -> Tracing:
     return Tracing(provider, settings)
 
 
-def linked_or_ratio(ratio: float) -> Any:
-    """The root sampler: a span that links a sampled context (an inference request carrying
-    a sampled message, a write of a kept request) is kept, so a kept message's trace leads to
-    its request; any other root is kept with probability ``ratio``. (An SDK ``Sampler``; made
-    here so a process with tracing off never imports the SDK.)"""
+def linked_or_ratio(ratio: float, *, batch_ratio: float) -> Sampler:
+    """The root sampler (a span without a parent):
+
+    - a span that links a sampled context is kept (an inference request carrying a sampled
+      message, the write of a kept request), so a kept message's trace leads to its request;
+    - a span over messages or requests (it has :data:`FOLLOWS_LINKS`) linking no sampled
+      context is kept with probability ``batch_ratio`` (0: never; its children follow it);
+    - any other root (a ``send``, a message without trace context) with probability ``ratio``.
+
+    (An SDK ``Sampler``; made here so a process with tracing off never imports the SDK.)"""
     from opentelemetry.sdk.trace.sampling import (  # noqa: PLC0415
         Decision,
         Sampler,
@@ -162,6 +194,7 @@ def linked_or_ratio(ratio: float) -> Any:
     class LinkedOrRatio(Sampler):
         def __init__(self) -> None:
             self._ratio = TraceIdRatioBased(ratio)
+            self._batch = TraceIdRatioBased(batch_ratio)
 
         def should_sample(
             self,
@@ -173,14 +206,15 @@ def linked_or_ratio(ratio: float) -> Any:
             links: Any = None,
             trace_state: Any = None,
         ) -> Any:
-            if any(link.context.trace_flags.sampled for link in links or ()):
+            if links and any(link.context.trace_flags.sampled for link in links):
                 return SamplingResult(Decision.RECORD_AND_SAMPLE, attributes, trace_state)
-            return self._ratio.should_sample(
+            fallback = self._batch if attributes and FOLLOWS_LINKS in attributes else self._ratio
+            return fallback.should_sample(
                 parent_context, trace_id, name, kind, attributes, links, trace_state
             )
 
         def get_description(self) -> str:
-            return f"LinkedOrRatio{{{ratio}}}"
+            return f"LinkedOrRatio{{{ratio},batch={batch_ratio}}}"
 
     return LinkedOrRatio()
 

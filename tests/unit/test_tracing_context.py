@@ -16,6 +16,7 @@ import rowbatch.tracing
 from rowbatch.consumer.observe import tracing_settings
 from rowbatch.consumer.observe.tracing_settings import TracingConfig, start_consumer_tracing
 from rowbatch.tracing import (
+    FOLLOWS_LINKS,
     PUBSUB_PREFIX,
     TRACE_CONTEXT_BYTES,
     Tracing,
@@ -25,6 +26,8 @@ from rowbatch.tracing import (
     active,
     context_of,
     inject,
+    linked_or_ratio,
+    sampler,
     traceparent_of,
 )
 from tests.unit import tracing_fixtures
@@ -252,6 +255,12 @@ def test_settings_reject_a_ratio_outside_0_1(ratio: float) -> None:
         TracingSettings("svc", sample_ratio=ratio)
 
 
+@pytest.mark.parametrize("ratio", [-0.01, 1.01, float("nan")])
+def test_settings_reject_a_batch_ratio_outside_0_1(ratio: float) -> None:
+    with pytest.raises(TracingError, match="batch sample ratio"):
+        TracingSettings("svc", batch_sample_ratio=ratio)
+
+
 @pytest.mark.parametrize("limit", [0, -1])
 def test_settings_reject_a_link_limit_below_1(limit: int) -> None:
     with pytest.raises(TracingError, match="link limit"):
@@ -261,6 +270,8 @@ def test_settings_reject_a_link_limit_below_1(limit: int) -> None:
 def test_settings_accept_the_bounds() -> None:
     assert TracingSettings("svc", sample_ratio=0.0).sample_ratio == 0.0
     assert TracingSettings("svc", sample_ratio=1.0, link_limit=1).link_limit == 1
+    assert TracingSettings("svc", batch_sample_ratio=1.0).batch_sample_ratio == 1.0
+    assert TracingSettings("svc").batch_sample_ratio == 0.0  # follow the messages
     assert issubclass(TracingError, ValueError)
 
 
@@ -366,6 +377,7 @@ def test_enabled_consumer_tracing_starts_with_its_settings(
         enabled=True,
         endpoint="http://collector:4317",
         sample_ratio=0.5,
+        batch_sample_ratio=0.25,
         service_name="svc",
         link_limit=7,
     )
@@ -373,12 +385,24 @@ def test_enabled_consumer_tracing_starts_with_its_settings(
     assert started == [tracing]
     assert tracing is not None
     assert tracing.settings == TracingSettings(
-        service_name="svc", endpoint="http://collector:4317", sample_ratio=0.5, link_limit=7
+        service_name="svc",
+        endpoint="http://collector:4317",
+        sample_ratio=0.5,
+        batch_sample_ratio=0.25,
+        link_limit=7,
     )
 
 
 @pytest.mark.parametrize(
-    "fields", [{"sample_ratio": 1.5}, {"sample_ratio": -0.5}, {"link_limit": 0}, {"bogus": 1}]
+    "fields",
+    [
+        {"sample_ratio": 1.5},
+        {"sample_ratio": -0.5},
+        {"batch_sample_ratio": 1.5},
+        {"batch_sample_ratio": -0.5},
+        {"link_limit": 0},
+        {"bogus": 1},
+    ],
 )
 def test_tracing_config_rejects_bad_fields(fields: dict[str, Any]) -> None:
     with pytest.raises(ValidationError):
@@ -417,21 +441,75 @@ def test_google_pubsub_clients_read_ours_and_we_read_theirs(spans: InMemorySpanE
     assert (got.trace_id, got.span_id) == (read.trace_id, read.span_id)
 
 
+def decision(sampler: Any, links: list[trace.Link], attributes: Any = None) -> Any:
+    """What ``sampler`` decides for a root span with ``links`` and ``attributes``."""
+    return sampler.should_sample(None, 7, "infer m", attributes=attributes, links=links).decision
+
+
+SAMPLED = trace.Link(SpanContext(1, 2, True, TraceFlags(TraceFlags.SAMPLED)))
+UNSAMPLED = trace.Link(SpanContext(3, 4, True, TraceFlags(TraceFlags.DEFAULT)))
+OVER_MESSAGES = {FOLLOWS_LINKS: 1}
+"""The attributes of a span over messages (``infer``, ``write``), as far as sampling goes."""
+
+
 def test_a_root_linking_a_sampled_message_is_kept_whatever_the_ratio() -> None:
-    """An inference request carrying a sampled message is kept even at ratio 0 (the message's
-    trace leads to it); one linking only unsampled contexts, or none, follows the ratio."""
+    """An inference request carrying a sampled message is kept even at ratios 0 (the
+    message's trace leads to it); a root linking only unsampled contexts, or none, follows
+    the ratio."""
     from opentelemetry.sdk.trace.sampling import Decision
 
-    never = rowbatch.tracing.linked_or_ratio(0.0)
-    always = rowbatch.tracing.linked_or_ratio(1.0)
-    sampled = trace.Link(SpanContext(1, 2, True, TraceFlags(TraceFlags.SAMPLED)))
-    unsampled = trace.Link(SpanContext(3, 4, True, TraceFlags(TraceFlags.DEFAULT)))
-
-    def decision(sampler: Any, links: list[trace.Link]) -> Any:
-        return sampler.should_sample(None, 7, "infer m", links=links).decision
-
-    assert decision(never, [unsampled, sampled]) is Decision.RECORD_AND_SAMPLE
-    assert decision(never, [unsampled]) is Decision.DROP
+    never = linked_or_ratio(0.0, batch_ratio=0.0)
+    always = linked_or_ratio(1.0, batch_ratio=1.0)
+    assert decision(never, [UNSAMPLED, SAMPLED]) is Decision.RECORD_AND_SAMPLE
+    assert decision(never, [UNSAMPLED, SAMPLED], OVER_MESSAGES) is Decision.RECORD_AND_SAMPLE
+    assert decision(never, [UNSAMPLED]) is Decision.DROP
     assert decision(never, []) is Decision.DROP
     assert decision(always, []) is Decision.RECORD_AND_SAMPLE
+    assert decision(always, [UNSAMPLED], OVER_MESSAGES) is Decision.RECORD_AND_SAMPLE
     assert "0.0" in never.get_description()
+
+
+def test_a_span_over_messages_linking_none_sampled_follows_the_batch_ratio() -> None:
+    """The consumer's own ratio (1.0 here, the default) keeps the traces that start in the
+    consumer (a message without context), never a request or write that carries no sampled
+    message; ``batch_ratio`` alone decides those."""
+    from opentelemetry.sdk.trace.sampling import Decision
+
+    follow = linked_or_ratio(1.0, batch_ratio=0.0)
+    assert decision(follow, [], OVER_MESSAGES) is Decision.DROP
+    assert decision(follow, [UNSAMPLED], OVER_MESSAGES) is Decision.DROP
+    assert decision(follow, [SAMPLED], OVER_MESSAGES) is Decision.RECORD_AND_SAMPLE
+    assert decision(follow, [], {"messaging.message.id": "m1"}) is Decision.RECORD_AND_SAMPLE
+    keep = linked_or_ratio(0.0, batch_ratio=1.0)
+    assert decision(keep, [], OVER_MESSAGES) is Decision.RECORD_AND_SAMPLE
+    assert decision(keep, [], {"messaging.message.id": "m1"}) is Decision.DROP
+    assert "batch=0.0" in follow.get_description()
+
+
+def test_a_kept_root_keeps_its_attributes() -> None:
+    result = linked_or_ratio(0.0, batch_ratio=0.0).should_sample(
+        None, 7, "infer m", attributes={FOLLOWS_LINKS: 1, "rowbatch.rows": 3}, links=[SAMPLED]
+    )
+    assert dict(result.attributes) == {FOLLOWS_LINKS: 1, "rowbatch.rows": 3}
+
+
+def test_the_sampler_is_parent_based_over_the_settings_ratios(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``sampler`` (what ``start_tracing`` installs): a child follows its parent whatever the
+    ratios; a root goes to ``linked_or_ratio`` with ``sample_ratio`` (or
+    ``OTEL_TRACES_SAMPLER_ARG``) and ``batch_sample_ratio``."""
+    from opentelemetry.sdk.trace.sampling import Decision
+
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0")
+    built = sampler(TracingSettings("svc", batch_sample_ratio=1.0))
+    assert "LinkedOrRatio{0.0,batch=1.0}" in built.get_description()
+    unsampled_parent = trace.set_span_in_context(NonRecordingSpan(UNSAMPLED.context))
+    sampled_parent = trace.set_span_in_context(NonRecordingSpan(SAMPLED.context))
+    child = built.should_sample(unsampled_parent, 7, "isolate", links=[SAMPLED])
+    assert child.decision is Decision.DROP
+    child = built.should_sample(sampled_parent, 7, "isolate")
+    assert child.decision is Decision.RECORD_AND_SAMPLE
+    root = built.should_sample(None, 7, "infer m", attributes=OVER_MESSAGES, links=[])
+    assert root.decision is Decision.RECORD_AND_SAMPLE
+    assert decision(built, []) is Decision.DROP

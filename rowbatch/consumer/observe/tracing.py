@@ -6,11 +6,18 @@ when tracing is on, :data:`NO_TRACING` (whose calls do nothing and allocate noth
   letter, nack or withdrawal: ``rowbatch.outcome``), a child of the producer's span the message
   carries, so a message's trace shows where it spent its time;
 - ``infer <model>`` (CONSUMER), one per inference request, **linked** to the producer spans of
-  the messages whose rows it carries (each link names the message and its rows in the batch;
-  past ``link_limit`` links the rest go on ``infer <model> links`` child spans), with the model,
+  the messages whose rows it carries (a message without trace context: to its own ``process``
+  span, when that is sampled; each link names the message and its rows in the batch; past
+  ``link_limit`` links the rest go on ``infer <model> links`` child spans), with the model,
   the version that answered, the rows and the outcome; the message spans get a link back to it;
 - ``dead-letter <source>`` (PRODUCER), a child of the message's span, with the reason;
-- ``write <sink>``, one per sink write, linked to the inference spans whose rows it writes.
+- ``write <sink>``, one per sink write, linked to the (kept) inference spans whose rows it
+  writes.
+
+Sampling (:func:`rowbatch.tracing.linked_or_ratio`): every link is to a sampled context, and
+``infer`` and ``write`` carry :data:`rowbatch.tracing.FOLLOWS_LINKS`, so a request is kept
+exactly when it carries a sampled message (a write when it writes a kept request), or with
+``batch_sample_ratio``; a request that is not kept records nothing under it either.
 
 The model layer adds the gRPC request spans (one per attempt, the endpoint, the context sent
 to the server in the request's metadata) and ``backoff`` spans under the inference span.
@@ -23,9 +30,17 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, Final, Protocol
 
 from opentelemetry import trace
-from opentelemetry.trace import INVALID_SPAN, Link, Span, SpanKind, Status, StatusCode
+from opentelemetry.trace import (
+    INVALID_SPAN,
+    Link,
+    Span,
+    SpanKind,
+    Status,
+    StatusCode,
+    TracerProvider,
+)
 
-from rowbatch.tracing import context_of
+from rowbatch.tracing import FOLLOWS_LINKS, context_of
 
 __all__ = [
     "NO_TRACING",
@@ -193,12 +208,20 @@ class _Message:
 
 class PipelineTracing:
     """Spans of one pipeline, through the global tracer provider (configured by
-    :func:`rowbatch.tracing.start_tracing`)."""
+    :func:`rowbatch.tracing.start_tracing`) unless ``tracer_provider`` names another."""
 
     message_bytes: Final = TRACED_MESSAGE_BYTES
 
-    def __init__(self, *, system: str, model: str, sink: str, link_limit: int = 128) -> None:
-        self._tracer = trace.get_tracer("rowbatch.consumer")
+    def __init__(
+        self,
+        *,
+        system: str,
+        model: str,
+        sink: str,
+        link_limit: int = 128,
+        tracer_provider: TracerProvider | None = None,
+    ) -> None:
+        self._tracer = trace.get_tracer("rowbatch.consumer", tracer_provider=tracer_provider)
         self._system = system
         self._model = model
         self._sink = sink
@@ -284,7 +307,9 @@ class PipelineTracing:
     @contextmanager
     def inference(self, segments: Sequence[TracedSegment], rows: int) -> Iterator[Span]:
         """The span of one inference request, current while it runs (the gRPC attempts,
-        backoffs and isolation are its children), linked to the producers of its messages."""
+        backoffs and isolation are its children), linked to the producers of its messages (a
+        message without trace context: to its own span, when sampled). Linking no sampled
+        context, it is kept only with the batch ratio (``rowbatch.tracing.linked_or_ratio``)."""
         links: list[Link] = []
         carried: list[_Message] = []
         for segment in segments:
@@ -292,10 +317,16 @@ class PipelineTracing:
             if message is None:
                 continue
             carried.append(message)
-            if message.producer is not None:
+            # Only sampled messages are held with a producer context (``opened``).
+            linked = (
+                message.producer
+                if message.producer is not None
+                else message.span.get_span_context()
+            )
+            if linked.trace_flags.sampled:
                 links.append(
                     Link(
-                        message.producer,
+                        linked,
                         {
                             "messaging.message.id": message.delivery.message_id,
                             "rowbatch.rows": len(segment),
@@ -313,14 +344,14 @@ class PipelineTracing:
                 "messaging.batch.message_count": len(segments),
                 "rowbatch.model": self._model,
                 "rowbatch.rows": rows,
-                "rowbatch.links": len(links),
+                FOLLOWS_LINKS: len(links),
             },
         ) as span:
             for at in range(limit, len(links), limit):
                 self._tracer.start_span(
                     f"infer {self._model} links",
                     links=links[at : at + limit],
-                    attributes={"rowbatch.links": len(links[at : at + limit])},
+                    attributes={FOLLOWS_LINKS: len(links[at : at + limit])},
                 ).end()
             back = Link(span.get_span_context())
             for message in carried:
@@ -340,12 +371,18 @@ class PipelineTracing:
 
     @contextmanager
     def write(self, inference_spans: Sequence[Any], rows: int, messages: int) -> Iterator[Span]:
-        """The span of one sink write, linked to the inference spans whose rows it writes."""
-        links = [Link(s.get_span_context()) for s in inference_spans if s is not None]
+        """The span of one sink write, linked to the kept inference spans whose rows it writes
+        (kept when it links one, else only with the batch ratio)."""
+        contexts = (s.get_span_context() for s in inference_spans if s is not None)
+        links = [Link(c) for c in contexts if c.trace_flags.sampled]
         with self._tracer.start_as_current_span(
             f"write {self._sink}",
             links=links[: self._link_limit],
-            attributes={"rowbatch.rows": rows, "rowbatch.messages": messages},
+            attributes={
+                "rowbatch.rows": rows,
+                "rowbatch.messages": messages,
+                FOLLOWS_LINKS: len(links),
+            },
         ) as span:
             yield span
 

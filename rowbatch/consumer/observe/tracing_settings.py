@@ -28,9 +28,13 @@ class TracingConfig(Section):
     ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_ENDPOINT``, else
     ``http://localhost:4317``."""
     sample_ratio: float | None = Field(default=_DEFAULTS["sample_ratio"], ge=0.0, le=1.0)
-    """Parent-based sampling: a message's spans follow the producer's decision, traces that
-    start here (inference requests, sink writes) are kept with this probability; unset:
-    ``OTEL_TRACES_SAMPLER_ARG``, else 1.0."""
+    """Parent-based sampling: a message's spans follow the producer's decision; a message
+    that carries no trace context (its producer does not trace) starts a trace kept with this
+    probability; unset: ``OTEL_TRACES_SAMPLER_ARG``, else 1.0."""
+    batch_sample_ratio: float = Field(default=_DEFAULTS["batch_sample_ratio"], ge=0.0, le=1.0)
+    """Inference requests (with their gRPC, backoff and isolation spans) and sink writes are
+    kept when they carry a kept message (a write: a kept request); one that carries none is
+    kept with this probability. 0: follow the messages."""
     service_name: str = "rowbatch-consumer"
     """``service.name`` of the spans (``OTEL_SERVICE_NAME`` wins)."""
     link_limit: int = Field(default=_DEFAULTS["link_limit"], ge=1, le=10_000)

@@ -98,7 +98,7 @@ async def test_a_pipeline_run_makes_the_documented_spans(spans: InMemorySpanExpo
         traced(5, good[5]),
         traced(6, good[6]),
         undecodable(7),  # poison at intake: dead-lettered before the ledger
-        traced(8, [8.0], context=False),  # no producer context: no link
+        traced(8, [8.0], context=False),  # no producer context: linked to its own span
     ]
     source, sink = FakeSource(deliveries), FakeSink()
     tracing = PipelineTracing(system="kafka", model="m", sink="fake", link_limit=2)
@@ -147,7 +147,7 @@ async def test_a_pipeline_run_makes_the_documented_spans(spans: InMemorySpanExpo
     }
     assert 1 <= rows["m4"] <= 2
     assert "m7" not in rows  # never reached the model
-    assert "m8" not in rows  # carries no producer context
+    assert rows["m8"] == 1  # no producer context: linked to its own process span
     answered = {attrs(s)["rowbatch.outcome"] for s in infers}
     assert answered == {"answered", "isolated"}
     assert {attrs(s)["rowbatch.model.version"] for s in infers} == {""}  # FnModel names none

@@ -163,19 +163,10 @@ def test_inference_links_the_producers_of_its_messages(spans: InMemorySpanExport
         "messaging.batch.message_count": 3,
         "rowbatch.model": "scorer",
         "rowbatch.rows": 7,
-        "rowbatch.links": 2,
+        "rowbatch.links": 3,
         "rowbatch.model.version": "2",
         "rowbatch.outcome": "answered",
     }
-    # The message without a producer context has no link.
-    assert [(link.context.trace_id, link.context.span_id) for link in infer.links] == [
-        (1, 1001),
-        (3, 1003),
-    ]
-    assert [dict(link.attributes or {}) for link in infer.links] == [
-        {"messaging.message.id": "m1", "rowbatch.rows": 4},
-        {"messaging.message.id": "m3", "rowbatch.rows": 1},
-    ]
     # Each message's span links back to the inference span, the untraced one too.
     for key in (10, 11, 12):
         t.closed(key, "acked")
@@ -183,6 +174,18 @@ def test_inference_links_the_producers_of_its_messages(spans: InMemorySpanExport
     assert len(messages) == 3
     for message in messages:
         assert [link.context for link in message.links] == [context(infer)]
+    # The producers' spans; the message without a producer context: its own (sampled) span.
+    [untraced] = [m for m in messages if attrs(m)["messaging.message.id"] == "m2"]
+    assert [link.context for link in infer.links] == [
+        producer(1),
+        context(untraced),
+        producer(3),
+    ]
+    assert [dict(link.attributes or {}) for link in infer.links] == [
+        {"messaging.message.id": "m1", "rowbatch.rows": 4},
+        {"messaging.message.id": "m2", "rowbatch.rows": 2},
+        {"messaging.message.id": "m3", "rowbatch.rows": 1},
+    ]
 
 
 def test_inference_skips_messages_already_settled(spans: InMemorySpanExporter) -> None:
@@ -326,7 +329,19 @@ def test_a_write_links_to_its_inference_spans(spans: InMemorySpanExporter) -> No
     a, b, write = spans.get_finished_spans()
     assert write.name == "write pg"
     assert [link.context for link in write.links] == [context(a), context(b)]
-    assert attrs(write) == {"rowbatch.rows": 9, "rowbatch.messages": 4}
+    assert attrs(write) == {"rowbatch.rows": 9, "rowbatch.messages": 4, "rowbatch.links": 2}
+
+
+def test_a_write_links_only_kept_inference_spans(spans: InMemorySpanExporter) -> None:
+    t = tracing()
+    with t.inference([], 0) as kept:
+        pass
+    dropped = trace.NonRecordingSpan(SpanContext(5, 6, False, TraceFlags(TraceFlags.DEFAULT)))
+    with t.write([dropped, kept], rows=2, messages=2):
+        pass
+    infer, write = spans.get_finished_spans()
+    assert [link.context for link in write.links] == [context(infer)]
+    assert attrs(write)["rowbatch.links"] == 1
 
 
 def test_a_write_keeps_at_most_the_link_limit(spans: InMemorySpanExporter) -> None:
