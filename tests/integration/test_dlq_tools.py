@@ -4,7 +4,9 @@ model and PostgreSQL: the poison mix is dead-lettered by a running consumer; ``s
 model is "fixed", ``replay --reason rejected-by-model`` killed with -9 midway and run again puts
 every rejected row in the table exactly once, empties the queue of them and leaves the other
 reasons as they were; replaying into the same failure comes back with the replay counted, and
-``--max-replays`` holds it back instead of looping."""
+``--max-replays`` holds it back instead of looping. A copy of one dead letter (as a consumer
+killed between its dead letter and its ack leaves) is counted, shown and replayed once, and
+leaves the queue with it."""
 
 from __future__ import annotations
 
@@ -31,9 +33,12 @@ from harness.postgres import PostgresEndpoint
 from harness.pubsub import PubSubEndpoint
 from harness.service import REPO_ROOT
 from harness.triton import TritonEndpoint
+from rowbatch.consumer.dlq.letters import DeadLetter
 from rowbatch.consumer.service.config import ConsumerConfig
+from rowbatch.consumer.service.dlq_cli import open_queue
 from rowbatch.wire.chunks.encode import EncodedChunk, encode_chunk
 from rowbatch.wire.chunks.row_parts import part_chunk_id
+from rowbatch.wire.dead_letter import ATTR_DELIVERY_ATTEMPT
 from tests.integration.consumer_helpers import Topics, consumer_running, wait_until
 from tests.integration.kafka_helpers import KafkaTopics, chunk_record, produce
 from tests.integration.pubsub_helpers import use_emulator
@@ -54,6 +59,9 @@ class Rig:
     publish: Callable[[list[EncodedChunk]], Awaitable[None]]
     publish_raw: Callable[[bytes, dict[str, str]], Awaitable[None]]
     env: dict[str, str]
+    copy_dead_letter: Callable[[DeadLetter], Awaitable[None]]
+    """Put a copy of a dead letter in the dead-letter queue, as a consumer dead-lettering a
+    redelivered message again does (the same payload, key and headers, a later attempt)."""
 
 
 def _config(source: dict[str, Any], triton: TritonEndpoint, sink: dict[str, Any]) -> ConsumerConfig:
@@ -90,7 +98,18 @@ def rig(
             headers = [(k, v.encode()) for k, v in attributes.items()]
             await produce(kafka, t.topic, [(b"raw", payload, headers)])
 
-        yield Rig("kafka", lambda sink: _config(source, triton, sink), publish, publish_raw, {})
+        async def copy_dead_letter(letter: DeadLetter) -> None:
+            headers = [(k, b"2" if k == ATTR_DELIVERY_ATTEMPT else v) for k, v in letter.headers]
+            await produce(kafka, t.dlq, [(letter.key, letter.payload, headers)])
+
+        yield Rig(
+            "kafka",
+            lambda sink: _config(source, triton, sink),
+            publish,
+            publish_raw,
+            {},
+            copy_dead_letter,
+        )
     else:
         pubsub: PubSubEndpoint = request.getfixturevalue("pubsub")
         use_emulator(pubsub, monkeypatch)
@@ -103,6 +122,13 @@ def rig(
         async def publish_raw_ps(payload: bytes, attributes: dict[str, str]) -> None:
             await asyncio.to_thread(topics.publish_raw, payload, attributes)
 
+        def copy_ps(letter: DeadLetter) -> None:
+            attributes = {**letter.attributes, ATTR_DELIVERY_ATTEMPT: "2"}
+            topics.publisher.publish(topics.dlq_topic, letter.payload, **attributes).result(60)
+
+        async def copy_dead_letter_ps(letter: DeadLetter) -> None:
+            await asyncio.to_thread(copy_ps, letter)
+
         env = {"PUBSUB_EMULATOR_HOST": os.environ["PUBSUB_EMULATOR_HOST"]}
         try:
             yield Rig(
@@ -111,6 +137,7 @@ def rig(
                 publish_ps,
                 publish_raw_ps,
                 env,
+                copy_dead_letter_ps,
             )
         finally:
             topics.close()
@@ -138,6 +165,18 @@ def ok(result: subprocess.CompletedProcess[str]) -> str:
 def stats(config_file: Path, env: dict[str, str]) -> dict[str, Any]:
     found: dict[str, Any] = json.loads(ok(dlq(config_file, env, "stats", "--json")))
     return found
+
+
+async def dead_letter(config: ConsumerConfig, chunk_id: str) -> DeadLetter:
+    """The dead letter of ``chunk_id`` as the tools read it (every letter is read, nothing
+    consumed: Pub/Sub's are given back when the queue closes)."""
+    queue = open_queue(config, 30.0, 10)
+    try:
+        found = [letter async for letter in queue.letters() if letter.chunk_id == chunk_id]
+    finally:
+        await queue.close()
+    assert len(found) == 1, found
+    return found[0]
 
 
 def table_rows(dsn: str, table: str) -> tuple[int, set[tuple[str, int]]]:
@@ -205,7 +244,20 @@ async def test_stats_show_and_replay_after_a_fix_exactly_once(
     groups = [g for g in first["groups"] if g["reason"] == "rejected-by-model"]
     assert sum(g["rows"] for g in groups) == REJECTED  # one row a part
     assert {g["table"] for g in groups} == {"docs"}
+    assert first["duplicates"] == 0
     assert (await asyncio.to_thread(stats, config_file, rig.env))["by_reason"] == want_reasons
+
+    # A copy of one part's dead letter (a consumer killed after dead-lettering it and before
+    # its ack dead-letters it again under the same chunk id): counted, shown, replayed once.
+    copied = parts[rejected[3].headers.chunk_id]
+    await rig.copy_dead_letter(await dead_letter(config, copied))
+    with_copy = await asyncio.to_thread(stats, config_file, rig.env)
+    assert with_copy["by_reason"] == want_reasons, with_copy
+    assert (with_copy["read"], with_copy["selected"], with_copy["duplicates"]) == (
+        first["read"] + 1,
+        first["selected"],
+        1,
+    ), with_copy
 
     # show: the rejected ones with their decoded rows, the undecodable ones with the error.
     shown = json.loads(
@@ -217,6 +269,7 @@ async def test_stats_show_and_replay_after_a_fix_exactly_once(
         )
     )  # fmt: skip
     assert sorted(s["chunk_id"] for s in shown) == sorted(parts.values())
+    assert {s["chunk_id"]: s["seen"] for s in shown if s["seen"] != 1} == {copied: 2}
     for s in shown:
         assert s["code"] == "invalid_argument"
         assert s["preview"][0] == "1 rows; columns: id, text", s["preview"]
@@ -237,7 +290,8 @@ async def test_stats_show_and_replay_after_a_fix_exactly_once(
         )
     )
     assert f"chunk    {parts[rejected[3].headers.chunk_id]} of table docs" in one
-    assert "1 shown" in one
+    assert "1 shown (--limit 10), 1 duplicate collapsed" in one, one
+    assert "  seen     2 times: also at " in one, one
 
     # The fix is deployed: the model no longer rejects. A dry run changes nothing.
     ChaosControl().write(triton.chaos_control)
@@ -247,6 +301,7 @@ async def test_stats_show_and_replay_after_a_fix_exactly_once(
         )
     )
     assert f"would replay {REJECTED} ({REJECTED} rows)" in dry, dry
+    assert "1 duplicate of the selected letters" in dry and "would remove 1" in dry, dry
     assert (await asyncio.to_thread(stats, config_file, rig.env))["by_reason"] == want_reasons
 
     rejected_keys = {(c.headers.chunk_id, r) for c in rejected for r in range(ROWS)}
@@ -325,6 +380,7 @@ async def test_stats_show_and_replay_after_a_fix_exactly_once(
     assert count == len(keys)  # exactly once
     after = await asyncio.to_thread(stats, config_file, rig.env)
     assert after["by_reason"] == {"schema-mismatch": 2, "undecodable": 2}, after
+    assert (after["read"], after["duplicates"]) == (4, 0), after  # the copy left with its part
     again = [g for g in after["groups"] if g["reason"] == "schema-mismatch"]
     assert sum(g["replayed_before"] for g in again) == 2
     held = ok(

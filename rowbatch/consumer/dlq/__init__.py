@@ -4,4 +4,6 @@ decoded preview of their rows; ``replay`` publishes the chosen ones back to the 
 (payload and attributes as they were, minus the ``rowbatch-dlq-*`` ones) and only then removes
 them from the dead-letter queue. ``letters`` is the value every command works on, ``queue`` the
 seam each broker implements (``kafka_queue``, ``pubsub_queue``); docs/dead-letters.md says how
-each broker is read without consuming and what a crash in the middle of a replay does."""
+each broker is read without consuming and what a crash in the middle of a replay does. Copies
+of one letter (the queue is at-least-once: ``DeadLetter.identity``) are counted, shown and
+published once, and every copy is removed once that publish is confirmed."""

@@ -2,10 +2,14 @@
 Kafka key), its attributes or headers (the producer's plus the ``rowbatch-dlq-*`` ones the
 consumer added, docs/wire-format.md section 6), where it sits in the dead-letter queue, and the
 fields the commands filter and count by. ``replay_attributes`` / ``replay_headers`` give what a
-replay publishes: the original attributes, the dead-letter ones removed, the replay recorded."""
+replay publishes: the original attributes, the dead-letter ones removed, the replay recorded.
+``identity`` / ``copy_key`` say which letters are copies of one dead-lettering (the queue is
+at-least-once: a consumer killed after a dead letter was confirmed and before the message was
+acked dead-letters it again), so the commands count, show and replay each once."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -41,6 +45,10 @@ hold back what was replayed ``--max-replays`` times already instead of looping."
 POLICY_CODE: Final = "subscription_dead_letter_policy"
 """The code shown for a message Pub/Sub's own dead-letter policy moved (it names no reason)."""
 UNKNOWN: Final = "unknown"
+
+Identity = tuple[str, str, str, str, int, str, str]
+"""``(table, chunk id or source message, reason, code, replays, key, payload digest)``: see
+``DeadLetter.identity``."""
 
 
 @dataclass(frozen=True)
@@ -137,6 +145,44 @@ class DeadLetter:
         """How many times it was replayed before (``rowbatch-replay-count``, 0 when never)."""
         return _int(_header(self.attributes, REPLAY_COUNT)) or 0
 
+    @property
+    def identity(self) -> Identity | None:
+        """What two copies of one dead letter share: the table, the chunk id, the reason and
+        code, the replay count, the Kafka key and the payload (its SHA-256). Not the time, the
+        delivery attempt, the message, the consumer version or the place in the queue: those
+        differ when a redelivered message is dead-lettered again (the same chunk id, a row
+        part's too, since its id is derived from its parent's and its rows). A letter of the
+        same chunk dead-lettered again after a replay carries a higher replay count: a later
+        letter, not a copy. A letter without a chunk id (a message missing its headers) is
+        named by where the consumer read it instead (``rowbatch-dlq-source`` and
+        ``rowbatch-dlq-message-id``, the same on a redelivery); None (never a copy) when it has
+        neither, and for a table run's letters (one per row, kept once per row key already)."""
+        if self.values is not None:
+            return None
+        name = _header(self.attributes, H_CHUNK_ID)
+        if not name:
+            if UNKNOWN in (self.source, self.message_id):
+                return None
+            name = f"message {self.message_id} of {self.source}"  # a chunk id has no spaces
+        return (
+            self.table,
+            name,
+            self.reason,
+            self.code,
+            self.replays,
+            "" if self.key is None else "k:" + self.key.hex(),
+            hashlib.sha256(self.payload).hexdigest(),
+        )
+
+    @property
+    def copy_key(self) -> bytes | None:
+        """``identity`` in 16 bytes (what the commands keep per letter read), None when the
+        letter has none."""
+        identity = self.identity
+        if identity is None:
+            return None
+        return hashlib.blake2b(repr(identity).encode(), digest_size=16).digest()
+
     def original_attributes(self) -> dict[str, str]:
         """The attributes without the dead-letter ones: what the producer sent (plus any
         earlier replay's)."""
@@ -195,5 +241,6 @@ __all__ = [
     "REPLAY_COUNT",
     "UNKNOWN",
     "DeadLetter",
+    "Identity",
     "text_of",
 ]

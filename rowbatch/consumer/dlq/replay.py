@@ -4,7 +4,12 @@ between the two steps at once. A crash between them leaves a letter in the queue
 publishes it again: the chunk keeps its id, and the sinks write a chunk id's rows once, so the
 rows still land once. A letter replayed ``max_replays`` times already (it failed again after
 each) is held back, not replayed into the same failure. The first publish or removal that is not
-confirmed stops the replay: no new letter is started, those in flight finish."""
+confirmed stops the replay: no new letter is started, those in flight finish.
+
+Copies of one letter (the same ``DeadLetter.identity``: a chunk dead-lettered again after a
+redelivery) are published once, as the first selected: each copy is removed only after that
+publish was confirmed (with ``rowbatch-dlq-replayed-as`` naming where it landed), and stays in
+the queue when it was not (or the letter was held back)."""
 
 from __future__ import annotations
 
@@ -52,6 +57,12 @@ class ReplaySummary:
     """Matched, but replayed ``max_replays`` times already."""
     came_back: int = 0
     """Replayed by this run and dead-lettered again while it ran (not replayed twice)."""
+    duplicates: int = 0
+    """Selected letters that were copies of one selected before (not in ``matched``, never
+    published)."""
+    duplicates_removed: int = 0
+    """Of ``duplicates``, those removed after the letter they copy was published (a dry run:
+    those that would be)."""
     failed: str | None = None
     """Why the replay stopped early (the current letter was left in the queue)."""
 
@@ -61,6 +72,18 @@ class ReplaySummary:
             f"read {self.read} dead letters, {self.matched} selected; {verb} {self.replayed} "
             f"({self.rows} rows) to {self.target}"
         ]
+        if self.duplicates:
+            removed = "would remove" if self.dry_run else "removed"
+            line = (
+                f"{self.duplicates} {'duplicate' if self.duplicates == 1 else 'duplicates'} of "
+                f"the selected letters (dead-lettered more than once): {removed} "
+                f"{self.duplicates_removed} once the letter they copy was published, none "
+                "published again"
+            )
+            left = self.duplicates - self.duplicates_removed
+            if left:
+                line += f"; {left} left in the queue with their letter"
+            out.append(line)
         if self.came_back:
             out.append(
                 f"{self.came_back} came back to the dead-letter queue during this replay (they "
@@ -90,43 +113,131 @@ async def replay(
     end. Broker errors end the replay early with ``failed`` set; they are not raised (an error
     reading the queue is, once the letters in flight have finished). ``plan.rate``: start at
     most that many letters per second (so a big replay does not flood the consumers)."""
-    target, limit, dry_run, rate = plan.target, plan.limit, plan.dry_run, plan.rate
-    clock, sleep = clocks.monotonic, clocks.sleep
-    summary = ReplaySummary(target=target, dry_run=dry_run)
-    flight = _Flight(summary, plan.in_flight)
-    started: set[str] = set()
-    shown = begun = clock()
+    summary = ReplaySummary(target=plan.target, dry_run=plan.dry_run)
+    run = _Run(queue, selection, plan, summary, clocks)
+    clock = clocks.monotonic
+    shown = clock()
     try:
         async for letter in queue.letters():
-            if letter.ref in started:
-                continue  # given again by the queue (a lapsed lease): replayed already
-            if letter.attributes.get(REPLAYED_FROM) in started:
-                summary.came_back += 1  # a queue read to its live end (Pub/Sub) sees it again
-                continue
-            summary.read += 1
-            if not selection.matches(letter):
-                continue
-            if limit is not None and len(started) >= limit:
+            if not await run.take(letter):
                 break
-            summary.matched += 1
-            if letter.replays >= plan.max_replays:
-                summary.held_back += 1
-                continue
-            if rate is not None and not dry_run:
-                await _paced(begun + len(started) / rate, clock, sleep)
-            started.add(letter.ref)
-            if dry_run:
-                flight.count(letter)
-            elif not await flight.start(_replay_one(queue, letter, target)):
-                break  # one failed: start no more
             if progress is not None and clock() - shown >= progress_every_s:
                 shown = clock()
                 progress(summary)
     finally:
-        await flight.finish()
+        await run.flight.finish()
     if progress is not None:
         progress(summary)
     return summary
+
+
+class _Run:
+    """One replay's decisions, letter by letter as the queue gives them."""
+
+    def __init__(
+        self,
+        queue: DeadLetterQueue,
+        selection: Selection,
+        plan: ReplayPlan,
+        summary: ReplaySummary,
+        clocks: Clocks,
+    ) -> None:
+        self._queue = queue
+        self._selection = selection
+        self._plan = plan
+        self._summary = summary
+        self._clocks = clocks
+        self._begun = clocks.monotonic()
+        self.flight = _Flight(summary, plan.in_flight)
+        self._started: set[str] = set()
+        """The letters this run publishes (their refs)."""
+        self._handled: set[str] = set()
+        """Every selected letter this run took a decision on (started, held back, a copy)."""
+        self._firsts: dict[bytes, _First] = {}
+        """The first selected letter of each ``copy_key``, which its copies follow."""
+        self._copies_to_settle = False
+        """Some letter started may have copies further on (then a ``limit`` reached does not
+        end the read: the copies of what was replayed are still removed)."""
+
+    async def take(self, letter: DeadLetter) -> bool:
+        """Count, replay, hold back or follow ``letter``; False: read no more (one failed, or
+        the limit is reached and nothing read later can be a copy of what was replayed)."""
+        if not self._selects(letter):
+            return True
+        plan = self._plan
+        copy_key = letter.copy_key
+        first = None if copy_key is None else self._firsts.get(copy_key)
+        if first is not None:
+            return await self._follow(letter, first)
+        if plan.limit is not None and len(self._started) >= plan.limit:
+            return self._copies_to_settle  # only copies of what was replayed are still removed
+        self._summary.matched += 1
+        self._handled.add(letter.ref)
+        if letter.replays >= plan.max_replays:
+            self._summary.held_back += 1
+            if copy_key is not None:
+                self._firsts[copy_key] = _First(letter, None, held_back=True)
+            return True
+        return await self._start(letter, copy_key)
+
+    def _selects(self, letter: DeadLetter) -> bool:
+        """Counts ``letter`` read unless this run has seen it (again, or back after its
+        replay); whether the selection takes it."""
+        if letter.ref in self._handled:
+            return False  # given again by the queue (a lapsed lease): dealt with already
+        if letter.attributes.get(REPLAYED_FROM) in self._started:
+            self._summary.came_back += 1  # a queue read to its live end (Pub/Sub) sees it again
+            return False
+        self._summary.read += 1
+        return self._selection.matches(letter)
+
+    async def _start(self, letter: DeadLetter, copy_key: bytes | None) -> bool:
+        """Publish ``letter`` and then remove it (a dry run counts it); False once one failed."""
+        plan = self._plan
+        if plan.rate is not None and not plan.dry_run:
+            due = self._begun + len(self._started) / plan.rate
+            await _paced(due, self._clocks.monotonic, self._clocks.sleep)
+        self._started.add(letter.ref)
+        published: asyncio.Future[str | None] | None = None
+        if not plan.dry_run:
+            published = asyncio.get_running_loop().create_future()
+        if copy_key is not None:
+            self._firsts[copy_key] = _First(letter, published, held_back=False)
+            self._copies_to_settle = True
+        if published is None:
+            self.flight.count(letter)
+            return True
+        return await self.flight.start(_replay_one(self._queue, letter, plan.target, published))
+
+    async def _follow(self, copy: DeadLetter, first: _First) -> bool:
+        """A copy of ``first``: removed once ``first`` is published (a dry run counts it),
+        left with it when it is held back."""
+        self._handled.add(copy.ref)
+        self._summary.duplicates += 1
+        if first.published is not None:
+            return await self.flight.start(_remove_copy(self._queue, copy, first))
+        if self._plan.dry_run and not first.held_back:
+            self._summary.duplicates_removed += 1
+        return True
+
+
+@dataclass
+class _First:
+    """The first selected letter of an identity, which its copies follow: ``published`` is
+    resolved with where it landed once its publish is confirmed, or with None when it is not
+    (None itself: not published by this run, held back or a dry run)."""
+
+    letter: DeadLetter
+    published: asyncio.Future[str | None] | None
+    held_back: bool
+
+
+@dataclass(frozen=True)
+class _Settled:
+    """A letter this run replayed and removed, or (``copy``) a copy it removed."""
+
+    letter: DeadLetter
+    copy: bool = False
 
 
 async def _paced(due: float, clock: Clock, sleep: Sleep) -> None:
@@ -142,13 +253,13 @@ class _Flight:
     def __init__(self, summary: ReplaySummary, limit: int) -> None:
         self._summary = summary
         self._limit = max(1, limit)
-        self._tasks: set[asyncio.Task[DeadLetter]] = set()
+        self._tasks: set[asyncio.Task[_Settled | None]] = set()
 
     def count(self, letter: DeadLetter) -> None:
         self._summary.replayed += 1
         self._summary.rows += letter.row_count or 0
 
-    async def start(self, step: Coroutine[Any, Any, DeadLetter]) -> bool:
+    async def start(self, step: Coroutine[Any, Any, _Settled | None]) -> bool:
         """Start ``step`` (unless a letter has failed already: then ``step`` is dropped), then
         wait until fewer than the limit are in flight; False once a letter has failed."""
         finished = {task for task in self._tasks if task.done()}
@@ -169,11 +280,17 @@ class _Flight:
             self._tasks = set()
             self._collect(done)
 
-    def _collect(self, done: set[asyncio.Task[DeadLetter]]) -> None:
+    def _collect(self, done: set[asyncio.Task[_Settled | None]]) -> None:
         for task in done:
             error = task.exception()
             if error is None:
-                self.count(task.result())
+                settled = task.result()
+                if settled is None:
+                    continue  # a copy of a letter whose publish failed: left in the queue
+                if settled.copy:
+                    self._summary.duplicates_removed += 1
+                else:
+                    self.count(settled.letter)
             elif isinstance(error, ReplayStopped):
                 if self._summary.failed is None:
                     self._summary.failed = str(error)
@@ -185,20 +302,54 @@ class ReplayStopped(Exception):
     """A publish or a removal was not confirmed (the message says which, and why)."""
 
 
-async def _replay_one(queue: DeadLetterQueue, letter: DeadLetter, target: str) -> DeadLetter:
+async def _replay_one(
+    queue: DeadLetterQueue,
+    letter: DeadLetter,
+    target: str,
+    published: asyncio.Future[str | None],
+) -> _Settled:
+    """Publish ``letter``, resolve ``published`` (where it landed, None when it did not), then
+    remove it."""
     try:
-        landed = await queue.publish(letter, target)
-    except DeadLetterQueueError as exc:
-        raise ReplayStopped(f"publishing {letter.ref} to {target} failed: {exc}") from exc
+        try:
+            landed = await queue.publish(letter, target)
+        except DeadLetterQueueError as exc:
+            raise ReplayStopped(f"publishing {letter.ref} to {target} failed: {exc}") from exc
+        _resolve(published, landed)
+        try:
+            await queue.remove(letter, landed)
+        except DeadLetterQueueError as exc:
+            raise ReplayStopped(
+                f"{letter.ref} was replayed as {landed} but could not be removed from the "
+                f"dead-letter queue ({exc}); a rerun replays it again, and its rows still land "
+                "once (the chunk id is kept)"
+            ) from exc
+    finally:
+        _resolve(published, None)  # not published (failed or cancelled): its copies stay
+    return _Settled(letter)
+
+
+async def _remove_copy(queue: DeadLetterQueue, copy: DeadLetter, first: _First) -> _Settled | None:
+    """Remove ``copy`` once the publish of the letter it copies is confirmed; leave it (None)
+    when that publish failed."""
+    assert first.published is not None
+    landed = await asyncio.shield(first.published)  # a cancelled copy cancels no publish
+    if landed is None:
+        return None
     try:
-        await queue.remove(letter, landed)
+        await queue.remove(copy, landed)
     except DeadLetterQueueError as exc:
         raise ReplayStopped(
-            f"{letter.ref} was replayed as {landed} but could not be removed from the "
-            f"dead-letter queue ({exc}); a rerun replays it again, and its rows still land "
-            "once (the chunk id is kept)"
+            f"{copy.ref} (a copy of {first.letter.ref}, replayed as {landed}) could not be "
+            f"removed from the dead-letter queue ({exc}); a rerun removes it (or replays it "
+            "again, and its rows still land once: the chunk id is kept)"
         ) from exc
-    return letter
+    return _Settled(copy, copy=True)
+
+
+def _resolve(future: asyncio.Future[str | None], landed: str | None) -> None:
+    if not future.done():
+        future.set_result(landed)
 
 
 __all__ = [

@@ -1,5 +1,7 @@
 """``dlq stats``: the dead letters counted by reason, code, table, source and consumer version,
-with their rows and the first and last time, as a table or JSON."""
+with their rows and the first and last time, as a table or JSON. Copies of one letter (the same
+``DeadLetter.identity``: one chunk dead-lettered again after a redelivery) count once, in the
+group of the first read, and are counted apart as ``duplicates``."""
 
 from __future__ import annotations
 
@@ -26,6 +28,8 @@ class Group:
     """Letters that came back after a replay."""
     first: datetime | None = None
     last: datetime | None = None
+    duplicates: int = 0
+    """Copies of this group's letters read after them (not in ``count`` nor ``rows``)."""
 
     def add(self, letter: DeadLetter) -> None:
         self.count += 1
@@ -49,14 +53,29 @@ class Stats:
     groups: dict[GroupKey, Group] = field(default_factory=dict)
     read: int = 0
     """Every letter read, selected or not."""
+    _first_of: dict[bytes, GroupKey] = field(default_factory=dict, repr=False, compare=False)
+    """The group of the first letter of each ``copy_key`` added."""
 
     def add(self, letter: DeadLetter) -> None:
+        copy_key = letter.copy_key
+        if copy_key is not None:
+            first = self._first_of.get(copy_key)
+            if first is not None:
+                self.groups[first].duplicates += 1
+                return
         key = (letter.reason, letter.code, letter.table, letter.source, letter.consumer_version)
         self.groups.setdefault(key, Group()).add(letter)
+        if copy_key is not None:
+            self._first_of[copy_key] = key
 
     @property
     def total(self) -> int:
         return sum(g.count for g in self.groups.values())
+
+    @property
+    def duplicates(self) -> int:
+        """Letters added that were copies of one added before (counted once, not in total)."""
+        return sum(g.duplicates for g in self.groups.values())
 
     def by_reason(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -68,11 +87,13 @@ class Stats:
         return {
             "read": self.read,
             "selected": self.total,
+            "duplicates": self.duplicates,
             "by_reason": self.by_reason(),
             "groups": [
                 {
                     **dict(zip(COLUMNS, key, strict=True)),
                     "count": g.count,
+                    "duplicates": g.duplicates,
                     "rows": g.rows,
                     "letters_without_row_count": g.unknown_rows,
                     "replayed_before": g.replayed_before,
@@ -84,12 +105,24 @@ class Stats:
         }
 
     def lines(self) -> list[str]:
-        head = (*COLUMNS, "count", "rows", "first", "last")
+        """The table; a ``duplicates`` column only when some letters were copies."""
+        copies = self.duplicates
+        head = (*COLUMNS, "count", *(("duplicates",) if copies else ()), "rows", "first", "last")
         body = [
-            (*key, str(g.count), _rows(g), _iso(g.first) or "-", _iso(g.last) or "-")
+            (
+                *key,
+                str(g.count),
+                *((str(g.duplicates),) if copies else ()),
+                _rows(g),
+                _iso(g.first) or "-",
+                _iso(g.last) or "-",
+            )
             for key, g in sorted(self.groups.items())
         ]
-        return [*table_lines(head, body), f"{self.total} selected of {self.read} read"]
+        footer = f"{self.total} selected of {self.read} read"
+        if copies:
+            footer += f" ({copies} {'duplicate' if copies == 1 else 'duplicates'} collapsed)"
+        return [*table_lines(head, body), footer]
 
 
 def _rows(group: Group) -> str:

@@ -12,7 +12,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from rowbatch.consumer.dlq.letters import DeadLetter
 from rowbatch.consumer.dlq.queue import DeadLetterQueue, DeadLetterQueueError
 from rowbatch.consumer.dlq.replay import (
     DEFAULT_IN_FLIGHT,
@@ -22,7 +21,7 @@ from rowbatch.consumer.dlq.replay import (
     replay,
 )
 from rowbatch.consumer.dlq.selection import Selection, SelectionError, parse_moment
-from rowbatch.consumer.dlq.show import describe, to_json
+from rowbatch.consumer.dlq.show import collect, describe, to_json
 from rowbatch.consumer.dlq.stats import Stats
 from rowbatch.consumer.service.config import ConfigError, ConsumerConfig, load_config
 from rowbatch.consumer.sources.base import SourceConfigError
@@ -49,6 +48,10 @@ replay publishes each selected letter (payload, key and attributes as the produc
 plus rowbatch-replayed-from and rowbatch-replay-count), waits for the confirmation, then
 removes it from the dead-letter queue; a rerun after a crash may publish one again, and the
 chunk id keeps its rows from being written twice.
+
+copies of one letter (dead-lettered again after a redelivery: the same chunk id, reason,
+code, replay count and payload) count once in stats, show once ("seen N times"), and replay
+publishes one and removes every copy once that publish is confirmed.
 
 exit codes: 0 done; 1 the broker failed midway (replay: the summary says what was replayed,
 the rest is still in the queue); 2 bad configuration or arguments; 4 the broker did not answer
@@ -176,19 +179,20 @@ async def _stats(queue: DeadLetterQueue, selection: Selection, args: argparse.Na
 
 async def _show(queue: DeadLetterQueue, selection: Selection, args: argparse.Namespace) -> int:
     limit = 10 if args.limit is None else args.limit
-    shown: list[DeadLetter] = []
-    async for letter in queue.letters():
-        if len(shown) >= limit:
-            break
-        if selection.matches(letter):
-            shown.append(letter)
+    shown = await collect(queue.letters(), selection, limit)
     if args.json:
-        print(json.dumps([to_json(letter, args.rows) for letter in shown], indent=2))
+        print(
+            json.dumps(
+                [to_json(one.letter, args.rows, copies=one.copies) for one in shown], indent=2
+            )
+        )
         return 0
-    print(f"{queue.where}: {selection.describe()}; {len(shown)} shown (--limit {limit})")
-    for letter in shown:
+    copies = sum(len(one.copies) for one in shown)
+    collapsed = f", {copies} duplicate{'' if copies == 1 else 's'} collapsed" if copies else ""
+    print(f"{queue.where}: {selection.describe()}; {len(shown)} shown (--limit {limit}){collapsed}")
+    for one in shown:
         print()
-        print("\n".join(describe(letter, args.rows)))
+        print("\n".join(describe(one.letter, args.rows, copies=one.copies)))
     return 0
 
 

@@ -128,6 +128,7 @@ def test_to_json_shape() -> None:
     assert got == {
         "read": 7,
         "selected": 3,
+        "duplicates": 0,
         "by_reason": {"undecodable": 2, "rejected-by-model": 1},
         "groups": [
             {
@@ -137,6 +138,7 @@ def test_to_json_shape() -> None:
                 "source": "rows/0",
                 "version": "1.4.0",
                 "count": 1,
+                "duplicates": 0,
                 "rows": 1,
                 "letters_without_row_count": 0,
                 "replayed_before": 0,
@@ -150,6 +152,7 @@ def test_to_json_shape() -> None:
                 "source": "rows/0",
                 "version": "1.4.0",
                 "count": 2,
+                "duplicates": 0,
                 "rows": 3,
                 "letters_without_row_count": 1,
                 "replayed_before": 1,
@@ -170,7 +173,13 @@ def test_an_empty_stats() -> None:
     stats = Stats(read=4)
     assert stats.total == 0
     assert stats.by_reason() == {}
-    assert stats.to_json() == {"read": 4, "selected": 0, "by_reason": {}, "groups": []}
+    assert stats.to_json() == {
+        "read": 4,
+        "selected": 0,
+        "duplicates": 0,
+        "by_reason": {},
+        "groups": [],
+    }
     assert stats.lines()[-1] == "0 selected of 4 read"
     assert len(stats.lines()) == 2  # the head and the footer
 

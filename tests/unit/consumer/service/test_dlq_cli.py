@@ -221,6 +221,7 @@ def test_stats_of_a_table_run_without_dead_letters(
     assert json.loads(capsys.readouterr().out) == {
         "read": 0,
         "selected": 0,
+        "duplicates": 0,
         "by_reason": {},
         "groups": [],
     }
