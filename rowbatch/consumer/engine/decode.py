@@ -120,11 +120,13 @@ def _as_part(rows: MessageRows, attributes: Mapping[str, str]) -> MessageRows:
     """``rows`` of a row part (``rowbatch.wire.chunks.row_parts``): keyed by its parent's chunk
     id and the parent's row indexes."""
     found = _parent(attributes, rows.rows)
-    if found is None:
-        return rows
-    parent, keys = found
+    return rows if found is None else _keyed(rows, *found)
+
+
+def _keyed(rows: MessageRows, chunk_id: str, keys: NDArray[np.int64]) -> MessageRows:
+    """``rows`` written under (``chunk_id``, ``keys``)."""
     out = MessageRows._of(
-        parent,
+        chunk_id,
         rows.rows,
         rows.columns,
         rows.nulls,
@@ -267,16 +269,7 @@ class MessageDecoder:
         parent = _parent(attributes, chunk.row_count)
         if parent is not None:  # a row part: keyed by its parent's rows
             chunk_id, keys = parent[0], parent[1][kept]
-        rows = MessageRows._of(
-            chunk_id,
-            rows.rows,
-            rows.columns,
-            rows.nulls,
-            rows.nbytes,
-            attribute_bytes=rows.attribute_bytes,
-            array_overhead=rows.array_overhead,
-        )
-        rows.__dict__["row_keys"] = keys
+        rows = _keyed(rows, chunk_id, keys)
         rows.__dict__["positions"] = kept
         failed = tuple((row, _mismatch(error)) for row, error in found)
         return PoisonRows(reason, rows, failed, chunk.row_count)
