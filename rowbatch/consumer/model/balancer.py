@@ -55,9 +55,9 @@ class Balancer:
     and what each endpoint answered (the others are probed until they serve the same spec);
     :meth:`update` (or :meth:`follow`) as DNS changes; :meth:`close`.
 
-    ``meter`` gives each endpoint its metrics, ``on_error`` sees every failed request (the
-    consumer's error counter); ``clocks`` (its monotonic clock, ``sleep`` and jitter ``rng``)
-    is injectable for tests."""
+    ``meter`` gives each endpoint its metrics (forgotten when the endpoint is dropped),
+    ``on_error`` sees every failed request (the consumer's error counter); ``clocks`` (its
+    monotonic clock, ``sleep`` and jitter ``rng``) is injectable for tests."""
 
     def __init__(
         self,
@@ -323,7 +323,10 @@ class Balancer:
     # --- tasks --------------------------------------------------------------------------------
 
     def _drop(self, ep: Endpoint) -> None:
+        """A retired endpoint with nothing outstanding: gone, its series with it (a series left
+        behind would report it out, ``RowbatchModelEndpointOut``, after every rollout)."""
         self._endpoints.remove(ep)
+        ep.meter.forget()
         self._spawn(ep.client.close(), f"rowbatch-close-{ep.address}", self._closing)
 
     def _spawn(

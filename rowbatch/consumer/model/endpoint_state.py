@@ -44,6 +44,11 @@ class EndpointMeter(Protocol):
 
     def healthy(self, up: bool) -> None: ...
 
+    def forget(self) -> None:
+        """Remove every series labelled with the endpoint: called once it is dropped (gone from
+        DNS, its last request answered), so a model server that left is not reported out for
+        ever."""
+
 
 class NoMeter:
     """Counts nothing."""
@@ -61,6 +66,9 @@ class NoMeter:
         return None
 
     def healthy(self, up: bool) -> None:
+        return None
+
+    def forget(self) -> None:
         return None
 
 

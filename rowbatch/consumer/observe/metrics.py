@@ -277,6 +277,8 @@ class EndpointMetrics:
     not label lookups)."""
 
     def __init__(self, metrics: Metrics, address: str) -> None:
+        self._metrics = metrics
+        self.address = address
         self._requests = metrics.endpoint_requests.labels(address)
         self._errors = {
             k: metrics.endpoint_errors.labels(address, k) for k in INFERENCE_ERROR_KINDS
@@ -309,3 +311,21 @@ class EndpointMetrics:
 
     def server_waiting(self, requests: float) -> None:
         self._waiting.set(requests)
+
+    def forget(self) -> None:
+        """Remove every series labelled with this endpoint, from every family (the balancer
+        dropped it: gone from DNS, its last request answered). Later calls on this object no
+        longer reach the registry; :meth:`Metrics.endpoint` for the same address starts its
+        series again at 0."""
+        m = self._metrics
+        for family in (
+            m.endpoint_requests,
+            m.endpoint_inflight,
+            m.endpoint_healthy,
+            m.endpoint_rows,
+            m.endpoint_window,
+            m.endpoint_server_waiting,
+        ):
+            family.remove(self.address)
+        for kind in INFERENCE_ERROR_KINDS:
+            m.endpoint_errors.remove(self.address, kind)

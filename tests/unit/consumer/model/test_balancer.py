@@ -126,6 +126,7 @@ class RecordingMeter:
         self.errors: list[str] = []
         self.up: bool | None = None
         self.inflight = 0
+        self.forgotten = False
 
     def sent(self) -> None:
         self.requests += 1
@@ -141,6 +142,9 @@ class RecordingMeter:
 
     def healthy(self, up: bool) -> None:
         self.up = up
+
+    def forget(self) -> None:
+        self.forgotten = True
 
 
 NO_JITTER = HealthTiming(
@@ -440,6 +444,7 @@ async def test_dns_changes_add_and_retire_endpoints(fleet: Fleet) -> None:
     assert fleet.ep("b").outstanding == 1
     fleet.balancer.update(["a", "c"])
     assert fleet.ep("b").health is Health.RETIRED and not fleet.servers["b"].closed
+    assert not fleet.meters["b"].forgotten, "its request in flight is still counted"
     assert fleet.ep("c").health is Health.PENDING
     await fleet.time.advance(0.1)
     assert fleet.ep("c").health is Health.HEALTHY
@@ -447,6 +452,8 @@ async def test_dns_changes_add_and_retire_endpoints(fleet: Fleet) -> None:
     await asyncio.gather(*tasks)
     await settle()
     assert fleet.servers["b"].closed
+    assert fleet.meters["b"].forgotten
+    assert not fleet.meters["a"].forgotten and not fleet.meters["c"].forgotten
     assert [e.address for e in fleet.balancer.endpoints] == ["a", "c"]
 
 
