@@ -28,6 +28,9 @@ from tests.required_tools import require_tool
 RULES_DIR = REPO_ROOT / "deploy" / "prometheus" / "rules"
 RULES = RULES_DIR / "rowbatch.rules.yml"
 RULES_TEST = RULES_DIR / "rowbatch.test.yml"
+#: GKE only (Cloud Monitoring's Pub/Sub metric): tests/unit/deploy/test_gmp_rules.py runs its
+#: promtool tests; its alerts follow the same runbook conventions, checked here.
+PUBSUB_RULES = REPO_ROOT / "deploy" / "prometheus" / "gmp" / "pubsub.rules.yml"
 DASHBOARD = REPO_ROOT / "deploy" / "grafana" / "rowbatch-consumers.json"
 DOC = REPO_ROOT / "docs" / "observability.md"
 CONSUMER_DEPLOYMENT = REPO_ROOT / "deploy" / "k8s" / "base" / "deployment.yaml"
@@ -54,6 +57,12 @@ EXTERNAL_METRICS: dict[str, tuple[str, str]] = {
         "Cloud Monitoring (GKE managed Prometheus)",
         'subscription_id=~"$subscription"',
     ),
+    # KEDA's operator (2.14 or later), per ScaledObject: the rowbatch.keda group's alert, scoped
+    # to rowbatch's ScaledObjects by name (a dashboard query would be too).
+    "keda_scaled_object_errors_total": (
+        "KEDA's operator",
+        'scaledObject=~".*rowbatch-consumer.*"',
+    ),
 }
 
 _METRIC = re.compile(r"(?<![:\w])rowbatch_[a-z0-9_]+")
@@ -75,8 +84,8 @@ def promtool() -> None:
     require_tool("promtool", "the alerting rules", "apt-get install -y prometheus")
 
 
-def _rules() -> list[dict[str, Any]]:
-    doc = yaml.safe_load(RULES.read_text())
+def _rules(path: Path = RULES) -> list[dict[str, Any]]:
+    doc = yaml.safe_load(path.read_text())
     return [rule for group in doc["groups"] for rule in group["rules"]]
 
 
@@ -137,6 +146,10 @@ def test_rules_and_dashboard_name_only_exported_metrics() -> None:
     every = {name for expr in exprs for name in metric_names(expr)}
     assert every - exported - recorded - set(EXTERNAL_METRICS) == set()
     assert set(EXTERNAL_METRICS) <= every
+    for rule in _rules():
+        for name in metric_names(rule["expr"]) & set(EXTERNAL_METRICS) - {"up"}:
+            scope = EXTERNAL_METRICS[name][1]
+            assert scope in rule["expr"], f"{rule.get('alert')}: {name} not scoped by {scope}"
     assert metric_names(
         'sum by (pod) (increase(a_total{x="b"}[5m]) and on (namespace, pod) up{job=~"$job"})'
         " / ignoring (le) rate(job:c:rate1m[$__rate_interval]) > bool 0"
@@ -176,7 +189,7 @@ def test_every_alert_has_a_severity_and_a_documented_runbook() -> None:
         for line in doc.splitlines()
         if line.startswith("#")
     }
-    alerts = [rule for rule in _rules() if "alert" in rule]
+    alerts = [rule for rule in _rules() + _rules(PUBSUB_RULES) if "alert" in rule]
     assert {a["alert"] for a in alerts} >= {
         "RowbatchDeadLetters",
         "RowbatchPausedForBackoff",
@@ -184,6 +197,9 @@ def test_every_alert_has_a_severity_and_a_documented_runbook() -> None:
         "RowbatchBatchFillLow",
         "RowbatchSinkUnavailable",
         "RowbatchNoRowsWritten",
+        "RowbatchModelEndpointOut",
+        "RowbatchKedaScalerErrors",
+        "RowbatchPubSubOldestUnacked",
     }
     for alert in alerts:
         name = alert["alert"]
