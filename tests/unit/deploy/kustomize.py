@@ -1,9 +1,12 @@
 """``kubectl kustomize`` for the manifest tests: a directory rendered offline into its objects
-(the test is skipped where kubectl is absent, and fails where CI is set)."""
+(the test is skipped where kubectl is absent, and fails where CI is set), and kustomizations of
+an operator's own over the shipped ones (a ``namePrefix``, components), written to a scratch
+directory."""
 
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,3 +31,34 @@ def kustomize(directory: Path) -> tuple[dict[str, Any], ...]:
     )
     assert done.returncode == 0, done.stderr
     return tuple(d for d in yaml.safe_load_all(done.stdout) if d)
+
+
+def _write_kustomization(
+    tmp_path: Path, resources: Sequence[Path], components: Sequence[Path], fields: dict[str, Any]
+) -> Path:
+    """A kustomization.yaml in ``tmp_path``; kustomize takes only relative paths to other
+    kustomizations, so each path goes up from ``tmp_path`` to / and down again."""
+    up = "/".join([".."] * (len(tmp_path.parts) - 1))
+    document: dict[str, Any] = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [f"{up}{r}" for r in resources],
+        **fields,
+    }
+    if components:
+        document["components"] = [f"{up}{c}" for c in components]
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(document))
+    return tmp_path
+
+
+def overlay(tmp_path: Path, resource: Path, **fields: Any) -> Path:
+    """A kustomization in ``tmp_path`` over ``resource`` with ``fields`` (``namePrefix``...)."""
+    return _write_kustomization(tmp_path, [resource], (), fields)
+
+
+def render_with(
+    tmp_path: Path, resources: Sequence[Path], components: Sequence[Path] = ()
+) -> tuple[dict[str, Any], ...]:
+    """What a kustomization of an operator's own renders: ``resources`` (kustomizations) with
+    ``components`` applied, as a docs example writes it."""
+    return kustomize(_write_kustomization(tmp_path, resources, components, {}))

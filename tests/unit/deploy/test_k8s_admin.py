@@ -1,9 +1,10 @@
 """The admin Job (deploy/k8s/base/admin-job.yaml), checked offline beyond
 tests/unit/deploy/test_k8s.py: one Job per configuration, named after the generated ConfigMap's
 hashed name, so that a changed consumer.toml makes ``kubectl apply -k`` create a new Job instead
-of changing an existing Job's (immutable) pod template; a bad configuration or a difference on
-the broker fails it at once; and the order it needs is the documented ``kubectl wait`` on that
-Job, with the consumers' own start-up check (exit 2, restarted by the kubelet) meanwhile."""
+of changing an existing Job's (immutable) pod template; the name short enough for an operator's
+namePrefix, which it carries twice; a bad configuration or a difference on the broker fails it
+at once; and the order it needs is the documented ``kubectl wait`` on that Job, with the
+consumers' own start-up check (exit 2, restarted by the kubelet) meanwhile."""
 
 from __future__ import annotations
 
@@ -16,13 +17,15 @@ from typing import Any
 import pytest
 
 from rowbatch.consumer.service.admin import EXIT_CONFIG, EXIT_DIFFERS
-from tests.unit.deploy.kustomize import kustomize
+from tests.unit.deploy.kustomize import kustomize, overlay
 
 ROOT = Path(__file__).resolve().parents[3]
 K8S = ROOT / "deploy" / "k8s"
 DEPLOY_DOC = ROOT / "docs" / "deploy.md"
 WITH_ADMIN_JOB = ("base", "gke-pubsub", "kafka-keda")  # triton has no consumer and no Job
-JOB_PREFIX = "rowbatch-admin-ensure-"  # the name in admin-job.yaml (patches use it) plus "-"
+# The rendered Job is admin-<the ConfigMap's hashed name>; admin-job.yaml names it
+# rowbatch-admin-ensure, which patches use.
+JOB_PREFIX = "admin-"
 CONFIG_MAP = "rowbatch-consumer-config"
 HASHED = re.compile(rf"{CONFIG_MAP}-[a-z0-9]{{10}}")  # kustomize's generator suffix
 LABEL_VALUE_MAX = 63  # the Job controller labels its pods job-name=<the Job's name>
@@ -54,15 +57,15 @@ def _only(docs: tuple[dict[str, Any], ...], kind: str) -> dict[str, Any]:
     return found[0]
 
 
-def _config_map_name(docs: tuple[dict[str, Any], ...]) -> str:
+def _config_map_name(docs: tuple[dict[str, Any], ...], prefix: str = "") -> str:
     names = [
         d["metadata"]["name"]
         for d in docs
-        if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith(CONFIG_MAP)
+        if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith(prefix + CONFIG_MAP)
     ]
     assert len(names) == 1, names
     name: str = names[0]
-    assert HASHED.fullmatch(name), name
+    assert HASHED.fullmatch(name.removeprefix(prefix)), name
     return name
 
 
@@ -149,6 +152,21 @@ def test_a_bad_configuration_or_a_difference_fails_the_job_at_once(where: str) -
     assert job["spec"]["ttlSecondsAfterFinished"] > 0  # the Jobs of old configurations go
 
 
+# The Job controller's backoff between a failed pod and its replacement: 10 s, doubling, at most
+# 6 minutes (kubernetes.io/docs/concepts/workloads/controllers/job, "Pod backoff failure policy").
+JOB_BACKOFF_S, JOB_BACKOFF_MAX_S = 10, 360
+
+
+@pytest.mark.parametrize("where", WITH_ADMIN_JOB)
+def test_the_job_has_a_deadline_that_leaves_room_for_its_retries(where: str) -> None:
+    """activeDeadlineSeconds stops a Job that keeps failing or hangs, but not before every
+    retry allowed by backoffLimit has had its turn."""
+    spec = _only(_render(where), "Job")["spec"]
+    deadline = spec["activeDeadlineSeconds"]
+    backoff = sum(min(JOB_BACKOFF_S * 2**i, JOB_BACKOFF_MAX_S) for i in range(spec["backoffLimit"]))
+    assert backoff < deadline <= spec["ttlSecondsAfterFinished"], (backoff, deadline)
+
+
 @pytest.mark.parametrize("where", WITH_ADMIN_JOB)
 def test_only_the_job_runs_with_admin_rights_and_the_docs_wait_for_it(where: str) -> None:
     """The order is the documented wait on the Job ``kubectl apply -k`` names: nothing in the
@@ -159,8 +177,28 @@ def test_only_the_job_runs_with_admin_rights_and_the_docs_wait_for_it(where: str
     assert _pod_spec(job)["serviceAccountName"] == "rowbatch-admin"
     assert _pod_spec(deployment)["serviceAccountName"] == "rowbatch-consumer"
     assert "initContainers" not in _pod_spec(deployment)
-    doc = DEPLOY_DOC.read_text()
-    grep = re.search(r"grep '\^job\.batch/([a-z-]+)'", doc)
+    assert _job_name(docs).startswith(_documented_job_name_start())
+    assert 'kubectl wait --for=condition=complete --timeout=10m "$job"' in DEPLOY_DOC.read_text()
+
+
+def _documented_job_name_start() -> str:
+    """How docs/deploy.md picks the Job out of ``kubectl apply -k -o name``."""
+    grep = re.search(r"grep '\^job\.batch/([a-z-]*)'", DEPLOY_DOC.read_text())
     assert grep is not None, "docs/deploy.md: the Job picked from `kubectl apply -k -o name`"
-    assert _job_name(docs).startswith(grep.group(1))
-    assert 'kubectl wait --for=condition=complete --timeout=10m "$job"' in doc
+    return grep.group(1)
+
+
+@pytest.mark.parametrize("prefix", ["staging-", "prod-"])
+@pytest.mark.parametrize("where", WITH_ADMIN_JOB)
+def test_under_a_name_prefix_the_job_keeps_its_pattern_and_the_docs_find_it(
+    where: str, prefix: str, tmp_path: Path
+) -> None:
+    """The prefix lands on the Job's own name and on the ConfigMap's in it: still one Job per
+    configuration, still a valid pod label value, and the documented grep still picks it."""
+    docs = kustomize(overlay(tmp_path, _directory(K8S, where), namePrefix=prefix))
+    name = _job_name(docs)
+    config_map = _config_map_name(docs, prefix)
+    assert name == prefix + JOB_PREFIX + config_map
+    assert len(name) <= LABEL_VALUE_MAX, name
+    assert _config_map_volumes(_only(docs, "Job")) == [config_map]
+    assert name.startswith(_documented_job_name_start())

@@ -1,11 +1,13 @@
 """deploy/k8s/overlays/kafka-keda, checked offline beyond tests/unit/deploy/test_k8s.py: KEDA's
-fallback when the group's lag cannot be read, and the brokers' private CA (Strimzi's default)
+fallback when the group's lag cannot be read, the brokers' private CA (Strimzi's default)
 given to KEDA's kafka scaler and to the pods from the same Secret, as a file the consumer's
-``ssl_cafile`` names."""
+``ssl_cafile`` names; the brokers named by a name Strimzi's broker certificates carry and that
+resolves from KEDA's namespace as from the pods'; and admin ensure on a Kafka user of its own."""
 
 from __future__ import annotations
 
 import json
+import re
 from functools import cache
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -21,6 +23,14 @@ ROOT = Path(__file__).resolve().parents[3]
 K8S = ROOT / "deploy" / "k8s"
 OVERLAY = K8S / "overlays" / "kafka-keda"
 WORKLOADS = ("Deployment", "Job")  # the consumers and admin ensure: both talk to the brokers
+# Strimzi's Kafka cluster: the bootstrap Service <cluster>-kafka-bootstrap, its TLS listener.
+_DNS_LABEL = r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?"
+STRIMZI_BOOTSTRAP = re.compile(
+    rf"(?P<cluster>{_DNS_LABEL})-kafka-bootstrap\.(?P<namespace>{_DNS_LABEL})\.svc"
+    r"(?:\.cluster\.local)?"
+)
+STRIMZI_TLS_PORT = 9093
+SASL_ENV = ("ROWBATCH_SOURCE__SASL_PLAIN_USERNAME", "ROWBATCH_SOURCE__SASL_PLAIN_PASSWORD")
 
 
 @cache
@@ -162,3 +172,70 @@ def test_the_pods_trust_the_same_ca_as_a_file_mounted_from_that_secret(
     relative = str(cafile.relative_to(mount["mountPath"]))
     files = {i["path"]: i["key"] for i in secret.get("items", [])} or {ca["key"]: ca["key"]}
     assert files[relative] == ca["key"], f"{cafile} is not the Secret's key {ca['key']}"
+
+
+def strimzi_bootstrap_sans(cluster: str, namespace: str) -> set[str]:
+    """The names Strimzi's cluster CA puts in every broker certificate for the bootstrap
+    Service (``ModelUtils.generateAllServiceDnsNames`` in strimzi-kafka-operator), with the
+    default cluster domain."""
+    service = f"{cluster}-kafka-bootstrap"
+    return {
+        service,
+        f"{service}.{namespace}",
+        f"{service}.{namespace}.svc",
+        f"{service}.{namespace}.svc.cluster.local",
+    }
+
+
+def bootstrap_addresses(servers: str) -> list[tuple[str, int]]:
+    """``host:port[,host:port...]`` as pairs."""
+    pairs = []
+    for server in servers.split(","):
+        host, _, port = server.strip().rpartition(":")
+        pairs.append((host, int(port)))
+    return pairs
+
+
+@pytest.mark.parametrize("kind", WORKLOADS)
+def test_the_brokers_are_named_as_strimzis_certificates_name_them_from_any_namespace(
+    kind: str, tmp_path: Path
+) -> None:
+    """KEDA's operator resolves ``bootstrapServers`` from its own namespace (keda), so a short
+    name (``kafka-0.kafka``) finds nothing there; and TLS verifies the name against the
+    brokers' certificates. The bootstrap Service's name qualified with its namespace and
+    ``.svc`` does both, in the pods and in KEDA, and the two name the same brokers."""
+    source = _source(kind, tmp_path)
+    (trigger,) = _one("ScaledObject")["spec"]["triggers"]
+    keda = trigger["metadata"]["bootstrapServers"]
+    assert keda == source.bootstrap_servers, "KEDA reads the lag of the brokers the pods use"
+    for host, port in bootstrap_addresses(keda):
+        named = STRIMZI_BOOTSTRAP.fullmatch(host)
+        assert named is not None, f"{host}: not <cluster>-kafka-bootstrap.<namespace>.svc"
+        assert host in strimzi_bootstrap_sans(named["cluster"], named["namespace"])
+        assert port == STRIMZI_TLS_PORT, "Strimzi's TLS listener (SASL_SSL)"
+    assert source.tls
+
+
+def _sasl_secrets(workload: dict[str, Any]) -> set[str]:
+    """The Secrets the SASL user and password of ``workload``'s container come from."""
+    env = {v["name"]: v for v in _container(workload).get("env", [])}
+    assert set(SASL_ENV) <= env.keys(), "the SASL user and password from the environment"
+    return {env[name]["valueFrom"]["secretKeyRef"]["name"] for name in SASL_ENV}
+
+
+def test_admin_ensure_creates_topics_as_a_kafka_user_of_its_own() -> None:
+    """Creating topics needs Create (and DescribeConfigs) on the cluster's topics: rights the
+    consumers, and KEDA reading their lag, should not hold. The Job's user and password come
+    from a Secret of their own; the consumers' and KEDA's from another."""
+    (consumers,) = _sasl_secrets(_one("Deployment"))
+    (admin,) = _sasl_secrets(_one("Job"))
+    assert admin != consumers
+    params = _auth_params()
+    assert {params["username"]["name"], params["password"]["name"]} == {consumers}
+    job_refs = {
+        (var["valueFrom"]["secretKeyRef"]["name"], var["valueFrom"]["secretKeyRef"]["key"])
+        for var in _container(_one("Job")).get("env", [])
+        if "valueFrom" in var
+    }
+    consumer_user = {(p["name"], p["key"]) for p in (params["username"], params["password"])}
+    assert not job_refs & consumer_user, "the Job never sees the consumers' Kafka user"

@@ -317,7 +317,7 @@ def test_admin_ensure_runs_once_per_configuration() -> None:
     config_maps = [d for d in _render() if d["kind"] == "ConfigMap"]
     (config_map,) = config_maps
     name = config_map["metadata"]["name"]
-    assert job["metadata"]["name"] == f"rowbatch-admin-ensure-{name}"
+    assert job["metadata"]["name"] == f"admin-{name}"
     for workload in (job, _consumers("Deployment")):
         mounted = [v["configMap"]["name"] for v in _pod(workload)["volumes"] if "configMap" in v]
         assert mounted == [name]
