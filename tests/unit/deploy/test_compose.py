@@ -276,3 +276,18 @@ def test_prometheus_loads_the_alert_rules(compose: dict[str, Any]) -> None:
 
 def mounts_key(mounts: dict[str, str], target: str) -> str:
     return next(src for src, dst in mounts.items() if dst == target)
+
+
+def test_the_build_passes_the_base_image_by_digest(compose: dict[str, Any]) -> None:
+    """The Dockerfile has no default base and refuses a tag alone: every service built from it
+    passes PYTHON_BASE, from a variable compose requires (``:?``) rather than a floating tag."""
+    dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()
+    assert re.search(r"^ARG PYTHON_BASE$", dockerfile, re.MULTILINE), "no default in the file"
+    built = {n: s["build"] for n, s in _services(compose).items() if "build" in s}
+    assert built, "the consumers' image is built by compose"
+    for name, build in built.items():
+        assert build["dockerfile"] == "deploy/Dockerfile", name
+        value = build["args"]["PYTHON_BASE"]
+        match = re.fullmatch(r"\$\{(\w+):\?([^}]*)\}", value)
+        assert match, f"{name}: PYTHON_BASE is {value!r}, not a required variable"
+        assert "@sha256:" in match.group(2), "the error says to name the base by digest"

@@ -160,22 +160,27 @@ def _crd_schema(api_version: str, kind: str) -> dict[str, Any]:
     return schema
 
 
+def _validate(doc: dict[str, Any]) -> None:
+    """``doc`` against its CRD's schema (deploy/k8s/schemas), or Kubernetes' own."""
+    if doc["apiVersion"].split("/")[0] in (
+        "keda.sh",
+        "monitoring.coreos.com",
+        "monitoring.googleapis.com",
+    ):
+        schema = _crd_schema(doc["apiVersion"], doc["kind"])
+        jsonschema.Draft202012Validator.check_schema(schema)
+        errors = list(jsonschema.Draft202012Validator(schema).iter_errors(doc))
+        assert not errors, [f"{list(e.absolute_path)}: {e.message}" for e in errors]
+    else:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
 @pytest.mark.parametrize("where", ["base", *OVERLAYS, BACKFILL])
 def test_renders_and_validates_offline(where: str) -> None:
     kinds = []
     for doc in _render(where):
         kinds.append(doc["kind"])
-        if doc["apiVersion"].split("/")[0] in (
-            "keda.sh",
-            "monitoring.coreos.com",
-            "monitoring.googleapis.com",
-        ):
-            schema = _crd_schema(doc["apiVersion"], doc["kind"])
-            jsonschema.Draft202012Validator.check_schema(schema)
-            errors = list(jsonschema.Draft202012Validator(schema).iter_errors(doc))
-            assert not errors, [f"{list(e.absolute_path)}: {e.message}" for e in errors]
-        else:
-            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+        _validate(doc)
     assert kinds
 
 
@@ -251,6 +256,22 @@ def test_pods_run_hardened_with_a_memory_limit_above_the_budget(where: str, tmp_
     limits = _container(_one(where, "Deployment"))["resources"]["limits"]
     assert limits["memory"].endswith("Mi")
     assert int(limits["memory"][:-2]) * 2**20 >= config.budget_bytes + 256 * 2**20
+
+
+@pytest.mark.parametrize("where", ["base", *CONSUMER_OVERLAYS, "vllm", BACKFILL])
+def test_rowbatch_is_deployed_by_digest_not_by_tag(where: str) -> None:
+    """Every rowbatch container names the image by digest (a placeholder of zeros as shipped):
+    a tag such as ``latest`` can move under a running Deployment."""
+    images = [
+        container["image"]
+        for doc in _render(where)
+        if doc["kind"] in ("Deployment", "Job")
+        for container in doc["spec"]["template"]["spec"]["containers"]
+        if container["image"].split("@")[0].split(":")[0].endswith("rowbatch")
+    ]
+    assert images, f"{where}: no rowbatch container"
+    for image in images:
+        assert re.search(r"@sha256:[0-9a-f]{64}$", image), f"{where}: {image} is not by digest"
 
 
 @pytest.mark.parametrize("where", CONSUMER_OVERLAYS)
@@ -644,7 +665,7 @@ def test_the_triton_gpu_component_adds_a_gpu_limit_and_toleration(tmp_path: Path
     )
     docs = list(kustomize(tmp_path))
     for doc in docs:
-        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+        _validate(doc)
     (gpu,) = [d for d in docs if d["kind"] == "Deployment"]
     cpu = _one("triton", "Deployment")
     resources = _container(gpu)["resources"]
