@@ -789,6 +789,65 @@ async def test_rows_postgresql_refuses_cost_their_rows_only(
     assert set(ids) == {n * 1000 + r for n in range(10) for r in range(500) if r != 123}
 
 
+@pytest.mark.timeout(300)
+async def test_error_rows_land_in_postgresql_beside_their_siblings(
+    broker: Broker, chaos: TritonEndpoint, consumers: list[Run], postgres: PostgresEndpoint
+) -> None:
+    """``on_row_error = "error-row"``: rows Triton rejects (marked) and rows failing the input
+    checks (a null text) are written to PostgreSQL with a null embedding and the error
+    columns, their siblings as usual; nothing is dead-lettered, every row is in the table
+    once."""
+    await broker.prepare(partitions=3)
+    ChaosControl(reject_marker="POISON-ROW").write(chaos.chaos_control)
+    marked = {1: [42], 4: [0, 499]}
+    nulls = {6: [7]}
+    chunks = []
+    for n in range(8):
+        chunk = marked_chunk(n, 500, marked.get(n, []))
+        if n in nulls:
+            mask = np.zeros(500, dtype=np.bool_)
+            mask[nulls[n]] = True
+            texts = [f"message {n} row {r} ✓" for r in range(500)]
+            ids = np.arange(n * 1000, n * 1000 + 500, dtype=np.int64)
+            chunk = encode_chunk(
+                "docs", {"id": ids, "text": texts}, "json", f"t{n}", null_masks={"text": mask}
+            )
+        chunks.append(chunk)
+    table = f"error_rows_{broker.name}_{int(time.time() * 1000)}"
+    sink = {"kind": "postgres", "dsn": postgres.dsn, "table": table, "on_row_error": "error-row"}
+    await broker.publish(records(chunks))
+    run = await start(consumers, consumer_config(broker, chaos, "chaos", sink))
+    registry = run.registry
+    await wait_until(lambda: settled(registry) == len(chunks), 120, "all settled", run.task)
+    await broker.drained(registry, None)
+    await run.stop_and_wait()
+    ChaosControl().write(chaos.chaos_control)
+    assert dead_lettered(registry) == {}
+    for reason, count in (("rejected-by-model", 3), ("schema-mismatch", 1)):
+        labels = {"reason": reason}
+        assert registry.get_sample_value("rowbatch_rows_errored_total", labels) == count
+        assert registry.get_sample_value("rowbatch_rows_dead_lettered_total", labels) == 0
+    with psycopg.connect(postgres.dsn) as conn:
+        got = conn.execute(
+            f"SELECT chunk_id, row_index, id, embedding IS NULL, error_reason, error_code, "
+            f"error_message FROM {table}"
+        ).fetchall()
+    assert len(got) == len({(c, r) for c, r, *_ in got}) == 8 * 500
+    errors = {
+        (c, r): (i, null, reason, code, words)
+        for c, r, i, null, reason, code, words in got
+        if reason
+    }
+    want_rejected = {(f"t{n}", r) for n, rows in marked.items() for r in rows}
+    assert set(errors) == want_rejected | {("t6", 7)}
+    for key in want_rejected:
+        _, null, reason, _, words = errors[key]
+        assert null and reason == "rejected-by-model" and words
+    assert errors[("t6", 7)][1:4] == (True, "schema-mismatch", "null_not_allowed")
+    assert errors[("t6", 7)][0] == 6007  # the passthrough column kept
+    assert all(not null for c, r, _, null, reason, *_ in got if not reason)
+
+
 def table_exists(dsn: str, table: str) -> bool:
     with psycopg.connect(dsn) as conn:
         found = conn.execute("SELECT to_regclass(%s)", (table,)).fetchone()

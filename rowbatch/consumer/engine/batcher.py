@@ -68,6 +68,13 @@ class Batch:
         parts = [np.arange(where[s], where[s] + len(s), dtype=np.int64) for s in chosen]
         return np.concatenate(parts) if parts else np.empty(0, np.int64)
 
+    def rows(self, start: int, stop: int, segment: Segment) -> Batch:
+        """Rows ``[start, stop)`` (positions in this batch, all of one segment's) as a batch
+        of their own, ``segment`` naming them in their message."""
+        nulls = {k: m[start:stop] for k, m in self.nulls.items() if m[start:stop].any()}
+        columns = {k: v[start:stop] for k, v in self.columns.items()}
+        return Batch(columns, nulls, (segment,), self.oldest_at)
+
     def select(self, chosen: Sequence[Segment]) -> Batch:
         """A batch of just ``chosen`` (segments of this batch), e.g. one half of a bisection."""
         index = self.rows_of(chosen)

@@ -38,21 +38,22 @@ class PoisonMessage(Exception):
 class PoisonRows(PoisonMessage):
     """Some rows of this message fail the binding's value checks on their own: ``failed``
     (their indexes in the message, ascending, with why); ``kept`` holds the message's other rows
-    (its ``positions`` their indexes in the message, its ``row_keys`` their keys). Where rows
-    cannot be dead-lettered on their own, the whole message is dead-lettered with ``reason``
-    (the message's first failure, as for any poison message)."""
+    (its ``positions`` their indexes in the message, its ``row_keys`` their keys), ``bad`` the
+    failed rows in the same form (for error rows). Where rows cannot go on their own, the whole
+    message is dead-lettered with ``reason`` (its first failure, as for any poison message)."""
 
     def __init__(
         self,
         reason: DeadLetterReason,
         kept: MessageRows,
         failed: tuple[tuple[int, DeadLetterReason], ...],
-        rows: int,
+        bad: MessageRows,
     ) -> None:
         super().__init__(reason)
         self.kept = kept
         self.failed = failed
-        self.rows = rows
+        self.bad = bad
+        self.rows = kept.rows + bad.rows
         """The message's rows, kept and failed."""
 
 
@@ -264,15 +265,20 @@ class MessageDecoder:
         kept = np.asarray(
             [row for row in range(chunk.row_count) if row not in failing], dtype=np.int64
         )
-        rows = self._decoded(rows_of(chunk, kept), attribute_bytes)
-        chunk_id, keys = rows.chunk_id, kept
+        bad = np.asarray(sorted(failing), dtype=np.int64)
         parent = _parent(attributes, chunk.row_count)
-        if parent is not None:  # a row part: keyed by its parent's rows
-            chunk_id, keys = parent[0], parent[1][kept]
-        rows = _keyed(rows, chunk_id, keys)
-        rows.__dict__["positions"] = kept
+
+        def taken(index: NDArray[np.int64]) -> MessageRows:
+            rows = self._decoded(rows_of(chunk, index), attribute_bytes)
+            chunk_id, keys = rows.chunk_id, index
+            if parent is not None:  # a row part: keyed by its parent's rows
+                chunk_id, keys = parent[0], parent[1][index]
+            rows = _keyed(rows, chunk_id, keys)
+            rows.__dict__["positions"] = index
+            return rows
+
         failed = tuple((row, _mismatch(error)) for row, error in found)
-        return PoisonRows(reason, rows, failed, chunk.row_count)
+        return PoisonRows(reason, taken(kept), failed, taken(bad))
 
     def _decoded(self, chunk: DecodedChunk, attribute_bytes: int) -> MessageRows:
         decoded = chunk.columns

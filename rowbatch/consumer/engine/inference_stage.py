@@ -167,7 +167,10 @@ class InferenceStage:
                 good += await self._isolated_rows(batch, segment, failure)
             else:
                 reason = DeadLetterReason(ReasonClass.REJECTED_BY_MODEL, f"{failure}")
-                await self._settler.fail(segment, reason)
+                if self._settler.write_errors is not None:  # an error row
+                    await self._settler.fail_rows(segment, reason, batch.select([segment]))
+                else:
+                    await self._settler.fail(segment, reason)
         if nacked:
             log.warning(
                 "inference failed for good on %d of the batch's %d messages (isolated, %d "
@@ -218,7 +221,7 @@ class InferenceStage:
             return []
         for row, rejected in found.bad:
             reason = DeadLetterReason(ReasonClass.REJECTED_BY_MODEL, f"{rejected}")
-            await self._settler.fail_rows(row, reason)
+            await self._settler.fail_rows(row, reason, split.select([row]))
         return [(_joined(split.select(run)), answer) for run, answer in found.good]
 
     async def _rows_failed(self, batch: Batch, partial: RowsFailed, span: object) -> list[Answered]:
@@ -249,7 +252,7 @@ class InferenceStage:
                 reason = DeadLetterReason(ReasonClass.REJECTED_BY_MODEL, error.message, error.code)
                 await self._settler.fail(segment, reason)
                 continue
-            await self._fail_rows(segment, offset, errors)
+            await self._fail_rows(batch, segment, offset, errors)
             at = offset
             for row, _ in [*errors, (offset + len(segment), None)]:
                 if row > at:
@@ -270,10 +273,10 @@ class InferenceStage:
         return [Answered(sub, outputs, partial.answer.model_version, span)]
 
     async def _fail_rows(
-        self, segment: Segment, offset: int, errors: list[tuple[int, RowError]]
+        self, batch: Batch, segment: Segment, offset: int, errors: list[tuple[int, RowError]]
     ) -> None:
-        """Fail ``errors``' rows of ``segment`` (batch positions from ``offset``), one call per
-        run of consecutive rows with the same code and message."""
+        """Fail ``errors``' rows of ``segment`` (positions in ``batch`` from ``offset``), one
+        call per run of consecutive rows with the same code and message."""
         run: list[tuple[int, RowError]] = []
         for row, error in [*errors, (-1, None)]:
             if run and (error is None or row != run[-1][0] + 1 or error != run[0][1]):
@@ -281,9 +284,9 @@ class InferenceStage:
                 reason = DeadLetterReason(
                     ReasonClass.REJECTED_BY_MODEL, run[0][1].message, run[0][1].code
                 )
-                await self._settler.fail_rows(
-                    Segment(segment.message, first, first + len(run)), reason
-                )
+                failed = Segment(segment.message, first, first + len(run))
+                rows = batch.rows(run[0][0], run[-1][0] + 1, failed)
+                await self._settler.fail_rows(failed, reason, rows)
                 run = []
             if error is not None:
                 run.append((row, error))

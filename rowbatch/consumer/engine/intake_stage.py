@@ -11,6 +11,9 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 
+import numpy as np
+
+from rowbatch.consumer.engine.batcher import Batch, Segment
 from rowbatch.consumer.engine.decode import (
     MessageDecoder,
     MessageRows,
@@ -19,6 +22,7 @@ from rowbatch.consumer.engine.decode import (
     rows_cost,
 )
 from rowbatch.consumer.engine.gate import Gate
+from rowbatch.consumer.engine.ledger import Entry
 from rowbatch.consumer.engine.settle import Settler
 from rowbatch.consumer.engine.stage_context import StageContext
 from rowbatch.consumer.observe.metrics import observe_many
@@ -134,22 +138,20 @@ class IntakeStage:
                 self._at = at
                 if self._withdrawn and delivery in self._withdrawn:
                     continue
-                failed: PoisonRows | None = None
                 try:
-                    rows = self._intake.rows(delivery)
+                    rows, failed = self._decoded(delivery)
                 except PoisonMessage as poison:
-                    if isinstance(poison, PoisonRows) and self._settler.isolates_rows:
-                        rows, failed = poison.kept, poison  # its other rows go on
-                    else:
-                        self._at = at + 1  # settled by the dead letter, whatever happens
-                        await self._settler.dead_letter(delivery, poison.reason, None)
-                        continue
+                    self._at = at + 1  # settled by the dead letter, whatever happens
+                    await self._settler.dead_letter(delivery, poison.reason, None)
+                    continue
                 reserve = self._cost(delivery, rows)
                 if gate.is_open and batcher.pending_rows < work.rows and budget.fits(reserve):
                     budget.take_now(reserve)
                 elif not await self._admit_waiting(delivery, reserve):
                     continue  # withdrawn while it waited
-                self._accept(delivery, rows, reserve, failed)
+                entry = self._accept(delivery, rows, reserve, failed)
+                if failed is not None and self._settler.write_errors is not None:
+                    await self._error_rows(entry, failed)
                 count = rows.rows if failed is None else failed.rows
                 rows_in += count
                 if self._signal is not None:
@@ -169,6 +171,16 @@ class IntakeStage:
             self._hand = ()
             metrics.rows_in.inc(rows_in)
             self._gauges()
+
+    def _decoded(self, delivery: Delivery) -> tuple[MessageRows, PoisonRows | None]:
+        """The delivery's rows, or (when some of its rows fail the input checks alone and
+        rows can go on their own) its other rows and the failed ones; ``PoisonMessage``."""
+        try:
+            return self._intake.rows(delivery), None
+        except PoisonRows as some:
+            if not self._settler.isolates_rows:
+                raise
+            return some.kept, some
 
     def _in_hand(self) -> list[Delivery]:
         """The deliveries of the vector being taken that are neither taken nor settled nor
@@ -248,13 +260,27 @@ class IntakeStage:
 
     def _accept(
         self, delivery: Delivery, rows: MessageRows, reserve: int, failed: PoisonRows | None
-    ) -> None:
+    ) -> Entry:
         """Open the message in the ledger and queue its rows; ``failed``: some of its rows
-        failed the value checks on their own (they are dead-lettered as a row part once the
-        others are written), ``rows`` holds the others."""
+        failed the value checks on their own, ``rows`` holds the others. The failed ones are
+        dead-lettered as a row part once the others are written or, with error rows, follow
+        the others in the message's queued positions (``_error_rows`` sends them)."""
         if failed is None:
             entry = self._ledger.open(
                 delivery, rows.chunk_id, rows.rows, reserve, self._clock(), rows.row_keys
+            )
+        elif self._settler.write_errors is not None:
+            bad = failed.bad
+            assert rows.positions is not None and bad.positions is not None
+            assert rows.row_keys is not None and bad.row_keys is not None
+            entry = self._ledger.open(
+                delivery,
+                rows.chunk_id,
+                failed.rows,
+                reserve,
+                self._clock(),
+                np.concatenate([rows.row_keys, bad.row_keys]),
+                positions=np.concatenate([rows.positions, bad.positions]),
             )
         else:
             entry = self._ledger.open(
@@ -284,9 +310,34 @@ class IntakeStage:
             task = asyncio.get_running_loop().create_task(self._settler.settle(done))
             self._settling.add(task)
             task.add_done_callback(self._settling.discard)
-            return
+            return entry
         self._batcher.add(entry.key, rows.columns, rows.nulls)
         self._rows_queued.set()
+        return entry
+
+    async def _error_rows(self, entry: Entry, failed: PoisonRows) -> None:
+        """The rows of ``entry`` that failed the input checks, written as error rows: queued
+        after its other rows (positions ``kept..rows``), one part per run of one reason."""
+        bad = failed.bad
+        kept = failed.rows - bad.rows
+        rows = Batch(bad.columns, bad.nulls, (Segment(entry.key, kept, failed.rows),), 0.0)
+        log.warning(
+            "%d of the %d rows of message %s fail the model's input checks on their own; "
+            "they are written as error rows (%s)",
+            bad.rows,
+            failed.rows,
+            entry.delivery.message_id,
+            failed.failed[0][1].message,
+        )
+        at = 0
+        reasons = [reason for _, reason in failed.failed]
+        while at < len(reasons):
+            end = at + 1
+            while end < len(reasons) and reasons[end] == reasons[at]:
+                end += 1
+            segment = Segment(entry.key, kept + at, kept + end)
+            await self._settler.fail_rows(segment, reasons[at], rows.rows(at, end, segment))
+            at = end
 
 
 async def _one_by_one(deliveries: AsyncIterator[Delivery]) -> AsyncIterator[list[Delivery]]:

@@ -69,7 +69,7 @@ from rowbatch.consumer.engine.stage_context import StageContext, Telemetry
 from rowbatch.consumer.engine.watch import WATCH_INTERVAL_S, PipelineState, Watch
 from rowbatch.consumer.engine.write_stage import WriteLimits, WriteStage
 from rowbatch.consumer.model.handler import ModelHandler
-from rowbatch.consumer.sinks.base import BuffersFiles, CommitsWrites, Sink
+from rowbatch.consumer.sinks.base import BuffersFiles, ColumnSpec, CommitsWrites, Sink
 from rowbatch.consumer.sources.base import KeepsRowProgress, Source, WorkBound
 from rowbatch.timing import SYSTEM_CLOCKS, Backoff, Clocks
 
@@ -122,6 +122,10 @@ class PipelineSettings:
     sink does not commit its writes."""
     serial_isolation: bool = True
     """One isolation (bisection of a failed batch) at a time (``[model] isolation``)."""
+    error_rows: tuple[ColumnSpec, ...] | None = None
+    """``[sink] on_row_error = "error-row"``: the result table's output columns (the error
+    columns among them); rows failing on their own are written as error rows. None: they are
+    dead-lettered."""
     max_write_bytes: int = 2 * 1024 * 1024
     """Batches are coalesced only while their outputs (``output_bytes_per_row`` a row) stay
     under this: a write's encoding buffers live outside the budget, so models with large
@@ -283,6 +287,7 @@ class Pipeline:
             model_name=settings.model_name,
             model_version=settings.model_version,
             wall=clocks.wall,
+            error_rows=settings.error_rows,
         )
         # One retry for everything done to the sink (writes, deletes, commits): an outage
         # closes the gate once, whoever meets it.
@@ -294,11 +299,13 @@ class Pipeline:
             clocks=clocks,
         )
         self._settler = Settler(context, source=source, sink=sink, retry=retry)
+        if settings.error_rows is not None:
+            self._settler.write_errors = self._answered.put
         writer = SinkWriter[Answered](
             sink.write,
             build=results.build,
             # Down to the rows where rows can be dead-lettered on their own.
-            split=split_to_rows if self._settler.isolates_rows else split_by_message,
+            split=split_to_rows if self._settler.dead_letters_rows else split_by_message,
             metrics=metrics,
             retry=retry,
         )

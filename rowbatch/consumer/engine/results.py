@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 from numpy.typing import NDArray
@@ -15,7 +15,12 @@ from numpy.typing import NDArray
 from rowbatch.consumer.engine.batcher import Batch, Segment
 from rowbatch.consumer.engine.ledger import Entry, Ledger
 from rowbatch.consumer.observe.costs import write_bytes
-from rowbatch.consumer.sinks.base import ENCODE_SLICE_BYTES, ResultRows
+from rowbatch.consumer.sinks.base import ENCODE_SLICE_BYTES, ColumnSpec, ResultRows
+from rowbatch.consumer.sources.delivery import DeadLetterReason
+
+ERROR_COLUMNS: Final = ("error_reason", "error_code", "error_message")
+"""The result columns an error row carries (``on_row_error = "error-row"``): its reason
+class, code and words, null on the rows the model answered."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -29,18 +34,37 @@ class Answered:
     """The version of the model that answered, as its response named it (``""``: not said)."""
     span: Any = None
     """The inference request's span, when tracing is on (the write's span links to it)."""
+    errors: Mapping[str, NDArray[Any]] | None = None
+    """An error part (``on_row_error = "error-row"``): its rows failed on their own and are
+    written with null outputs and these values of :data:`ERROR_COLUMNS`; ``outputs`` is
+    empty."""
+
+    def take(self, index: NDArray[np.int64] | slice, batch: Batch) -> Answered:
+        """Rows ``index`` of this part, whose rows ``batch`` holds."""
+        outputs = {k: v[index] for k, v in self.outputs.items()}
+        errors = None if self.errors is None else {k: v[index] for k, v in self.errors.items()}
+        return Answered(batch, outputs, self.model_version, self.span, errors)
+
+
+def error_part(rows: Batch, reason: DeadLetterReason) -> Answered:
+    """``rows`` (failed on their own for ``reason``) as an error part."""
+    n = len(rows)
+    values = (reason.reason_class.value, reason.code, reason.message)
+    errors = {
+        name: np.full(n, value, dtype=object)
+        for name, value in zip(ERROR_COLUMNS, values, strict=True)
+    }
+    return Answered(rows, {}, errors=errors)
 
 
 def split_by_message(part: Answered) -> list[Answered]:
     """One part per segment (each segment is one message's rows), for bisecting a write."""
     if len(part.batch.segments) == 1:
         return [part]
-    out = []
-    for segment in part.batch.segments:
-        index = part.batch.rows_of([segment])
-        outputs = {k: v[index] for k, v in part.outputs.items()}
-        out.append(Answered(part.batch.select([segment]), outputs, part.model_version, part.span))
-    return out
+    return [
+        part.take(part.batch.rows_of([segment]), part.batch.select([segment]))
+        for segment in part.batch.segments
+    ]
 
 
 def split_to_rows(part: Answered) -> list[Answered]:
@@ -68,14 +92,14 @@ def _rows(part: Answered, segment: Segment, start: int, stop: int) -> Answered:
         (Segment(segment.message, segment.start + start, segment.start + stop),),
         batch.oldest_at,
     )
-    outputs = {k: v[start:stop] for k, v in part.outputs.items()}
-    return Answered(rows, outputs, part.model_version, part.span)
+    return part.take(slice(start, stop), rows)
 
 
 def part_bytes(part: Answered) -> int:
     """The bytes of a part's columns, null masks and outputs (what joining it copies)."""
     batch = part.batch
-    arrays = (*batch.columns.values(), *batch.nulls.values(), *part.outputs.values())
+    errors = () if part.errors is None else part.errors.values()
+    arrays = (*batch.columns.values(), *batch.nulls.values(), *part.outputs.values(), *errors)
     return sum(a.nbytes for a in arrays)
 
 
@@ -139,8 +163,13 @@ class ResultBuilder:
         model_name: str,
         model_version: str,
         wall: Callable[[], float],
+        error_rows: Sequence[ColumnSpec] | None = None,
     ) -> None:
+        """``error_rows``: the result columns of ``outputs`` (their dtypes and sizes) when
+        rows failing on their own are written as error rows (``on_row_error =
+        "error-row"``): every write then has the :data:`ERROR_COLUMNS` too."""
         self._ledger = ledger
+        self._error_specs = None if error_rows is None else {c.name: c for c in error_rows}
         self._outputs = outputs
         self._passthrough = passthrough
         self._model_name = model_name
@@ -148,7 +177,51 @@ class ResultBuilder:
         self._wall = wall
 
     def build(self, parts: Sequence[Answered]) -> ResultRows:
-        batch, outputs = merge(parts)
+        if self._error_specs is not None:
+            return self._with_errors(parts)
+        return self._build(parts, merge(parts), {})
+
+    def _with_errors(self, parts: Sequence[Answered]) -> ResultRows:
+        """The rows of ``parts`` with the error columns: the error parts' outputs null."""
+        failed = np.concatenate([np.full(len(p.batch), p.errors is not None) for p in parts])
+        batch, outputs = merge([self._filled(p) if p.errors is not None else p for p in parts])
+        extra: dict[str, tuple[NDArray[Any], NDArray[np.bool_]]] = {}
+        for name in ERROR_COLUMNS:
+            values = np.concatenate(
+                [
+                    p.errors[name] if p.errors is not None else np.full(len(p.batch), None, object)
+                    for p in parts
+                ]
+            )
+            extra[name] = (values, ~failed)
+        if failed.any():
+            for out, col in self._outputs.items():
+                extra[col] = (outputs[out], failed)
+        return self._build(parts, (batch, outputs), extra)
+
+    def _filled(self, part: Answered) -> Answered:
+        """An error part with placeholder outputs (null in the result) of the right shapes."""
+        assert self._error_specs is not None
+        n = len(part.batch)
+        outputs: dict[str, NDArray[Any]] = {}
+        for out, col in self._outputs.items():
+            spec = self._error_specs[col]
+            shape = (n, spec.dim) if spec.dim else (n,)
+            outputs[out] = (
+                np.full(shape, "", dtype=object)
+                if spec.dtype == "object"
+                else np.zeros(shape, dtype=spec.dtype)
+            )
+        return Answered(part.batch, outputs, part.model_version, part.span)
+
+    def _build(
+        self,
+        parts: Sequence[Answered],
+        merged: tuple[Batch, Mapping[str, NDArray[Any]]],
+        extra: Mapping[str, tuple[NDArray[Any], NDArray[np.bool_]]],
+    ) -> ResultRows:
+        """``extra``: result columns (values, null mask) beside and over the outputs."""
+        batch, outputs = merged
         segments = batch.segments
         entries = [self._ledger.get(s.message) for s in segments]
         lengths = [len(s) for s in segments]
@@ -164,8 +237,10 @@ class ResultBuilder:
                 np.array([e.delivery.message_id for e in entries], dtype=object), lengths
             ),
             passthrough={k: batch.columns[k] for k in self._passthrough},
-            outputs={col: outputs[out] for out, col in self._outputs.items()},
-            nulls={k: m for k, m in batch.nulls.items() if k in self._passthrough},
+            outputs={col: outputs[out] for out, col in self._outputs.items()}
+            | {name: values for name, (values, _) in extra.items()},
+            nulls={k: m for k, m in batch.nulls.items() if k in self._passthrough}
+            | {name: mask for name, (_, mask) in extra.items()},
             model_name=self._model_name,
             model_version=self._model_version or parts[0].model_version,
             processed_at=datetime.fromtimestamp(self._wall(), UTC),

@@ -9,8 +9,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Collection, Sequence
 
-from rowbatch.consumer.engine.batcher import Segment
+from rowbatch.consumer.engine.batcher import Batch, Segment
 from rowbatch.consumer.engine.ledger import Entry
+from rowbatch.consumer.engine.results import Answered, error_part
 from rowbatch.consumer.engine.sink_writer import SinkRetry
 from rowbatch.consumer.engine.stage_context import StageContext
 from rowbatch.consumer.observe.metrics import observe_many
@@ -76,13 +77,24 @@ class Settler:
         are not part of the table before the next commit, so it is settled after it); None:
         settled at once."""
 
+        self.write_errors: Callable[[Answered], Awaitable[None]] | None = None
+        """``on_row_error = "error-row"``: where rows failing on their own go as an error part
+        (the write stage's queue), written with null outputs and the error columns instead of
+        being dead-lettered; None: dead-lettered."""
+
     @property
-    def isolates_rows(self) -> bool:
+    def dead_letters_rows(self) -> bool:
         """Whether rows that fail on their own can be dead-lettered as a row part (the source
-        publishes them: ``DeadLettersRows``), the rest of their message written and acked;
-        otherwise their whole message is dead-lettered."""
+        publishes them: ``DeadLettersRows``), the rest of their message written and acked."""
         source = self._source
         return isinstance(source, DeadLettersRows) and source.dead_letters_rows
+
+    @property
+    def isolates_rows(self) -> bool:
+        """Whether rows that fail on their own cost only their rows: written as error rows
+        (``write_errors``) or dead-lettered as a row part (``dead_letters_rows``); otherwise
+        their whole message is dead-lettered."""
+        return self.write_errors is not None or self.dead_letters_rows
 
     async def settle(self, entry: Entry) -> None:
         """Ack ``entry``'s message (after dead-lettering the rows that failed on their own), or
@@ -147,9 +159,21 @@ class Settler:
         if done is not None:
             await self.settle(done)
 
-    async def fail_rows(self, segment: Segment, reason: DeadLetterReason) -> None:
-        """The segment's rows failed for good on their own: they are dead-lettered as a row
-        part once the message's other rows are written, and the message acked."""
+    async def fail_rows(
+        self, segment: Segment, reason: DeadLetterReason, rows: Batch | None = None
+    ) -> None:
+        """The segment's rows failed for good on their own: written as error rows when
+        ``write_errors`` is set and ``rows`` (their columns) are given, else dead-lettered as a
+        row part once the message's other rows are written (the whole message where the
+        source cannot), and the message acked."""
+        if rows is not None and self.write_errors is not None:
+            if segment.message in self._ledger:
+                self._metrics.rows_errored.labels(reason.reason_class.value).inc(len(segment))
+                await self.write_errors(error_part(rows, reason))
+            return
+        if not self.dead_letters_rows:
+            await self.fail(segment, reason)
+            return
         done = self._ledger.failed_rows(segment.message, segment.start, segment.stop, reason)
         if done is None:
             return

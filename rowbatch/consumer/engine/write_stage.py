@@ -170,7 +170,7 @@ class WriteStage:
         """Rows the sink rejects: as rows when they are some of their message's rows (and
         rows can be dead-lettered on their own), else the whole message."""
         entry = self._ledger.get(segment.message) if segment.message in self._ledger else None
-        if entry is not None and len(segment) < entry.rows and self._settler.isolates_rows:
+        if entry is not None and len(segment) < entry.rows and self._settler.dead_letters_rows:
             await self._settler.fail_rows(segment, reason)
         else:
             await self._settler.fail(segment, reason)
@@ -184,9 +184,7 @@ class WriteStage:
             return part
         if not live:
             return None
-        index = batch.rows_of(live)
-        outputs = {k: v[index] for k, v in part.outputs.items()}
-        return Answered(batch.select(live), outputs, part.model_version, part.span)
+        return part.take(batch.rows_of(live), batch.select(live))
 
 
 def _in_message(entry: Entry, start: int, stop: int) -> list[WrittenRows]:

@@ -90,6 +90,13 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.rows_errored = Counter(
+            "rowbatch_rows_errored",
+            "Rows that failed on their own, written as error rows (null outputs, the error "
+            'columns; on_row_error = "error-row")',
+            ["reason"],
+            registry=r,
+        )
         self.rows_in = Counter("rowbatch_rows_received", "Rows decoded", registry=r)
         self.rows_written = Counter(
             "rowbatch_rows_written",
@@ -258,6 +265,7 @@ class Metrics:
         for reason in DEAD_LETTER_REASONS:
             self.dead_lettered.labels(reason)
             self.rows_dead_lettered.labels(reason)
+            self.rows_errored.labels(reason)
         for kind in INFERENCE_ERROR_KINDS:
             self.inference_errors.labels(kind)
         for kind in SINK_ERROR_KINDS:

@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from rowbatch.consumer import __version__
 from rowbatch.consumer.engine.decode import MessageDecoder, PoisonMessage
+from rowbatch.consumer.engine.results import ERROR_COLUMNS
 from rowbatch.consumer.model.settings import BindingSettings
 from rowbatch.consumer.model.spec import ModelSpec
 from rowbatch.consumer.observe.metrics import Metrics
@@ -220,6 +221,8 @@ def table_spec(config: ConsumerConfig, spec: ModelSpec) -> TableSpec:
         assert tensor is not None  # check_binding saw it
         dims = [d for d in tensor.dims if d != 1] or [0]
         outputs.append(ColumnSpec(column, _DATATYPE_DTYPES[tensor.datatype], dims[0]))
+    if config.sink.on_row_error == "error-row":  # the error rows' own columns
+        outputs += [ColumnSpec(name, "object") for name in ERROR_COLUMNS]
     return TableSpec(config.sink.table, passthrough, tuple(outputs))
 
 

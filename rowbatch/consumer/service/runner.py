@@ -101,6 +101,7 @@ def pipeline_settings(
         serial_isolation=not (
             isinstance(config.model, ModelSettings) and config.model.isolation == "concurrent"
         ),
+        error_rows=(table_spec(config, spec).outputs if sink.on_row_error == "error-row" else None),
         commit_interval_s=(
             sink.commit_interval_s
             if isinstance(sink, ParquetSinkSettings | IcebergSinkSettings)

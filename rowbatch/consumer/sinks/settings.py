@@ -24,6 +24,13 @@ class _SinkSection(Section):
     startup_wait_s: float = Field(default=300.0, ge=0)
     """How long start-up waits for an unreachable sink (retrying with backoff) before giving
     up with an error."""
+    on_row_error: Literal["dead-letter", "error-row"] = "dead-letter"
+    """What becomes of a row that fails on its own (the model rejects it, its values fail the
+    model's input checks): ``dead-letter``, to the dead-letter topic as a row part of its
+    message; ``error-row``, written to the result table with null outputs and the columns
+    ``error_reason``, ``error_code`` and ``error_message`` (null on the other rows), counted
+    in ``rowbatch_rows_errored_total``. Rows the sink itself refuses are dead-lettered either
+    way (docs/dead-letters.md)."""
     write_concurrency: int = Field(default=2, ge=1)
     """Sink writes at once. Answered batches queue for the writers (one write's worth per
     writer; inference waits for room when the sink is slower than the model) and are coalesced
