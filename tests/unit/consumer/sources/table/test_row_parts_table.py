@@ -22,9 +22,10 @@ import pytest
 from numpy.typing import NDArray
 
 from rowbatch.consumer.engine.pipeline import Pipeline
+from rowbatch.consumer.engine.results import ERROR_COLUMNS
 from rowbatch.consumer.model.answer import Answer, RowError, RowsFailed
 from rowbatch.consumer.model.handler import BatchRows
-from rowbatch.consumer.sinks.base import ResultRows, RowsRejected
+from rowbatch.consumer.sinks.base import ColumnSpec, ResultRows, RowsRejected
 from rowbatch.consumer.sources.base import DeadLetterFailed, DeadLettersRows
 from rowbatch.consumer.sources.delivery import DeadLetterReason, Delivery
 from rowbatch.consumer.sources.table import source as source_module
@@ -590,3 +591,22 @@ async def test_a_chunk_dead_lettered_whole_after_some_rows_went_alone_has_one_li
     assert {r["file_row"] for r in lines if r["code"] == TOO_LONG} == set(BAD_IDS)
     assert source.complete
     assert (source.counts.written, source.counts.dead_lettered) == (0, ROWS)
+
+
+async def test_with_error_rows_every_row_is_written_once_and_no_line_is_written(
+    table: Path,
+) -> None:
+    """``on_row_error = "error-row"`` in table mode: the rows the model fails are written as
+    error rows (their keys recorded as done with the rest), no dead-letter line; a rerun reads
+    nothing."""
+    error_rows = (ColumnSpec("y", "float64"), *(ColumnSpec(n, "object") for n in ERROR_COLUMNS))
+    source, sink = new_source(table), CountingSink()
+    await run(source, sink, bad_model(), error_rows=error_rows)
+    assert set(sink.times) == {(CHUNK, r) for r in range(ROWS)}
+    assert set(sink.times.values()) == {1}
+    assert raw_lines(table) == []
+    assert source.complete
+    rerun, sink2, model2 = new_source(table), CountingSink(), bad_model()
+    await run(rerun, sink2, model2, error_rows=error_rows)
+    assert rerun.counts.skipped == ROWS and rerun.counts.read == 0
+    assert model2.calls == [] and sink2.times == Counter()
