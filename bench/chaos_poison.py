@@ -51,10 +51,10 @@ POISON_KINDS: dict[str, tuple[str, str]] = {
 }
 
 
-ROW_KINDS = frozenset({"reject-marker", "nul-in-text"})
-"""Poison in one row (the first) that the model or the sink rejects on its own: that row is
-dead-lettered as a row part of its message and the others written (a one-row message goes
-whole)."""
+ROW_KINDS = frozenset({"reject-marker", "nul-in-text", "null-input"})
+"""Poison in one row (the first) that the model, the sink or the input checks reject on its
+own: that row is dead-lettered as a row part of its message and the others written (a one-row
+message goes whole)."""
 
 
 @dataclass(frozen=True)
