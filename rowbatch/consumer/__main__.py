@@ -2,6 +2,6 @@
 
 import sys
 
-from rowbatch.consumer.service.cli import main
+from rowbatch.consumer.service.cli import entry
 
-sys.exit(main())
+sys.exit(entry())

@@ -98,7 +98,7 @@ def test_the_wheel_holds_the_rowbatch_package_alone(installed: tuple[Path, Path]
     for part in ("consumer", "producer", "wire"):
         assert f"rowbatch/{part}/__init__.py" in names, part
     assert "rowbatch/py.typed" in names, "PEP 561 marker"
-    assert "rowbatch-consumer = rowbatch.consumer.service.cli:main" in entry_points
+    assert "rowbatch-consumer = rowbatch.consumer.service.cli:entry" in entry_points
     assert "rowbatch-producer = rowbatch.producer.cli.main:main" in entry_points
     assert "rowbatch-stack" not in entry_points, "harness is not installed"
 

@@ -473,7 +473,16 @@ async def _check(config: ConsumerConfig) -> None:
     print(f"{describe_batching(spec, config.model)}; binding OK")
 
 
+def entry() -> int:
+    """The ``rowbatch-consumer`` command (and ``python -m rowbatch.consumer``): :func:`main`
+    on the process's arguments, then the exit past threads a stuck client (a broker or cloud
+    library's) would hold the interpreter open with, for every subcommand alike."""
+    return exit_past_stuck_threads(main())
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The command's exit code (``argv``: the arguments after the program name; the process's
+    when None). Returns in every case: a caller in the same process (a test) goes on."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["dlq"]:  # its own options and help: dlq_cli.py
         from rowbatch.consumer.service.dlq_cli import main as dlq_main  # noqa: PLC0415
@@ -524,7 +533,7 @@ def _command(argv: list[str]) -> int:
     finally:
         if tracing is not None:
             tracing.shutdown()  # export what is buffered
-    return exit_past_stuck_threads(code)
+    return code
 
 
 def _execute(config: ConsumerConfig, args: argparse.Namespace) -> int:

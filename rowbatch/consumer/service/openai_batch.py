@@ -226,20 +226,7 @@ def _say(text: str) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """The command (``argv`` after ``openai-batch``); its exit code. Once a table run was
-    started, the process exits past threads a stuck client would hold it open with (as
-    ``rowbatch-consumer run`` does); a refusal before it returns normally (a caller in the
-    same process, a test, goes on)."""
-    ran: list[bool] = []
-    code = _main(argv, ran)
-    if not ran:
-        return code
-    from rowbatch.consumer.service.shutdown import exit_past_stuck_threads  # noqa: PLC0415
-
-    return exit_past_stuck_threads(code)
-
-
-def _main(argv: list[str], ran: list[bool]) -> int:
+    """The command (``argv`` after ``openai-batch``); its exit code."""
     args = build_parser().parse_args(argv)
     if args.shards < 1 or (args.shard is not None and not 0 <= args.shard < args.shards):
         _say("error: --shard I needs 0 <= I < --shards N")
@@ -269,7 +256,6 @@ def _main(argv: list[str], ran: list[bool]) -> int:
         + (f"\n  ... and {len(converted.bad) - 20:,} more" if len(converted.bad) > 20 else "")
     )
     if converted.requests:
-        ran.append(True)
         code = _run_table(config, args.summary)
         if code != 0:
             return code

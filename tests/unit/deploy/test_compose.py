@@ -212,7 +212,7 @@ def test_the_image_runs_the_command_the_tests_run(
     argv = _dockerfile_argv()
     assert argv == ["rowbatch-consumer", "run", "--config", CONFIG_MOUNT]
     pyproject = (ROOT / "pyproject.toml").read_text()
-    assert 'rowbatch-consumer = "rowbatch.consumer.service.cli:main"' in pyproject
+    assert 'rowbatch-consumer = "rowbatch.consumer.service.cli:entry"' in pyproject
     dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()
     assert "COPY rowbatch rowbatch" in dockerfile
     for old in ("wire", "consumer", "producer"):
