@@ -9,6 +9,7 @@ slower than the ack deadline) is in test_consumer_kafka.py and test_consumer_pub
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 import time
 from collections import Counter
@@ -787,6 +788,59 @@ async def test_rows_postgresql_refuses_cost_their_rows_only(
         ids = [i for (i,) in conn.execute(f"SELECT id FROM {table}").fetchall()]
     assert len(ids) == len(set(ids)) == 10 * 499
     assert set(ids) == {n * 1000 + r for n in range(10) for r in range(500) if r != 123}
+
+
+@pytest.mark.timeout(300)
+async def test_json_rows_that_do_not_decode_cost_their_rows(
+    broker: Broker, triton: TritonEndpoint, consumers: list[Run], tmp_path: Path
+) -> None:
+    """JSON messages of 100 rows for the ``scorer`` model (a vector[float32,16] input), a few
+    rows of which hold 15 numbers: those rows are dead-lettered as row parts holding their
+    values as sent (undecodable, column_type_mismatch, the row named), every other row scored
+    by Triton and written once, no message dead-lettered whole."""
+    await broker.prepare(partitions=3)
+    short = {1: [0], 3: [50, 99]}
+    rng = np.random.default_rng(5)
+    records_: list[tuple[bytes | None, bytes, list[Header]]] = []
+    for n in range(6):
+        ids = np.arange(n * 1000, n * 1000 + 100, dtype=np.int64)
+        features = rng.normal(size=(100, 16)).astype(np.float32)
+        good = encode_chunk(
+            "events",
+            {"id": ids, "features": features, "count": np.ones(100, np.int64)},
+            "json",
+            f"j{n}",
+        )
+        doc = json.loads(good.payload)
+        for entry in doc["columns"]:
+            if entry["name"] == "features":
+                for r in short.get(n, []):
+                    entry["values"][r] = entry["values"][r][:15]
+        key, _, headers = chunk_record(good)
+        records_.append((key, json.dumps(doc).encode(), headers))
+    await broker.publish(records_)
+    sink = {"kind": "sqlite", "path": str(tmp_path / "r.sqlite"), "table": "scores"}
+    run = await start(consumers, consumer_config(broker, triton, "scorer", sink))
+    registry = run.registry
+    await wait_until(lambda: settled(registry) == 6, 120, "all settled", run.task)
+    await broker.drained(registry, None)
+    await run.stop_and_wait()
+    assert dead_lettered(registry) == {}
+    letters = await broker.dead_letters(expect=len(short))
+    by_parent = {d.text("rowbatch-parent-chunk-id"): d for d in letters}
+    assert set(by_parent) == {f"j{n}" for n in short}
+    for n, rows in short.items():
+        letter = by_parent[f"j{n}"]
+        assert letter.text("rowbatch-parent-rows") == format_rows(rows)
+        assert letter.text("rowbatch-dlq-reason") == "undecodable"
+        assert letter.text("rowbatch-dlq-code") == "column_type_mismatch"
+        assert f"row {rows[0]} has 15 elements" in letter.text("rowbatch-dlq-message")
+        columns = {c["name"]: c["values"] for c in json.loads(letter.payload)["columns"]}
+        assert columns["id"] == [n * 1000 + r for r in rows]
+        assert [len(v) for v in columns["features"]] == [15] * len(rows)
+    got = read_results("sqlite", tmp_path / "r.sqlite", "scores")
+    bad = {n * 1000 + r for n, rows in short.items() for r in rows}
+    assert set(got) == {n * 1000 + r for n in range(6) for r in range(100)} - bad
 
 
 @pytest.mark.timeout(300)

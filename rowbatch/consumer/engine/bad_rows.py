@@ -9,7 +9,7 @@ answers None)."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Final
 
 import numpy as np
@@ -46,10 +46,13 @@ def rows_of(chunk: DecodedChunk, index: NDArray[np.int64] | slice) -> DecodedChu
 
 
 def find_bad_rows(
-    check: Callable[[DecodedChunk], None], chunk: DecodedChunk
+    check: Callable[[DecodedChunk], None],
+    chunk: DecodedChunk,
+    positions: Sequence[int] | NDArray[np.int64] | None = None,
 ) -> list[tuple[int, SchemaMismatch]] | None:
     """The rows of ``chunk`` (which failed ``check`` with a code in :data:`ROW_CODES`) that fail
-    it alone, ascending, each with its error (its words naming the row's index in ``chunk``);
+    it alone, ascending, each with its error (its words naming the row's index in ``chunk``, or
+    ``positions[row]``: its index in its message when ``chunk`` holds some of its rows);
     None when a part fails for a reason that is not a row's, or every row fails (the message
     is the poison then). ``k`` bad rows among ``n`` cost at most ``2k ceil(log2 n)`` checks of
     halves, each no larger than the last."""
@@ -66,7 +69,7 @@ def find_bad_rows(
             if exc.code not in ROW_CODES:
                 return None
             if hi - lo == 1:
-                bad.append((lo, _at_row(exc, lo)))
+                bad.append((lo, at_row(exc, lo if positions is None else int(positions[lo]))))
             else:
                 mid = (lo + hi) // 2
                 pending += [(mid, hi), (lo, mid)]
@@ -77,14 +80,19 @@ def find_bad_rows(
     return bad
 
 
-def _at_row(error: SchemaMismatch, row: int) -> SchemaMismatch:
+def named_row(text: str, row: int) -> str:
+    """``text`` (an error's words for a one-row chunk) naming ``row`` where it names row 0."""
+    return _ROW_ZERO.sub(f"row {row}", text)
+
+
+def at_row(error: SchemaMismatch, row: int) -> SchemaMismatch:
     """``error``, raised for a one-row chunk, with its words naming ``row`` (the row's index in
     its message) where they name row 0."""
     return SchemaMismatch(
-        _ROW_ZERO.sub(f"row {row}", error.message),
+        named_row(error.message, row),
         column=error.column,
         expected=error.expected,
-        found=_ROW_ZERO.sub(f"row {row}", error.found),
+        found=named_row(error.found, row),
         row=row,
         code=error.code,
     )

@@ -7,21 +7,23 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-from rowbatch.consumer.engine.bad_rows import ROW_CODES, find_bad_rows, rows_of
+from rowbatch.consumer.engine.bad_rows import ROW_CODES, find_bad_rows, named_row, rows_of
 from rowbatch.consumer.model.mismatch import SchemaMismatch
 from rowbatch.consumer.observe.costs import arrays_overhead, attributes_bytes, held_cost
 from rowbatch.consumer.sources.delivery import DeadLetterReason, Delivery
 from rowbatch.wire.chunks.decode import DecodedChunk, decode_chunk
+from rowbatch.wire.chunks.json_rows import ROW_ERRORS, bad_json_rows, json_rows, with_rows
 from rowbatch.wire.chunks.row_parts import parent_of
 from rowbatch.wire.dead_letter import ReasonClass
 from rowbatch.wire.errors import WireError
+from rowbatch.wire.headers.chunk_headers import ChunkHeaders
 from rowbatch.wire.headers.fields import H_PARENT_CHUNK_ID
 
 log = logging.getLogger(__name__)
@@ -47,13 +49,15 @@ class PoisonRows(PoisonMessage):
         reason: DeadLetterReason,
         kept: MessageRows,
         failed: tuple[tuple[int, DeadLetterReason], ...],
-        bad: MessageRows,
+        bad: MessageRows | None,
+        rows: int,
     ) -> None:
         super().__init__(reason)
         self.kept = kept
         self.failed = failed
         self.bad = bad
-        self.rows = kept.rows + bad.rows
+        """None when some failed rows did not decode (nothing to write of them)."""
+        self.rows = rows
         """The message's rows, kept and failed."""
 
 
@@ -214,9 +218,12 @@ class MessageDecoder:
         try:
             chunk = decode_chunk(delivery.payload, delivery.attributes)
         except WireError as exc:
-            raise PoisonMessage(
-                DeadLetterReason(ReasonClass.UNDECODABLE, f"{exc.reason}: {exc}", exc.reason)
-            ) from exc
+            reason = DeadLetterReason(ReasonClass.UNDECODABLE, f"{exc.reason}: {exc}", exc.reason)
+            if isinstance(exc, ROW_ERRORS):  # maybe some rows of a JSON payload only
+                split = self._json_rows_apart(delivery, attribute_bytes, reason)
+                if split is not None:
+                    raise split from exc
+            raise PoisonMessage(reason) from exc
         except Exception as exc:
             # A decoder bug must not stop the consumer on one message (it would crash-loop on
             # its redelivery): the message is dead-lettered with what went wrong.
@@ -255,30 +262,78 @@ class MessageDecoder:
         attribute_bytes: int,
         attributes: Mapping[str, str],
         reason: DeadLetterReason,
+        *,
+        positions: NDArray[np.int64] | None = None,
+        undecodable: Sequence[tuple[int, DeadLetterReason]] = (),
     ) -> PoisonRows | None:
-        """The message's rows failing the check alone apart from the others
-        (``bad_rows.find_bad_rows``); None when its failure is not its rows'."""
-        found = find_bad_rows(self._check, chunk)
+        """The message's rows failing the check alone (``bad_rows.find_bad_rows``) or, in
+        ``undecodable``, its decode, apart from the others; None when its failure is not its
+        rows'. ``chunk`` holds the rows that decode (``positions``: their indexes in the
+        message, when some did not)."""
+        found: list[tuple[int, SchemaMismatch]] | None = []
+        try:
+            self._check(chunk)
+        except SchemaMismatch as exc:
+            found = find_bad_rows(self._check, chunk, positions) if exc.code in ROW_CODES else None
+        except (ValueError, TypeError, KeyError):
+            found = None
         if found is None:
             return None
         failing = {row for row, _ in found}
         kept = np.asarray(
             [row for row in range(chunk.row_count) if row not in failing], dtype=np.int64
         )
+        if not len(kept):
+            return None
         bad = np.asarray(sorted(failing), dtype=np.int64)
-        parent = _parent(attributes, chunk.row_count)
+        total = chunk.row_count + len(undecodable)
+        at = np.arange(total, dtype=np.int64) if positions is None else positions
+        parent = _parent(attributes, total)
 
         def taken(index: NDArray[np.int64]) -> MessageRows:
             rows = self._decoded(rows_of(chunk, index), attribute_bytes)
-            chunk_id, keys = rows.chunk_id, index
+            chunk_id, keys = rows.chunk_id, at[index]
             if parent is not None:  # a row part: keyed by its parent's rows
-                chunk_id, keys = parent[0], parent[1][index]
+                chunk_id, keys = parent[0], parent[1][at[index]]
             rows = _keyed(rows, chunk_id, keys)
-            rows.__dict__["positions"] = index
+            rows.__dict__["positions"] = at[index]
             return rows
 
-        failed = tuple((row, _mismatch(error)) for row, error in found)
-        return PoisonRows(reason, taken(kept), failed, taken(bad))
+        checked = [(int(at[row]), _mismatch(error)) for row, error in found]
+        failed = sorted([*checked, *undecodable], key=lambda f: f[0])
+        # Rows that did not decode have no columns to write as error rows: none then.
+        return PoisonRows(
+            reason, taken(kept), tuple(failed), None if undecodable else taken(bad), total
+        )
+
+    def _json_rows_apart(
+        self, delivery: Delivery, attribute_bytes: int, reason: DeadLetterReason
+    ) -> PoisonRows | None:
+        """A JSON message whose decode failed in some rows only (a vector row of the wrong
+        length, a null element): those rows apart (``json_rows.bad_json_rows``), the others
+        decoded and checked as :meth:`_rows_apart` does; None when that cannot be."""
+        payload, attributes = delivery.payload, delivery.attributes
+        found = bad_json_rows(payload, attributes, decode_chunk)
+        if found is None:
+            return None
+        failing = {row for row, _ in found}
+        n = ChunkHeaders.from_attributes(attributes).row_count
+        kept = np.asarray([row for row in range(n) if row not in failing], dtype=np.int64)
+        chunk = decode_chunk(json_rows(payload, kept.tolist()), with_rows(attributes, len(kept)))
+        undecodable = [
+            (
+                row,
+                DeadLetterReason(
+                    ReasonClass.UNDECODABLE,
+                    named_row(f"{error.reason}: {error}", row),
+                    error.reason,
+                ),
+            )
+            for row, error in found
+        ]
+        return self._rows_apart(
+            chunk, attribute_bytes, attributes, reason, positions=kept, undecodable=undecodable
+        )
 
     def _decoded(self, chunk: DecodedChunk, attribute_bytes: int) -> MessageRows:
         decoded = chunk.columns

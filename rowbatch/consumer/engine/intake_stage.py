@@ -150,7 +150,7 @@ class IntakeStage:
                 elif not await self._admit_waiting(delivery, reserve):
                     continue  # withdrawn while it waited
                 entry = self._accept(delivery, rows, reserve, failed)
-                if failed is not None and self._settler.write_errors is not None:
+                if failed is not None and self._as_error_rows(failed):
                     await self._error_rows(entry, failed)
                 count = rows.rows if failed is None else failed.rows
                 rows_in += count
@@ -178,9 +178,16 @@ class IntakeStage:
         try:
             return self._intake.rows(delivery), None
         except PoisonRows as some:
-            if not self._settler.isolates_rows:
+            if not (self._settler.dead_letters_rows or self._as_error_rows(some)):
                 raise
             return some.kept, some
+
+    def _as_error_rows(self, failed: PoisonRows | None) -> bool:
+        """Whether ``failed``'s rows are written as error rows (rows that did not decode have
+        nothing to write: those go as a row part)."""
+        return (
+            failed is not None and failed.bad is not None and self._settler.write_errors is not None
+        )
 
     def _in_hand(self) -> list[Delivery]:
         """The deliveries of the vector being taken that are neither taken nor settled nor
@@ -269,7 +276,7 @@ class IntakeStage:
             entry = self._ledger.open(
                 delivery, rows.chunk_id, rows.rows, reserve, self._clock(), rows.row_keys
             )
-        elif self._settler.write_errors is not None:
+        elif failed.bad is not None and self._as_error_rows(failed):
             bad = failed.bad
             assert rows.positions is not None and bad.positions is not None
             assert rows.row_keys is not None and bad.row_keys is not None
@@ -319,6 +326,7 @@ class IntakeStage:
         """The rows of ``entry`` that failed the input checks, written as error rows: queued
         after its other rows (positions ``kept..rows``), one part per run of one reason."""
         bad = failed.bad
+        assert bad is not None  # _as_error_rows
         kept = failed.rows - bad.rows
         rows = Batch(bad.columns, bad.nulls, (Segment(entry.key, kept, failed.rows),), 0.0)
         log.warning(

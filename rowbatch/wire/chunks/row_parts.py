@@ -23,12 +23,15 @@ from numpy.typing import NDArray
 
 from rowbatch.wire.chunks.decode import decode_chunk
 from rowbatch.wire.chunks.encode import encode_payload, headers_for
+from rowbatch.wire.chunks.json_rows import ROW_ERRORS, json_part_payload
 from rowbatch.wire.columns.canonical import Column
+from rowbatch.wire.headers.chunk_headers import ChunkHeaders
 from rowbatch.wire.headers.fields import (
     CHUNK_ID_RE,
     H_PARENT_CHUNK_ID,
     H_PARENT_ROWS,
     MAX_CHUNK_ID_LEN,
+    Encoding,
     invalid_header,
 )
 
@@ -94,7 +97,12 @@ def row_part(
 ) -> tuple[bytes, dict[str, str]]:
     """The payload and attributes of the part of chunk (``payload``, ``attributes``) holding
     ``rows`` (indexes in it, ascending). A part of a part names the first parent's rows."""
-    chunk = decode_chunk(payload, attributes)
+    try:
+        chunk = decode_chunk(payload, attributes)
+    except ROW_ERRORS:
+        if ChunkHeaders.from_attributes(attributes).content_type is not Encoding.JSON:
+            raise
+        return _json_part(payload, attributes, rows)  # rows that do not decode: as sent
     index = np.asarray(rows, dtype=np.int64)
     cols = [_take(chunk.column(name), index) for name in chunk.columns]
     found = parent_of(attributes, chunk.row_count)
@@ -114,6 +122,23 @@ def row_part(
     out[H_PARENT_CHUNK_ID] = parent
     out[H_PARENT_ROWS] = format_rows(keys)
     return encode_payload(cols, chunk.headers.content_type, None), out
+
+
+def _json_part(
+    payload: bytes, attributes: Mapping[str, str], rows: Sequence[int]
+) -> tuple[bytes, dict[str, str]]:
+    """:func:`row_part` of a JSON chunk some of whose rows do not decode: taken from the
+    document (``json_rows``), the rows' values as they were sent."""
+    count = ChunkHeaders.from_attributes(attributes).row_count
+    found = parent_of(attributes, count)
+    if found is None:
+        parent, keys = ChunkHeaders.from_attributes(attributes).chunk_id, [int(r) for r in rows]
+    else:
+        parent, keys = found[0], [int(found[1][r]) for r in rows]
+    data, out = json_part_payload(payload, attributes, rows, part_chunk_id(parent, keys))
+    out[H_PARENT_CHUNK_ID] = parent
+    out[H_PARENT_ROWS] = format_rows(keys)
+    return data, out
 
 
 def _take(column: Column, index: NDArray[np.int64]) -> Column:
