@@ -75,12 +75,10 @@ classify; tests/integration/test_llama_server.py checks each point):
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
 import logging
 import os
-import signal
 import ssl
 import subprocess
 import time
@@ -93,7 +91,7 @@ from typing import Any, Final
 
 from harness import tiny_gguf
 from harness.errors import PrerequisiteMissing
-from harness.proc import LOOPBACK, ServiceProcess, free_port
+from harness.proc import LOOPBACK, ProcessGroupService, ServiceProcess, free_port
 from harness.server_venv import SERVER_VENVS, ServerVenv
 from harness.service import ManagedService, RunDir, cache_dir
 
@@ -297,11 +295,12 @@ class _ReadyCheck:
         return True
 
 
-class LlamaService(ManagedService[LlamaEndpoint]):
+class LlamaService(ProcessGroupService, ManagedService[LlamaEndpoint]):
     """``with LlamaService(run) as endpoint:`` runs the llama-cpp-python server until the block
     ends. ``n_ctx``: the chat model's context (tokens); ``model_overrides`` maps an alias
     (``tiny``, ``tiny-embed``) to llama_cpp.server ModelSettings fields merged into its entry;
-    ``api_key``: the key every request must bear; ``tls``: serve HTTPS only."""
+    ``api_key``: the key every request must bear; ``tls``: serve HTTPS only. :meth:`stop`
+    SIGTERMs its process group (uvicorn exits on it)."""
 
     name = "llama"
 
@@ -380,26 +379,3 @@ class LlamaService(ManagedService[LlamaEndpoint]):
         return LlamaEndpoint(
             url=url, model_path=model, n_ctx=self.n_ctx, api_key=self.api_key, tls=self.tls
         )
-
-    @property
-    def pid(self) -> int | None:
-        """The server process's pid (its process group's id too), while it runs."""
-        return self._process.pid if self._process is not None else None
-
-    def stop(self) -> None:
-        """SIGTERM the server's process group (uvicorn exits on it), SIGKILL after a grace
-        period, then SIGKILL whatever of the group outlived it."""
-        process, self._process = self._process, None
-        if process is None:
-            return
-        pgid = process.pid
-        process.stop()
-        if pgid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, signal.SIGKILL)
-
-    def kill(self) -> None:
-        """SIGKILL the server's process group, as a crash would."""
-        process, self._process = self._process, None
-        if process is not None:
-            process.kill()

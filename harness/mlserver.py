@@ -12,12 +12,10 @@ of its own, so stopping it by its pid's process group also ends its workers.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import shutil
-import signal
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -26,7 +24,7 @@ from typing import Any
 
 from harness.errors import PrerequisiteMissing
 from harness.oip_ready import ReadyCheck
-from harness.proc import LOOPBACK, ServiceProcess, free_port
+from harness.proc import LOOPBACK, ProcessGroupService, ServiceProcess, free_port
 from harness.server_venv import SERVER_VENVS, ServerVenv
 from harness.service import REPO_ROOT, ManagedService, RunDir
 
@@ -87,13 +85,17 @@ def server_settings(ports: MLServerPorts, parallel_workers: int) -> dict[str, An
     }
 
 
-class MLServerService(ManagedService[MLServerEndpoint]):
+class MLServerService(ProcessGroupService, ManagedService[MLServerEndpoint]):
     """``with MLServerService(run) as endpoint:`` runs MLServer until the block ends.
 
     ``model_overrides`` maps a model name to fields merged into its ``model-settings.json``
     (e.g. ``{"scorer": {"max_batch_size": 1}}`` turns adaptive batching off);
     ``parallel_workers`` is MLServer's server-wide setting of that name (default 1, as in
-    MLServer: the model runs in one worker process; 0 runs it in the server process)."""
+    MLServer: the model runs in one worker process; 0 runs it in the server process).
+
+    :meth:`stop` SIGTERMs the server (it stops its workers, which ignore signals themselves),
+    then SIGKILLs whatever of its process group outlived it (a worker or multiprocessing's
+    resource tracker)."""
 
     name = "mlserver"
 
@@ -186,27 +188,3 @@ class MLServerService(ManagedService[MLServerEndpoint]):
             models=tuple(models),
             repository=repository,
         )
-
-    @property
-    def pid(self) -> int | None:
-        """The server process's pid (its process group's id too), while it runs."""
-        return self._process.pid if self._process is not None else None
-
-    def stop(self) -> None:
-        """SIGTERM the server (it stops its workers, which ignore signals themselves), then
-        SIGKILL whatever of its process group outlived it (a worker or multiprocessing's
-        resource tracker)."""
-        process, self._process = self._process, None
-        if process is None:
-            return
-        pgid = process.pid
-        process.stop()
-        if pgid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, signal.SIGKILL)
-
-    def kill(self) -> None:
-        """SIGKILL the server and its workers (its process group), as a crash would."""
-        process, self._process = self._process, None
-        if process is not None:
-            process.kill()

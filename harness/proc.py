@@ -142,3 +142,38 @@ class ServiceProcess:
         if self._log is not None:
             self._log.close()
             self._log = None
+
+    def stop_group(self, grace_s: float = 10.0) -> None:
+        """:meth:`stop`, then SIGKILL whatever of the process group outlived our child (a worker
+        or helper process it started and left behind)."""
+        pgid = self.pid
+        self.stop(grace_s)
+        if pgid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
+
+
+class ProcessGroupService:
+    """The ``pid``, ``stop`` and ``kill`` of a service that runs as one :class:`ServiceProcess`
+    (kept in ``_process`` while it runs) whose process group outlives it: a server whose
+    workers, or helpers such as multiprocessing's resource tracker, may be left behind."""
+
+    _process: ServiceProcess | None = None
+
+    @property
+    def pid(self) -> int | None:
+        """The server process's pid (its process group's id too), while it runs."""
+        return self._process.pid if self._process is not None else None
+
+    def stop(self) -> None:
+        """SIGTERM the server's process group, SIGKILL after a grace period, then SIGKILL
+        whatever of the group outlived the server (:meth:`ServiceProcess.stop_group`)."""
+        process, self._process = self._process, None
+        if process is not None:
+            process.stop_group()
+
+    def kill(self) -> None:
+        """SIGKILL the server's process group (the server and its workers), as a crash would."""
+        process, self._process = self._process, None
+        if process is not None:
+            process.kill()

@@ -18,7 +18,6 @@ naming each file that is missing or differs from what would be written.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,6 +25,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+# scripts/ is no package: run as a script, its directory is on sys.path already; loaded from
+# its file (by a test), it is not.
+sys.path.append(str(Path(__file__).resolve().parent))
+import generated_files  # beside this file
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES = Path("deploy/prometheus/rules/rowbatch.rules.yml")
@@ -145,35 +149,8 @@ def render(root: Path = ROOT) -> dict[Path, str]:
     return {t.path: render_target(t, (root / t.source).read_text()) for t in TARGETS}
 
 
-def stale(root: Path = ROOT) -> list[Path]:
-    """The generated files under ``root`` that are missing or differ from their sources."""
-    return [
-        path
-        for path, text in render(root).items()
-        if not (root / path).is_file() or (root / path).read_text() != text
-    ]
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument(
-        "--check", action="store_true", help="write nothing; exit 1 if a file is stale"
-    )
-    parser.add_argument(
-        "--root", type=Path, default=ROOT, help="the repository root (default: this checkout)"
-    )
-    args = parser.parse_args(argv)
-    root: Path = args.root
-    if args.check:
-        out_of_date = stale(root)
-        for path in out_of_date:
-            print(f"{path} is stale: run `{_COMMAND}`", file=sys.stderr)
-        return 1 if out_of_date else 0
-    for path, text in render(root).items():
-        (root / path).parent.mkdir(parents=True, exist_ok=True)
-        (root / path).write_text(text)
-        print(f"wrote {path}")
-    return 0
+    return generated_files.main(argv, render, ROOT, _COMMAND, __doc__)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,12 @@
 """``kubectl kustomize`` for the manifest tests: a directory rendered offline into its objects
 (the test is skipped where kubectl is absent, and fails where CI is set), and kustomizations of
 an operator's own over the shipped ones (a ``namePrefix``, components), written to a scratch
-directory."""
+directory; and lookups in what it renders (one object, a workload's pod and container)."""
 
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,28 @@ def kustomize(directory: Path) -> tuple[dict[str, Any], ...]:
     )
     assert done.returncode == 0, done.stderr
     return tuple(d for d in yaml.safe_load_all(done.stdout) if d)
+
+
+def one(objects: Iterable[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    """The one object of ``kind`` (named ``name``, where given) among ``objects``."""
+    found = [
+        d for d in objects if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)
+    ]
+    assert len(found) == 1, f"{len(found)} {kind} {name or ''}"
+    return found[0]
+
+
+def pod_spec(workload: dict[str, Any]) -> dict[str, Any]:
+    """The pod spec of a workload's (a Deployment's, a Job's) template."""
+    pod: dict[str, Any] = workload["spec"]["template"]["spec"]
+    return pod
+
+
+def only_container(workload: dict[str, Any]) -> dict[str, Any]:
+    """A workload's container, asserting it has one only."""
+    (container,) = pod_spec(workload)["containers"]
+    assert isinstance(container, dict)
+    return container
 
 
 def _write_kustomization(

@@ -17,7 +17,7 @@ import pytest
 
 from rowbatch.consumer.service.config import load_config
 from rowbatch.consumer.sources.kafka.settings import KafkaSettings
-from tests.unit.deploy.kustomize import kustomize
+from tests.unit.deploy.kustomize import kustomize, one, only_container, pod_spec
 
 ROOT = Path(__file__).resolve().parents[3]
 K8S = ROOT / "deploy" / "k8s"
@@ -39,24 +39,7 @@ def _render() -> tuple[dict[str, Any], ...]:
 
 
 def _one(kind: str, name: str | None = None) -> dict[str, Any]:
-    found = [
-        d
-        for d in _render()
-        if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)
-    ]
-    assert len(found) == 1, f"{len(found)} {kind} {name or ''}"
-    return found[0]
-
-
-def _pod(workload: dict[str, Any]) -> dict[str, Any]:
-    pod: dict[str, Any] = workload["spec"]["template"]["spec"]
-    return pod
-
-
-def _container(workload: dict[str, Any]) -> dict[str, Any]:
-    (container,) = _pod(workload)["containers"]
-    assert isinstance(container, dict)
-    return container
+    return one(_render(), kind, name)
 
 
 def _crd_validator(doc: dict[str, Any]) -> jsonschema.Draft202012Validator:
@@ -70,13 +53,13 @@ def _source(kind: str, tmp_path: Path) -> KafkaSettings:
     ``--config`` path plus its env (Secret values replaced by placeholders), through the real
     loader."""
     workload = _one(kind)
-    container = _container(workload)
+    container = only_container(workload)
     args = container["args"]
     path = PurePosixPath(args[args.index("--config") + 1])
     (mount,) = [
         m for m in container["volumeMounts"] if path.parent == PurePosixPath(m["mountPath"])
     ]
-    (volume,) = [v for v in _pod(workload)["volumes"] if v["name"] == mount["name"]]
+    (volume,) = [v for v in pod_spec(workload)["volumes"] if v["name"] == mount["name"]]
     text = _one("ConfigMap", volume["configMap"]["name"])["data"][path.name]
     file = tmp_path / f"{kind}.toml"
     file.write_text(text)
@@ -159,12 +142,12 @@ def test_the_pods_trust_the_same_ca_as_a_file_mounted_from_that_secret(
     cafile = PurePosixPath(source.ssl_cafile)
     assert cafile.is_absolute()
     workload = _one(kind)
-    mounts = _container(workload)["volumeMounts"]
+    mounts = only_container(workload)["volumeMounts"]
     holding = [m for m in mounts if cafile.is_relative_to(m["mountPath"])]
     (mount,) = holding  # not nested in another mount (the ConfigMap's is read-only)
     assert mount.get("readOnly") is True
     assert "subPath" not in mount, "a subPath mount never sees a renewed CA"
-    (volume,) = [v for v in _pod(workload)["volumes"] if v["name"] == mount["name"]]
+    (volume,) = [v for v in pod_spec(workload)["volumes"] if v["name"] == mount["name"]]
     secret = volume["secret"]
     ca = _auth_params()["ca"]
     assert secret["secretName"] == ca["name"], "KEDA and the pods trust the same CA"
@@ -218,7 +201,7 @@ def test_the_brokers_are_named_as_strimzis_certificates_name_them_from_any_names
 
 def _sasl_secrets(workload: dict[str, Any]) -> set[str]:
     """The Secrets the SASL user and password of ``workload``'s container come from."""
-    env = {v["name"]: v for v in _container(workload).get("env", [])}
+    env = {v["name"]: v for v in only_container(workload).get("env", [])}
     assert set(SASL_ENV) <= env.keys(), "the SASL user and password from the environment"
     return {env[name]["valueFrom"]["secretKeyRef"]["name"] for name in SASL_ENV}
 
@@ -234,7 +217,7 @@ def test_admin_ensure_creates_topics_as_a_kafka_user_of_its_own() -> None:
     assert {params["username"]["name"], params["password"]["name"]} == {consumers}
     job_refs = {
         (var["valueFrom"]["secretKeyRef"]["name"], var["valueFrom"]["secretKeyRef"]["key"])
-        for var in _container(_one("Job")).get("env", [])
+        for var in only_container(_one("Job")).get("env", [])
         if "valueFrom" in var
     }
     consumer_user = {(p["name"], p["key"]) for p in (params["username"], params["password"])}

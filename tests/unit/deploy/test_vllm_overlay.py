@@ -25,7 +25,7 @@ from rowbatch.consumer.model.openai.server_queue import QUEUE_METRICS
 from rowbatch.consumer.model.openai.settings import OpenAISettings
 from rowbatch.consumer.service.config import ConsumerConfig, load_config
 from rowbatch.consumer.sources.kafka.settings import KafkaSettings
-from tests.unit.deploy.kustomize import kustomize
+from tests.unit.deploy.kustomize import kustomize, one, only_container, pod_spec
 
 ROOT = Path(__file__).resolve().parents[3]
 K8S = ROOT / "deploy" / "k8s"
@@ -50,24 +50,7 @@ def _render() -> tuple[dict[str, Any], ...]:
 
 
 def _one(kind: str, name: str | None = None) -> dict[str, Any]:
-    found = [
-        d
-        for d in _render()
-        if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)
-    ]
-    assert len(found) == 1, f"{len(found)} {kind} {name or ''}"
-    return found[0]
-
-
-def _pod(workload: dict[str, Any]) -> dict[str, Any]:
-    pod: dict[str, Any] = workload["spec"]["template"]["spec"]
-    return pod
-
-
-def _container(workload: dict[str, Any]) -> dict[str, Any]:
-    (container,) = _pod(workload)["containers"]
-    assert isinstance(container, dict)
-    return container
+    return one(_render(), kind, name)
 
 
 def _consumers(kind: str) -> dict[str, Any]:
@@ -86,11 +69,11 @@ def _pod_config(kind: str, tmp_path: Path) -> ConsumerConfig:
     path plus its ``ROWBATCH_*`` env (Secret values replaced by placeholders), through the real
     loader."""
     workload = _consumers(kind)
-    container = _container(workload)
+    container = only_container(workload)
     args = container["args"]
     path = args[args.index("--config") + 1]
     (mount,) = [m for m in container["volumeMounts"] if path.startswith(m["mountPath"] + "/")]
-    (volume,) = [v for v in _pod(workload)["volumes"] if v["name"] == mount["name"]]
+    (volume,) = [v for v in pod_spec(workload)["volumes"] if v["name"] == mount["name"]]
     data = _one("ConfigMap", volume["configMap"]["name"])["data"]
     file = tmp_path / f"{kind}.toml"
     file.write_text(data[path[len(mount["mountPath"]) + 1 :]])
@@ -111,7 +94,7 @@ def _model(tmp_path: Path) -> OpenAISettings:
 
 
 def _vllm_args() -> list[str]:
-    args: list[str] = _container(_one("Deployment", VLLM))["args"]
+    args: list[str] = only_container(_one("Deployment", VLLM))["args"]
     return args
 
 
@@ -132,7 +115,7 @@ def _container_port(workload: dict[str, Any], port: int | str) -> int:
     """A named or numbered port of the workload's container, as a number."""
     if isinstance(port, int):
         return port
-    ports = {p["name"]: p["containerPort"] for p in _container(workload)["ports"]}
+    ports = {p["name"]: p["containerPort"] for p in only_container(workload)["ports"]}
     number: int = ports[port]
     return number
 
@@ -206,14 +189,14 @@ def test_the_consumers_config_is_openai_at_the_vllm_service(tmp_path: Path) -> N
 
 def test_vllm_runs_a_pinned_image_on_one_gpu_ready_on_health() -> None:
     deployment = _one("Deployment", VLLM)
-    container = _container(deployment)
+    container = only_container(deployment)
     assert IMAGE.fullmatch(container["image"]), f"{container['image']}: pin a release tag"
     for flag in ("--model", "--served-model-name", "--max-num-seqs", "--port"):
         assert _flag(flag)
     resources = container["resources"]
     assert resources["requests"]["nvidia.com/gpu"] == 1
     assert resources["limits"]["nvidia.com/gpu"] == 1, "an extended resource: limit = request"
-    tolerations = _pod(deployment).get("tolerations", [])
+    tolerations = pod_spec(deployment).get("tolerations", [])
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in tolerations
     port = int(_flag("--port"))
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
@@ -224,7 +207,7 @@ def test_vllm_runs_a_pinned_image_on_one_gpu_ready_on_health() -> None:
     (token,) = [v for v in container["env"] if v["name"] == "HF_TOKEN"]
     assert token["valueFrom"]["secretKeyRef"]["optional"] is True
     # The model cache: a volume at Hugging Face's cache, an emptyDir or a claim.
-    volumes = {v["name"]: v for v in _pod(deployment)["volumes"]}
+    volumes = {v["name"]: v for v in pod_spec(deployment)["volumes"]}
     (cache_mount,) = [
         m for m in container["volumeMounts"] if m["mountPath"].endswith("/.cache/huggingface")
     ]
@@ -319,5 +302,7 @@ def test_admin_ensure_runs_once_per_configuration() -> None:
     name = config_map["metadata"]["name"]
     assert job["metadata"]["name"] == f"admin-{name}"
     for workload in (job, _consumers("Deployment")):
-        mounted = [v["configMap"]["name"] for v in _pod(workload)["volumes"] if "configMap" in v]
+        mounted = [
+            v["configMap"]["name"] for v in pod_spec(workload)["volumes"] if "configMap" in v
+        ]
         assert mounted == [name]
