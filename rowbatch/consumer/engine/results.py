@@ -248,12 +248,13 @@ class ResultBuilder:
 
 
 def _keyed(segments: Sequence[Segment], entries: Sequence[Entry]) -> NDArray[np.int64]:
-    """The rows' keys where some message is a row part (its rows keyed by their indexes in
-    its parent chunk)."""
+    """The rows' keys where some message's rows have keys of their own (a row part: their
+    indexes in its parent chunk; rows set apart at intake: their indexes in the message),
+    shifted by the delivery's ``row_offset`` (a table-mode part of a chunk; 0 otherwise)."""
     parts = [
         np.arange(s.start, s.stop, dtype=np.int64) + e.delivery.row_offset
         if e.row_keys is None
-        else e.row_keys[s.start : s.stop]
+        else e.row_keys[s.start : s.stop] + e.delivery.row_offset
         for s, e in zip(segments, entries, strict=True)
     ]
     return np.concatenate(parts).astype(np.int64, copy=False)

@@ -18,10 +18,12 @@ from rowbatch.consumer.engine.bad_rows import find_bad_rows
 from rowbatch.consumer.engine.batcher import Batch
 from rowbatch.consumer.engine.decode import MessageDecoder
 from rowbatch.consumer.engine.ledger import Ledger
+from rowbatch.consumer.engine.results import ERROR_COLUMNS
 from rowbatch.consumer.model.binding import Binding
 from rowbatch.consumer.model.chunk_check import check_chunk, memoized_check
 from rowbatch.consumer.model.spec import ModelSpec, TensorSpec
 from rowbatch.consumer.observe.metrics import Metrics
+from rowbatch.consumer.sinks.base import ColumnSpec
 from rowbatch.consumer.sources.delivery import Delivery
 from rowbatch.wire.chunks.decode import DecodedChunk, decode_chunk
 from rowbatch.wire.chunks.encode import encode_chunk
@@ -68,7 +70,9 @@ def negative_rejected(batch: Batch) -> Any:
     return run(batch)
 
 
-async def run_pipeline(source: FakeSource, sink: FakeSink, run: Any = double) -> None:
+async def run_pipeline(
+    source: FakeSource, sink: FakeSink, run: Any = double, **settings: Any
+) -> None:
     pipeline = make_pipeline(
         source,
         sink,
@@ -78,6 +82,7 @@ async def run_pipeline(source: FakeSource, sink: FakeSink, run: Any = double) ->
         target_batch_size=4,
         max_in_flight=2,
         max_wait_s=0.0,
+        **settings,
     )
     await asyncio.wait_for(pipeline.run(asyncio.Event()), 10)
 
@@ -182,3 +187,30 @@ def test_queued_rows_map_to_runs_of_the_message() -> None:
     assert entry.unresolved == 5
     assert entry.in_message(0, 5) == [(0, 2), (3, 6)]
     assert entry.in_message(1, 3) == [(1, 2), (3, 4)]
+
+
+@pytest.mark.parametrize("error_rows", [False, True])
+async def test_a_table_mode_part_of_a_chunk_keeps_its_offset(error_rows: bool) -> None:
+    # A table-mode delivery of rows 100.. of its chunk (a restart's leftover): the rows kept
+    # beside one set apart at intake are written under 100 + their index, as any of its rows.
+    d = delivery(1, [1, 2, 3, 4], nulls=[1])
+    offset = Delivery.of_rows(
+        message_id="m1",
+        payload=d.payload,
+        attributes=d.attributes,
+        publish_time=0.0,
+        delivery_attempt=1,
+        source="file",
+        size=0,
+        row_offset=100,
+    )
+    source, sink = RowsSource([offset]), FakeSink()
+    settings: dict[str, Any] = {}
+    if error_rows:
+        settings["error_rows"] = (
+            ColumnSpec("y", "float64"),
+            *(ColumnSpec(n, "object") for n in ERROR_COLUMNS),
+        )
+    await run_pipeline(source, sink, **settings)
+    want = {("chunk-1", 100 + r) for r in ((0, 1, 2, 3) if error_rows else (0, 2, 3))}
+    assert set(sink.rows) == want
