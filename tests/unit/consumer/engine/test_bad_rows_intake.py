@@ -214,3 +214,27 @@ async def test_a_table_mode_part_of_a_chunk_keeps_its_offset(error_rows: bool) -
     await run_pipeline(source, sink, **settings)
     want = {("chunk-1", 100 + r) for r in ((0, 1, 2, 3) if error_rows else (0, 2, 3))}
     assert set(sink.rows) == want
+
+
+def test_many_nulls_cost_one_check_a_column_not_a_bisection() -> None:
+    # A 10,000-row table chunk whose input column is null in half its rows: the nulls are set
+    # apart in one go (a bisection would take ~140,000 checks), the out-of-range row bisected.
+    n = 10_000
+    values = list(range(n))
+    values[7] = TOO_BIG
+    nulls = [r for r in range(n) if r % 2 and r != 7]
+    d = delivery(1, values, nulls=nulls)
+    chunk = decode_chunk(d.payload, d.attributes)
+    calls: list[int] = []
+
+    def counted(c: DecodedChunk) -> None:
+        calls.append(c.row_count)
+        CHECK(c)
+
+    found = find_bad_rows(counted, chunk)
+    assert found is not None
+    assert [row for row, _ in found] == sorted([*nulls, 7])
+    assert {error.code for row, error in found if row != 7} == {"null_not_allowed"}
+    assert dict(found)[7].code == "invalid_value"
+    assert "row 9 is null" in dict(found)[9].message
+    assert len(calls) <= 2 + 2 * 13  # the nulls' check, then one row bisected among 5,001
