@@ -7,6 +7,7 @@ dead-lettered (an error row of theirs could be refused again)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -112,7 +113,7 @@ async def test_error_rows_land_in_sqlite_with_null_outputs(tmp_path: Path) -> No
         await run(source, sink)
     finally:
         await sink.close()
-    with sqlite3.connect(tmp_path / "r.sqlite") as db:
+    with contextlib.closing(sqlite3.connect(tmp_path / "r.sqlite")) as db:
         got = db.execute(
             "SELECT chunk_id, row_index, y, error_reason, error_code FROM results "
             "ORDER BY chunk_id, row_index"

@@ -4,8 +4,9 @@ vector output too) and the error columns set on the error rows, null on the othe
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +79,7 @@ async def test_sqlite(tmp_path: Path) -> None:
     await sink.open(TABLE)
     assert await sink.write(result_rows()) == 4
     await sink.close()
-    with sqlite3.connect(tmp_path / "r.sqlite") as db:
+    with contextlib.closing(sqlite3.connect(tmp_path / "r.sqlite")) as db:
         got = db.execute(
             "SELECT chunk_id, row_index, id, embedding IS NULL, label, error_reason, error_code "
             "FROM results ORDER BY row_index"
@@ -98,13 +99,21 @@ async def test_parquet(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def catalog(tmp_path: Path) -> Callable[[], LedgerCatalog]:
-    def make() -> LedgerCatalog:
-        return LedgerCatalog(
-            "rb", uri=f"sqlite:///{tmp_path}/cat.db", warehouse=f"file://{tmp_path}/wh"
-        )
+def catalog(tmp_path: Path) -> Iterator[Callable[[], LedgerCatalog]]:
+    """Catalogs on one SQLite file and warehouse, every one closed at the end."""
+    made: list[LedgerCatalog] = []
 
-    return make
+    def make() -> LedgerCatalog:
+        made.append(
+            LedgerCatalog(
+                "rb", uri=f"sqlite:///{tmp_path}/cat.db", warehouse=f"file://{tmp_path}/wh"
+            )
+        )
+        return made[-1]
+
+    yield make
+    for made_catalog in made:
+        made_catalog.close()
 
 
 async def test_iceberg(catalog: Callable[[], LedgerCatalog]) -> None:
@@ -113,9 +122,5 @@ async def test_iceberg(catalog: Callable[[], LedgerCatalog]) -> None:
     await sink.write(result_rows())
     await sink.commit()
     await sink.close()
-    reader = catalog()
-    try:
-        table = reader.load_table("ns.results").scan().to_arrow()
-    finally:
-        reader.close()
+    table = catalog().load_table("ns.results").scan().to_arrow()
     assert rows_of(table) == WANT
