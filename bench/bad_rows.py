@@ -1,10 +1,12 @@
 """Section ``bad_rows``: what one bad row in a 500-row message costs (issue 46). The same
 backlog of 500-row text messages drained by one consumer through the ``chaos`` model (the
 ``embedder`` with a reject marker: a request holding a marked row answers INVALID_ARGUMENT)
-into PostgreSQL three times per broker, side by side: clean, and with 0.1 % of the rows marked
+into PostgreSQL four times per broker, side by side: clean; with 0.1 % of the rows marked
 (one row in every other message) with the default serial isolation and with
-``[model] isolation = "concurrent"``. With the marked rows, the batches that hold them are
-bisected down to the rows, those rows dead-lettered as row parts and every other row written.
+``[model] isolation = "concurrent"``; and with 0.1 % of the rows null in the model's input
+(``input`` cause: set apart at intake by the input checks, never sent). With the marked rows,
+the batches that hold them are bisected down to the rows, those rows dead-lettered as row parts
+and every other row written.
 
 Per run: rows/s from the first row written to the last row settled, the requests Triton
 answered (its statistics, successes and failures), the consumer's CPU per row, and the rows and
@@ -46,6 +48,9 @@ class BadRowsRun:
     broker: Broker
     isolation: str
     """``[model] isolation``: ``serial`` (the default) or ``concurrent``."""
+    cause: str
+    """What makes the bad rows bad: ``model`` (the server rejects them) or ``input`` (a null
+    in the model's input: the input checks set them apart)."""
     bad_rows: int
     rows: int
     rows_per_s: float
@@ -59,13 +64,18 @@ class BadRowsRun:
 class BadRowsResult:
     runs: tuple[BadRowsRun, ...]
 
-    def ratio(self, broker: Broker, isolation: str = "serial") -> float | None:
+    def ratio(
+        self, broker: Broker, isolation: str = "serial", cause: str = "model"
+    ) -> float | None:
         clean = next((r for r in self.runs if r.broker == broker and not r.bad_rows), None)
         bad = next(
             (
                 r
                 for r in self.runs
-                if r.broker == broker and r.bad_rows and r.isolation == isolation
+                if r.broker == broker
+                and r.bad_rows
+                and r.isolation == isolation
+                and r.cause == cause
             ),
             None,
         )
@@ -75,9 +85,11 @@ class BadRowsResult:
 
     def table(self) -> Table:
         return Table(
-            "Bad rows: 500-row messages, clean and with 0.1 % of the rows rejected by the model",
+            "Bad rows: 500-row messages, clean and with 0.1 % of the rows rejected by the model "
+            "or null in its input",
             (
                 "broker",
+                "cause",
                 "isolation",
                 "bad rows",
                 "rows",
@@ -91,12 +103,13 @@ class BadRowsResult:
             tuple(
                 (
                     r.broker,
+                    r.cause if r.bad_rows else "-",
                     r.isolation,
                     f"{r.bad_rows:,}",
                     f"{r.rows:,}",
                     f"{r.rows_per_s:,.0f}",
-                    f"{self.ratio(r.broker, r.isolation):.2f}x"
-                    if r.bad_rows and self.ratio(r.broker, r.isolation)
+                    f"{self.ratio(r.broker, r.isolation, r.cause):.2f}x"
+                    if r.bad_rows and self.ratio(r.broker, r.isolation, r.cause)
                     else "1",
                     f"{r.requests:,}",
                     f"{r.cpu_us_per_row:.1f}",
@@ -112,20 +125,25 @@ class BadRowsResult:
                 "settled; requests: Triton's successes + failures for the model over the run; "
                 "CPU: the consumer's user+sys over the run, per row; isolation: [model] "
                 "isolation (concurrent: each failed batch bisected at once; the chaos model "
-                "fails each request on its own rows).",
+                "fails each request on its own rows); cause input: the bad rows are null in the "
+                "model's input, set apart at intake (no isolation, no request).",
             ),
         )
 
     def targets(self) -> list[Target]:
         found = []
         for broker in dict.fromkeys(r.broker for r in self.runs):
-            for isolation in ("serial", "concurrent"):
-                ratio = self.ratio(broker, isolation)
+            for cause, isolation in (
+                ("model", "serial"),
+                ("model", "concurrent"),
+                ("input", "serial"),
+            ):
+                ratio = self.ratio(broker, isolation, cause)
                 if ratio is not None:
+                    what = f"{isolation} isolation" if cause == "model" else "input checks"
                     found.append(
                         Target(
-                            f"bad rows {broker} ({isolation} isolation): 0.1 % bad rows vs "
-                            "clean, rows/s",
+                            f"bad rows {broker} ({what}): 0.1 % bad rows vs clean, rows/s",
                             f">= {TARGET_RATIO:.2f}x",
                             f"{ratio:.2f}x",
                             ratio >= TARGET_RATIO,
@@ -134,10 +152,14 @@ class BadRowsResult:
         return found
 
 
-def _chunk(n: int, marked: bool, prefix: str) -> EncodedChunk:
-    texts = [f"message {n} row {r} of a bench backlog" for r in range(ROWS)]
-    if marked:
-        texts[(n * 37) % ROWS] += f" {MARKER}"
+def _chunk(n: int, cause: str | None, prefix: str) -> EncodedChunk:
+    """Message ``n``; ``cause``: one bad row in it, ``model`` (marked) or ``input`` (null)."""
+    texts: list[str | None] = [f"message {n} row {r} of a bench backlog" for r in range(ROWS)]
+    bad = (n * 37) % ROWS
+    if cause == "model":
+        texts[bad] = f"{texts[bad]} {MARKER}"
+    elif cause == "input":
+        texts[bad] = None
     ids = np.arange(n * ROWS, (n + 1) * ROWS, dtype=np.int64)
     return encode_chunk("bench", {"id": ids, "text": texts}, "arrow", f"{prefix}-{n}")
 
@@ -148,13 +170,15 @@ def _requests(url: str) -> int:
     return stats.requests + stats.failed
 
 
-def _run(bench: Bench, broker: Broker, messages: int, bad: bool, isolation: str) -> BadRowsRun:
+def _run(
+    bench: Bench, broker: Broker, messages: int, cause: str | None, isolation: str
+) -> BadRowsRun:
     stack = bench.stack
     feed = create_feed(stack, broker)
     prefix = unique("bad")
-    every = round(1 / (BAD_SHARE * ROWS))  # one marked row in every `every`-th message
-    chunks = [_chunk(n, bad and n % every == 0, prefix) for n in range(messages)]
-    bad_rows = sum(1 for n in range(messages) if bad and n % every == 0)
+    every = round(1 / (BAD_SHARE * ROWS))  # one bad row in every `every`-th message
+    chunks = [_chunk(n, cause if n % every == 0 else None, prefix) for n in range(messages)]
+    bad_rows = sum(1 for n in range(messages) if cause and n % every == 0)
     publish(stack, feed, chunks)
     table = unique("bad_rows")
     config = consumer_config(
@@ -194,6 +218,7 @@ def _run(bench: Bench, broker: Broker, messages: int, bad: bool, isolation: str)
     return BadRowsRun(
         broker,
         isolation,
+        cause or "model",
         bad_rows,
         total,
         written / seconds if seconds > 0 else 0.0,
@@ -210,9 +235,14 @@ def run(bench: Bench) -> BadRowsResult:
     ChaosControl(reject_marker=MARKER).write(control)
     try:
         runs = tuple(
-            _run(bench, broker, messages, bad, isolation)
+            _run(bench, broker, messages, cause, isolation)
             for broker in ("kafka", "pubsub")
-            for bad, isolation in ((False, "serial"), (True, "serial"), (True, "concurrent"))
+            for cause, isolation in (
+                (None, "serial"),
+                ("model", "serial"),
+                ("model", "concurrent"),
+                ("input", "serial"),
+            )
         )
     finally:
         ChaosControl().write(control)
