@@ -220,7 +220,7 @@ class MessageDecoder:
         except WireError as exc:
             reason = DeadLetterReason(ReasonClass.UNDECODABLE, f"{exc.reason}: {exc}", exc.reason)
             if isinstance(exc, ROW_ERRORS):  # maybe some rows of a JSON payload only
-                split = self._json_rows_apart(delivery, attribute_bytes, reason)
+                split = self._json_rows_apart_or_none(delivery, attribute_bytes, reason)
                 if split is not None:
                     raise split from exc
             raise PoisonMessage(reason) from exc
@@ -305,6 +305,22 @@ class MessageDecoder:
         return PoisonRows(
             reason, taken(kept), tuple(failed), None if undecodable else taken(bad), total
         )
+
+    def _json_rows_apart_or_none(
+        self, delivery: Delivery, attribute_bytes: int, reason: DeadLetterReason
+    ) -> PoisonRows | None:
+        """:meth:`_json_rows_apart`, or None (the whole message poison) when taking the rows
+        apart fails in any way: it runs inside ``rows()``'s handler of the first decode's
+        error, where an exception would leave as a plain one and end intake."""
+        try:
+            return self._json_rows_apart(delivery, attribute_bytes, reason)
+        except Exception:
+            log.exception(
+                "setting apart the rows of message %s that do not decode failed; "
+                "the whole message is dead-lettered",
+                delivery.message_id,
+            )
+            return None
 
     def _json_rows_apart(
         self, delivery: Delivery, attribute_bytes: int, reason: DeadLetterReason

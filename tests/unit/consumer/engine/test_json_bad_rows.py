@@ -102,6 +102,30 @@ def test_a_failure_of_the_whole_payload_stays_the_messages() -> None:
     assert caught.value.reason.code == "column_type_mismatch"
 
 
+def test_a_failure_taking_the_rows_apart_makes_the_whole_message_poison(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The kept rows decoded again fail (they should not: each half decoded alone): the
+    message goes whole as poison, never as a plain exception that would end intake."""
+    import rowbatch.consumer.engine.decode as decode_module
+
+    kept_decodes = 0
+
+    def failing_kept(payload: bytes, attributes: Mapping[str, str]) -> Any:
+        nonlocal kept_decodes
+        if attributes[H_ROW_COUNT] == "4":  # the 4 kept rows (no half of 6 has 4)
+            kept_decodes += 1
+            raise ColumnTypeMismatch("column x: a row of 2 elements")
+        return decode_chunk(payload, attributes)
+
+    monkeypatch.setattr(decode_module, "decode_chunk", failing_kept)
+    with pytest.raises(PoisonMessage) as caught:
+        MessageDecoder(("x", "id"), no_check).rows(vectors_message(1, ROWS))
+    assert not isinstance(caught.value, PoisonRows)
+    assert caught.value.reason.reason_class.value == "undecodable"
+    assert kept_decodes == 1
+
+
 def test_a_part_of_rows_that_do_not_decode_holds_them_as_sent() -> None:
     d = vectors_message(1, ROWS)
     payload, attributes = row_part(d.payload, d.attributes, [2, 4])
