@@ -227,11 +227,14 @@ class PipelineHooks:
     model: the backoff ``gate`` it shares with the model's retries (built first, so the
     retries are given its :meth:`~Gate.backoff_started` and :meth:`~Gate.backoff_ended`), the
     ``clocks`` its stages run on, and ``trim``, which hands freed memory back to the system
-    every watch interval (the service passes malloc's; None: never)."""
+    every watch interval (the service passes malloc's; None: never), and ``server_saturated``,
+    whether the model servers' queues stand at their target (the scaling signal then stops
+    growing)."""
 
     gate: Gate
     clocks: Clocks = SYSTEM_CLOCKS
     trim: Callable[[], None] | None = None
+    server_saturated: Callable[[], bool] = lambda: False
 
 
 class Pipeline:
@@ -374,6 +377,7 @@ class Pipeline:
                 backing_off=lambda: not self.gate.is_open,
                 in_flight=lambda: self._inference.in_flight,
                 max_in_flight=settings.max_in_flight,
+                server_saturated=hooks.server_saturated,
             ),
             interval_s=settings.watch_interval_s,
             trim=hooks.trim,

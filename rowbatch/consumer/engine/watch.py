@@ -27,6 +27,8 @@ class PipelineState:
     in_flight: Callable[[], int]
     """Requests at the model server now."""
     max_in_flight: int
+    server_saturated: Callable[[], bool] = lambda: False
+    """The model servers' queues stand at their target."""
 
 
 class Watch:
@@ -62,6 +64,7 @@ class Watch:
                 busy=s.waiting_for_room(),
                 backing_off=s.backing_off(),
                 slots_full=s.in_flight() >= s.max_in_flight,
+                server_saturated=s.server_saturated(),
             )
 
     async def run(self) -> None:

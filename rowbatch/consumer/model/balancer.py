@@ -2,7 +2,9 @@
 the fewest requests outstanding, within that endpoint's own in-flight limit. An endpoint that
 fails (UNAVAILABLE, a connection error, NOT_FOUND for the model it served, a timeout) is taken
 out and probed back with backoff, and the request is sent again at once to another one;
-RESOURCE_EXHAUSTED halves that endpoint's limit and cools it down briefly. Only when no
+RESOURCE_EXHAUSTED halves that endpoint's limit and cools it down briefly. With ``admission``,
+each endpoint's limit is a window that follows its server's own queue (Triton's statistics,
+:mod:`rowbatch.consumer.model.admission`) below that ceiling. Only when no
 endpoint is left to try does the failure reach the caller (a :class:`RetryingInferencer`,
 which backs off and pauses intake), and the retries then go to the endpoints that are out.
 """
@@ -16,6 +18,9 @@ import random
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any
 
+from tritonclient.utils import InferenceServerException
+
+from rowbatch.consumer.model.admission import AdmissionSettings, QueueFollower, StatsClient
 from rowbatch.consumer.model.answer import Answer
 from rowbatch.consumer.model.endpoint_probe import HealthTiming, Prober, Reference
 from rowbatch.consumer.model.endpoint_state import (
@@ -33,6 +38,7 @@ from rowbatch.consumer.model.inference.errors import (
     is_exhausted,
 )
 from rowbatch.consumer.model.spec import ModelSpec
+from rowbatch.consumer.model.window import Window
 from rowbatch.timing import SYSTEM_CLOCKS, Clocks
 
 log = logging.getLogger(__name__)
@@ -57,7 +63,8 @@ class Balancer:
 
     ``meter`` gives each endpoint its metrics (forgotten when the endpoint is dropped),
     ``on_error`` sees every failed request (the consumer's error counter); ``clocks`` (its
-    monotonic clock, ``sleep`` and jitter ``rng``) is injectable for tests."""
+    monotonic clock, ``sleep`` and jitter ``rng``) is injectable for tests; ``admission``
+    (None: fixed limits) makes each endpoint's limit follow its server's queue."""
 
     def __init__(
         self,
@@ -68,8 +75,10 @@ class Balancer:
         on_error: Callable[[InferenceError], None] = _ignore,
         timing: HealthTiming | None = None,
         clocks: Clocks = SYSTEM_CLOCKS,
+        admission: AdmissionSettings | None = None,
     ) -> None:
         self.model = model
+        self._admission = admission
         self._connect = connect
         self._meter = meter
         self._on_error = on_error
@@ -98,15 +107,24 @@ class Balancer:
         """Requests all endpoints not retired take at once (sum of their limits)."""
         return sum(ep.limit for ep in self._endpoints if ep.health is not Health.RETIRED)
 
+    @property
+    def saturated(self) -> bool:
+        """Every endpoint that takes requests runs full with requests waiting (admission on): the
+        servers, not this consumer, limit the flow; more consumers would only wait there."""
+        healthy = [ep for ep in self._endpoints if ep.health is Health.HEALTHY]
+        return bool(healthy) and all(
+            ep.follower is not None and ep.follower.saturated for ep in healthy
+        )
+
     def track(self, addresses: Iterable[str]) -> None:
         """Add endpoints (pending, not probed) for the addresses not known yet."""
         known = {ep.address for ep in self._endpoints}
         for address in addresses:
             if address not in known:
                 known.add(address)
-                self._endpoints.append(
-                    Endpoint(address, self._connect(address), self._meter(address))
-                )
+                ep = Endpoint(address, self._connect(address), self._meter(address))
+                self._endpoints.append(ep)
+                self._admit(ep)
 
     def start(
         self,
@@ -128,6 +146,7 @@ class Balancer:
             else:
                 ep.spec = spec
                 self._set_health(ep, Health.HEALTHY)
+            self._watch(ep)
 
     def update(self, addresses: Sequence[str]) -> None:
         """The endpoints are now ``addresses``: new ones are discovered and join when they
@@ -223,6 +242,8 @@ class Balancer:
                 raise last
             await self._changed(choice.until)
         choice.outstanding += 1
+        if choice.window is not None:
+            choice.window.take()
         choice.meter.sent()
         choice.meter.in_flight(choice.outstanding)
         return choice
@@ -261,6 +282,8 @@ class Balancer:
 
     def _release(self, ep: Endpoint) -> None:
         ep.outstanding -= 1
+        if ep.window is not None:
+            ep.window.give()
         ep.meter.in_flight(ep.outstanding)
         if ep.health is Health.RETIRED and ep.outstanding == 0:
             self._drop(ep)
@@ -268,8 +291,10 @@ class Balancer:
 
     def _answered(self, ep: Endpoint, answer: Answer) -> None:
         ep.meter.answered(answer.rows())
-        if ep.allowed < ep.limit:
-            ep.allowed += 1
+        if ep.window is not None:
+            ep.window.answered()
+        elif ep.allowed < ep.limit:
+            ep.allow(ep.allowed + 1)
         ep.strikes = ep.exhaustions = 0
         if ep.health is Health.DOWN:
             log.info("inference endpoint %s answered again; sending it requests", ep.address)
@@ -283,7 +308,10 @@ class Balancer:
             return
         if is_exhausted(exc):
             ep.exhaustions += 1
-            ep.allowed = max(1, ep.allowed // 2)
+            if ep.window is not None:
+                ep.window.overloaded(self._clock())
+            else:
+                ep.allow(max(1, ep.allowed // 2))
             ep.cool_until = self._clock() + self._timing.cooldown.wait(ep.exhaustions, self._rng)
             if ep.exhaustions == 1:
                 log.warning(
@@ -320,12 +348,67 @@ class Balancer:
             raise RuntimeError("Balancer.start was not called")
         return self._prober.reference
 
+    # --- admission ----------------------------------------------------------------------------
+
+    def _admit(self, ep: Endpoint) -> None:
+        """With admission, and a client that reads its server's statistics: ``ep``'s window
+        (reset to its limit by ``set_limit``), and the task that reads them (now, in a
+        running loop; else from :meth:`start`: :meth:`track` may run before the loop does)."""
+        if self._admission is None or not isinstance(ep.client, StatsClient):
+            return
+        ep.window = Window(ep.limit, ep.limit, on_change=ep.allow, on_room=self._notify)
+        ep.follower = QueueFollower(ep.window, ep.meter, self._admission.target_queue_ratio)
+        with contextlib.suppress(RuntimeError):  # no running loop: started by start()
+            asyncio.get_running_loop()
+            self._watch(ep)
+
+    def _watch(self, ep: Endpoint) -> None:
+        client, follower = ep.client, ep.follower
+        if self._admission is None or follower is None or ep.watch is not None:
+            return
+        if isinstance(client, StatsClient):
+            reading = self._read_queue(ep, client, follower, self._admission.interval_s)
+            ep.watch = self._spawn(reading, f"rowbatch-admission-{ep.address}")
+
+    async def _read_queue(
+        self, ep: Endpoint, client: StatsClient, follower: QueueFollower, interval_s: float
+    ) -> None:
+        """Every ``interval_s``, the server's totals to ``ep``'s follower (while it takes
+        requests); ends when the server keeps no statistics (its window stays fixed)."""
+        failures = 0
+        while True:
+            await self._sleep(interval_s)
+            if ep.health is not Health.HEALTHY:
+                follower.last = None  # no reading spans an outage
+                continue
+            try:
+                totals = await client.queue_totals(self._clock())
+            except (TimeoutError, InferenceServerException, OSError, ValueError, TypeError) as exc:
+                failures += 1
+                if failures == 3:
+                    log.warning("cannot read the statistics of %s: %s", ep.address, exc)
+                continue
+            failures = 0
+            if totals is None:
+                log.info(
+                    "inference endpoint %s keeps no model statistics for %r: its window stays "
+                    "at %d, moved only by RESOURCE_EXHAUSTED",
+                    ep.address,
+                    self.model,
+                    ep.limit,
+                )
+                ep.watch = None
+                return
+            follower.totals(totals)
+
     # --- tasks --------------------------------------------------------------------------------
 
     def _drop(self, ep: Endpoint) -> None:
         """A retired endpoint with nothing outstanding: gone, its series with it (a series left
         behind would report it out, ``RowbatchModelEndpointOut``, after every rollout)."""
         self._endpoints.remove(ep)
+        if ep.watch is not None:
+            ep.watch.cancel()
         ep.meter.forget()
         self._spawn(ep.client.close(), f"rowbatch-close-{ep.address}", self._closing)
 

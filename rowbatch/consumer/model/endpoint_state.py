@@ -10,8 +10,10 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from rowbatch.consumer.model.admission import QueueFollower
 from rowbatch.consumer.model.answer import Answer
 from rowbatch.consumer.model.spec import ModelSpec
+from rowbatch.consumer.model.window import Window
 
 
 class EndpointClient(Protocol):
@@ -44,6 +46,18 @@ class EndpointMeter(Protocol):
 
     def healthy(self, up: bool) -> None: ...
 
+    def window(self, requests: int) -> None:
+        """Requests this endpoint's window allows in flight now."""
+
+    def server_waiting(self, requests: float) -> None:
+        """Requests waiting in the server's queue, as its last reading said."""
+
+    def server_queue_seconds(self, seconds: float) -> None:
+        """Mean queue time per request at the server, as its last reading said."""
+
+    def saturated(self, full: bool) -> None:
+        """Whether the server runs full with requests waiting (it limits the flow)."""
+
     def forget(self) -> None:
         """Remove every series labelled with the endpoint: called once it is dropped (gone from
         DNS, its last request answered), so a model server that left is not reported out for
@@ -66,6 +80,18 @@ class NoMeter:
         return None
 
     def healthy(self, up: bool) -> None:
+        return None
+
+    def window(self, requests: int) -> None:
+        return None
+
+    def server_waiting(self, requests: float) -> None:
+        return None
+
+    def server_queue_seconds(self, seconds: float) -> None:
+        return None
+
+    def saturated(self, full: bool) -> None:
         return None
 
     def forget(self) -> None:
@@ -110,9 +136,22 @@ class Endpoint:
     exhaustions: int = 0
     """RESOURCE_EXHAUSTED answers since its last answer: each cool-down is longer."""
     probe: asyncio.Task[None] | None = field(default=None, repr=False)
+    window: Window | None = field(default=None, repr=False)
+    """With admission from the server's queue: what sets ``allowed`` (its ceiling ``limit``)."""
+    follower: QueueFollower | None = field(default=None, repr=False)
+    watch: asyncio.Task[None] | None = field(default=None, repr=False)
+    """Reads the server's statistics for ``follower``."""
 
     def set_limit(self, limit: int) -> None:
-        self.limit = self.allowed = max(1, limit)
+        self.limit = max(1, limit)
+        self.allow(self.limit)
+        if self.window is not None:
+            self.window.reset(self.limit)
+
+    def allow(self, requests: int) -> None:
+        """``requests`` in flight at most from now (``rowbatch_endpoint_window``)."""
+        self.allowed = requests
+        self.meter.window(requests)
 
 
 @dataclass(frozen=True)

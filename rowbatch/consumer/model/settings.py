@@ -80,6 +80,17 @@ class ServerSettingsBase(Section):
     startup_wait_s: float = Field(default=300.0, ge=0)
     """How long start-up waits for an inference server that does not answer (retrying with
     backoff) before giving up with an error; an unknown model fails at once."""
+    adapt: bool = True
+    """Read each server's own queue and move the requests in flight there with it (below the
+    configured or derived ceiling): shrink while requests wait past the target, grow while
+    the queue is below it and every place is taken, so the server stays busy without a
+    standing queue however many consumers share it. From Triton's model statistics (queue
+    and compute time per model, over the gRPC channel), vLLM's ``vllm:num_requests_waiting``,
+    SGLang's ``sglang:num_queue_reqs``, llama.cpp's ``llamacpp:requests_deferred``. A server
+    that gives none of them (MLServer, KServe's Python server) keeps the fixed limit, moved
+    only by its overload answers."""
+    adapt_interval_s: float = Field(default=0.5, gt=0)
+    """How often each server's queue is read."""
 
     @model_validator(mode="after")
     def _backoff_order(self) -> ServerSettingsBase:
@@ -125,6 +136,11 @@ class ModelSettings(ServerSettingsBase):
     it."""
     timeout_s: float = Field(default=60.0, gt=0)
     """Per-request deadline."""
+    target_queue_ratio: float = Field(default=1.0, gt=0)
+    """With ``adapt``: the queue a Triton server's window aims at, as a multiple of its slots
+    (the requests it was seen running at once: instances times what each execution takes).
+    1.0: each request waits about one execution, so every instance's next one is ready when
+    the last ends; lower trades some idle for a shorter queue."""
     isolation: Literal["serial", "concurrent"] = "serial"
     """How batches that fail are bisected to find their bad messages and rows: ``serial``, one
     isolation at a time (safe with any server: MLServer's adaptive batching, or a Triton model

@@ -242,15 +242,30 @@ class Metrics:
         )
         self.endpoint_window = Gauge(
             "rowbatch_endpoint_window",
-            "Requests allowed in flight now, per OpenAI-compatible endpoint (the concurrency "
-            "window: shrunk by 429/503 and by the server's queue, grown while it is empty)",
+            "Requests allowed in flight now, per endpoint whose window moves (the concurrency "
+            "window: shrunk by 429/503/RESOURCE_EXHAUSTED and by the server's queue, grown "
+            "while that queue is below its target)",
             ["endpoint"],
             registry=r,
         )
         self.endpoint_server_waiting = Gauge(
             "rowbatch_endpoint_server_waiting",
-            "Requests waiting in the server's own queue, as its metrics last said "
-            "(vllm:num_requests_waiting), per OpenAI-compatible endpoint",
+            "Requests waiting in the server's own queue, as it last said "
+            "(vllm:num_requests_waiting; Triton: mean over the last reading of its statistics)",
+            ["endpoint"],
+            registry=r,
+        )
+        self.endpoint_server_queue = Gauge(
+            "rowbatch_endpoint_server_queue_seconds",
+            "Mean time a request waited in the server's queue over the last reading of its "
+            "statistics (Triton), per endpoint",
+            ["endpoint"],
+            registry=r,
+        )
+        self.server_saturated = Gauge(
+            "rowbatch_server_saturated",
+            "1 while the server runs full with requests waiting in its queue: the server, not "
+            "the consumers, limits the flow (more consumers would only wait there)",
             ["endpoint"],
             registry=r,
         )
@@ -298,6 +313,9 @@ class EndpointMetrics:
         self._healthy.set(0)
         self._window = metrics.endpoint_window.labels(address)
         self._waiting = metrics.endpoint_server_waiting.labels(address)
+        self._queue_s = metrics.endpoint_server_queue.labels(address)
+        self._saturated = metrics.server_saturated.labels(address)
+        self._saturated.set(0)
 
     def sent(self) -> None:
         self._requests.inc()
@@ -320,6 +338,12 @@ class EndpointMetrics:
     def server_waiting(self, requests: float) -> None:
         self._waiting.set(requests)
 
+    def server_queue_seconds(self, seconds: float) -> None:
+        self._queue_s.set(seconds)
+
+    def saturated(self, full: bool) -> None:
+        self._saturated.set(1 if full else 0)
+
     def forget(self) -> None:
         """Remove every series labelled with this endpoint, from every family (the balancer
         dropped it: gone from DNS, its last request answered). Later calls on this object no
@@ -333,6 +357,8 @@ class EndpointMetrics:
             m.endpoint_rows,
             m.endpoint_window,
             m.endpoint_server_waiting,
+            m.endpoint_server_queue,
+            m.server_saturated,
         ):
             family.remove(self.address)
         for kind in INFERENCE_ERROR_KINDS:

@@ -1,8 +1,8 @@
 """The autoscaling signal: how many replicas a backlog and a write rate call for
 (``rowbatch_desired_replicas``, ``rowbatch_replica_load``), and the safeguards that keep that
 figure steady: a floor and hysteresis when the backlog is empty, a hold while the pipeline backs
-off, and the rate term alone while the model server is full (more consumers would only queue
-there). The derivation and the targets: docs/autoscaling.md.
+off, and the rate term alone, with a tenth to spare, while the model server is full (more
+consumers would only queue there). The derivation and the targets: docs/autoscaling.md.
 
 The formula (``target_latency_s`` = T, ``rows_per_s_per_replica`` = r)::
 
@@ -31,8 +31,13 @@ TOLERANCE = 0.1
 """A figure falls only once what is needed is this share below the lower count (the HPA's
 own tolerance is the same 10 %)."""
 SERVER_FULL_SHARE = 0.9
-"""The model server counts as full when every inference slot was busy in this share of the
-recent samples."""
+"""The model server counts as full when every inference slot was busy, or its queue stood at
+its target (``rowbatch_server_saturated``), in this share of the recent samples."""
+SERVER_FULL_HEADROOM = 0.1
+"""While the model server is full the need is the rate term with this share on top (never
+more than the need with the backlog): the replicas that keep up with what is written with a
+tenth to spare. Without it, a dip in the write rate (a rebalance pause) asks for just too few
+to keep the server full, the server stops being full and the figure jumps back: a flap."""
 RECENT_S = 10.0
 """Span of the receive age and the server-full test (rates use ``rate_window_s``)."""
 
@@ -116,13 +121,16 @@ class Conditions:
     backing_off: bool = False
     """Consumption is paused: the model server or the sink asked to back off."""
     server_full: bool = False
-    """Every inference slot has been busy (and the slots are what keeps the server full)."""
+    """The model server is full: every inference slot has been busy (and the slots are what
+    keeps the server full), or the server has run full with requests waiting
+    (``rowbatch_server_saturated``)."""
 
 
 @dataclass
 class Safeguards:
-    """One figure's state: holds it while backing off, counts only the rate term while the
-    server is full, and rounds it with :func:`steady_round`."""
+    """One figure's state: holds it while backing off, counts only the rate term (with
+    :data:`SERVER_FULL_HEADROOM` to spare) while the server is full, and rounds it with
+    :func:`steady_round`."""
 
     tolerance: float = TOLERANCE
     needed: float | None = None
@@ -130,10 +138,13 @@ class Safeguards:
 
     def apply(self, full: float, rate_only: float, conditions: Conditions) -> tuple[float, int]:
         """``(needed, rounded)`` from the need with the backlog (``full``) and without it
-        (``rate_only``)."""
+        (``rate_only``). While the server is full: ``min(full, rate_only x (1 + headroom))``,
+        so the safeguard never asks for more than the figure without it."""
         if conditions.backing_off and self.needed is not None and self.rounded is not None:
             return self.needed, self.rounded
-        needed = rate_only if conditions.server_full else full
+        needed = (
+            min(full, rate_only * (1 + SERVER_FULL_HEADROOM)) if conditions.server_full else full
+        )
         self.rounded = steady_round(needed, self.rounded, self.tolerance)
         self.needed = needed
         return needed, self.rounded
@@ -246,7 +257,7 @@ class ScalingGauges:
             "rowbatch_desired_replicas",
             "Replicas the autoscaling rule asks for: "
             "ceil(backlog_rows / (target_latency_s * r) + written_rows_per_s / r), held while "
-            "backing off, the rate term alone while the model server is full",
+            "backing off, the rate term alone (plus 10 %) while the model server is full",
             registry=registry,
         )
         self.load = Gauge(
@@ -300,19 +311,30 @@ class ScalingSignal:
         self._written += rows
         self._meter.done(rows)
 
-    def tick(self, now: float, *, busy: bool, backing_off: bool, slots_full: bool) -> None:
+    def tick(
+        self,
+        now: float,
+        *,
+        busy: bool,
+        backing_off: bool,
+        slots_full: bool,
+        server_saturated: bool = False,
+    ) -> None:
         """The pipeline's state at ``now`` (monotonic seconds): ``busy``: work waited for room
-        (the replica is saturated, so its rate is its capacity); ``backing_off``; and
-        ``slots_full``: every inference slot was in use."""
+        (the replica is saturated, so its rate is its capacity); ``backing_off``;
+        ``slots_full``: every inference slot was in use; ``server_saturated``: every model
+        server ran full with requests waiting (admission from the server's queue)."""
         self._window.add(now, (self._received, self._age_rows, self._written))
         recent = min(RECENT_S, self.settings.rate_window_s)
-        self._full_samples.append((now, slots_full))
+        self._full_samples.append(
+            (now, server_saturated or (self.settings.slots_fill_server and slots_full))
+        )
         while self._full_samples and self._full_samples[0][0] <= now - recent:
             self._full_samples.popleft()
         full = sum(1 for _, f in self._full_samples if f) / len(self._full_samples)
         self.conditions = Conditions(
             backing_off=backing_off,
-            server_full=self.settings.slots_fill_server and full >= SERVER_FULL_SHARE,
+            server_full=full >= SERVER_FULL_SHARE,
         )
         measured = self._meter.sample(now, busy)
         if self.settings.rows_per_s_per_replica is None and measured:

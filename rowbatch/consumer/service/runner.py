@@ -13,6 +13,7 @@ from rowbatch.consumer.engine.decode import DecodeLimits, MessageDecoder
 from rowbatch.consumer.engine.gate import Gate
 from rowbatch.consumer.engine.pipeline import Pipeline, PipelineHooks, PipelineSettings
 from rowbatch.consumer.engine.stage_context import Telemetry
+from rowbatch.consumer.model.admission import AdmissionSettings
 from rowbatch.consumer.model.balancer import Balancer
 from rowbatch.consumer.model.binding import (
     Binding,
@@ -195,6 +196,8 @@ class ModelSide:
     """The in-flight limit comes from the server (not ``model.max_in_flight``)."""
     close: Callable[[], Awaitable[None]]
     balancer: Balancer | None = None
+    saturated: Callable[[], bool] = lambda: False
+    """Whether every server runs full with requests waiting (the servers limit the flow)."""
 
 
 async def _open_oip(
@@ -218,6 +221,9 @@ async def _open_oip(
         meter=metrics.endpoint,
         on_error=lambda exc: metrics.inference_errors.labels(error_kind(exc)).inc(),
         timing=health_timing(settings),
+        admission=AdmissionSettings(settings.adapt_interval_s, settings.target_queue_ratio)
+        if settings.adapt
+        else None,
     )
     try:
         specs = await discover_endpoints_waiting(balancer, membership, settings)
@@ -246,6 +252,7 @@ async def _open_oip(
         settings.max_in_flight is None,
         balancer.close,
         balancer,
+        lambda: balancer.saturated,
     )
 
 
@@ -263,6 +270,7 @@ async def _open_model(
         model.batches_in_flight,
         True,
         model.pool.close,
+        saturated=lambda: model.pool.saturated,
     )
 
 
@@ -353,7 +361,7 @@ async def run_consumer(
             settings=settings,
             budget=ByteBudget(config.budget_bytes),
             telemetry=Telemetry(metrics, signal, pipeline_tracing(config, spec.name)),
-            hooks=PipelineHooks(gate, trim=trim),
+            hooks=PipelineHooks(gate, trim=trim, server_saturated=model.saturated),
         )
         log.info(
             "consuming: %s, budget %d bytes; a kill costs at most %d rows of model work",

@@ -29,7 +29,9 @@ from rowbatch.consumer.model.inference.errors import (
     FatalInferenceError,
     InferenceError,
     classify,
+    grpc_status,
 )
+from rowbatch.consumer.model.server_stats import QueueTotals, queue_totals
 from rowbatch.consumer.model.spec import ModelSpec
 from rowbatch.consumer.model.tls import TlsOptions, channel_credentials, describe_handshake_failure
 from rowbatch.tracing import active as tracing_active
@@ -230,6 +232,21 @@ class InferenceClient:
             arrays[name] = np.asarray(array)
         self._served = True
         return Answer(arrays, _answered_version(result))
+
+    async def queue_totals(self, at: float, client_timeout: float = 2.0) -> QueueTotals | None:
+        """The model's queue and compute totals from the server's statistics (``at``: the
+        caller's clock now); None when the server does not keep them (UNIMPLEMENTED: MLServer,
+        KServe's Python server) or holds none for the model. Other failures raise
+        ``InferenceServerException`` or ``OSError`` (the caller reads again later)."""
+        try:
+            stats = await self._client.get_inference_statistics(
+                self.model, self.version, as_json=True, client_timeout=client_timeout
+            )
+        except InferenceServerException as exc:
+            if grpc_status(exc) == "UNIMPLEMENTED":
+                return None
+            raise
+        return queue_totals(stats, self.model, at)
 
     async def ready(self, client_timeout: float = 1.0) -> bool:
         """Whether the server answers that the model is ready (``False`` on any error)."""

@@ -1,5 +1,5 @@
 """The OpenAI-compatible endpoints as one pool: each request goes to the endpoint with a free
-place in its :class:`~rowbatch.consumer.model.openai.window.Window` and the fewest requests in
+place in its :class:`~rowbatch.consumer.model.window.Window` and the fewest requests in
 flight (waiting while every window is full), over one HTTP/1.1 connection pool per endpoint
 (``aiohttp``), with the API key and TLS as configured. Answers are classified by
 :mod:`rowbatch.consumer.model.openai.errors`; the retries are the caller's
@@ -27,7 +27,7 @@ from rowbatch.consumer.model.inference.errors import (
 from rowbatch.consumer.model.openai.errors import OVERLOADED, classify_status
 from rowbatch.consumer.model.openai.server_queue import read_queue
 from rowbatch.consumer.model.openai.settings import OpenAISettings
-from rowbatch.consumer.model.openai.window import Window
+from rowbatch.consumer.model.window import Window
 from rowbatch.consumer.observe.metrics import EndpointMetrics
 from rowbatch.timing import SYSTEM_CLOCKS, Clocks
 
@@ -178,6 +178,11 @@ class EndpointPool:
         """Requests the windows allow in flight at their ceiling, over every endpoint."""
         return self._settings.window_ceiling * len(self.endpoints)
 
+    @property
+    def saturated(self) -> bool:
+        """Every server's queue stands at its target (from its metrics, with ``adapt``)."""
+        return all(ep.window.saturated for ep in self.endpoints)
+
     def _wake(self) -> None:
         """Places freed or grew: wake as many waiting requests, first come first served (not
         all of them: hundreds of requests may wait on a full window)."""
@@ -319,6 +324,8 @@ class EndpointPool:
             if endpoint.meter is not None:
                 endpoint.meter.server_waiting(reading.waiting)
             endpoint.window.server_queue(reading.waiting, reading.running, self._clocks.monotonic())
+            if endpoint.meter is not None:
+                endpoint.meter.saturated(endpoint.window.saturated)
 
     async def close(self) -> None:
         for task in self._watches:

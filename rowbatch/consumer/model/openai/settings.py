@@ -76,14 +76,8 @@ class OpenAISettings(ServerSettingsBase):
     max_window: int | None = Field(default=None, ge=1)
     """The most requests in flight per endpoint the window may grow to (default: twice
     ``max_in_flight``)."""
-    adapt: bool = True
-    """Read the server's Prometheus metrics (``metrics_path``: vLLM's
-    ``vllm:num_requests_waiting``, SGLang's ``sglang:num_queue_reqs``) and grow the window
-    while the server's queue is empty, shrink it while requests wait: slots full without a
-    standing queue. A server without those metrics keeps the fixed window."""
     metrics_path: str = "/metrics"
-    adapt_interval_s: float = Field(default=0.5, gt=0)
-    """How often the server's metrics are read."""
+    """Where the server's Prometheus metrics are read (``adapt``)."""
     tokens_per_minute: int | None = Field(default=None, ge=1)
     """A hosted endpoint's limit: requests wait so that their prompt (estimated from its
     bytes, then corrected by the answer's ``usage``) plus ``max_tokens`` stay within it."""

@@ -127,6 +127,9 @@ class RecordingMeter:
         self.up: bool | None = None
         self.inflight = 0
         self.forgotten = False
+        self.windows: list[int] = []
+        self.waiting = self.queue_s = 0.0
+        self.full = False
 
     def sent(self) -> None:
         self.requests += 1
@@ -145,6 +148,18 @@ class RecordingMeter:
 
     def forget(self) -> None:
         self.forgotten = True
+
+    def window(self, requests: int) -> None:
+        self.windows.append(requests)
+
+    def server_waiting(self, requests: float) -> None:
+        self.waiting = requests
+
+    def server_queue_seconds(self, seconds: float) -> None:
+        self.queue_s = seconds
+
+    def saturated(self, full: bool) -> None:
+        self.full = full
 
 
 NO_JITTER = HealthTiming(

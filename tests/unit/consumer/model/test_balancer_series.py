@@ -32,6 +32,8 @@ ENDPOINT_FAMILIES = {
     "rowbatch_endpoint_rows",
     "rowbatch_endpoint_window",
     "rowbatch_endpoint_server_waiting",
+    "rowbatch_endpoint_server_queue_seconds",
+    "rowbatch_server_saturated",
 }
 
 

@@ -1,7 +1,8 @@
 """The autoscaling figure (``rowbatch/consumer/observe/scaling.py``) with hand-computed cases:
 the rate term, the floor when the backlog is empty, hysteresis inside the tolerance, the hold while
-backing off, the rate term alone while the model server is full, the partition cap and even
-split, and both views (a Pub/Sub replica's share, a Kafka replica's view of the group)."""
+backing off, the rate term alone (with a tenth to spare) while the model server is full, the
+partition cap and even split, and both views (a Pub/Sub replica's share, a Kafka replica's view
+of the group)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ from dataclasses import fields
 import pytest
 from prometheus_client import CollectorRegistry
 
+from rowbatch.consumer.observe import scaling
 from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.observe.scaling import (
+    SERVER_FULL_HEADROOM,
     Conditions,
     Safeguards,
     ScalingGauges,
@@ -109,10 +112,17 @@ def test_backing_off_before_any_figure_computes_one() -> None:
     assert Safeguards().apply(3.5, 1.0, Conditions(backing_off=True)) == (3.5, 4)
 
 
-def test_a_full_server_counts_the_rate_term_alone() -> None:
-    guard = Safeguards()
-    # a backlog that asks for 10, while the server is full and 2.4 replicas' worth is written
-    assert guard.apply(10.0, 2.4, Conditions(server_full=True)) == (2.4, 3)
+def test_a_full_server_counts_the_rate_term_alone_with_a_tenth_to_spare() -> None:
+    assert SERVER_FULL_HEADROOM == 0.1
+    full = Conditions(server_full=True)
+    # a backlog that asks for 10, while the server is full and 2.8 replicas' worth is written:
+    # 2.8 x 1.1 = 3.08 -> 4 (the rate term alone would be 3, the backlog 10)
+    needed, rounded = Safeguards().apply(10.0, 2.8, full)
+    assert needed == pytest.approx(3.08)
+    assert rounded == 4
+    # never more than the need with the backlog: a backlog of a twentieth of a replica's worth
+    assert Safeguards().apply(2.9, 2.8, full) == (2.9, 3)
+    assert Safeguards().apply(10.0, 2.8, Conditions()) == (10.0, 10)  # not full: the backlog
 
 
 # --- the running signal ------------------------------------------------------------------------
@@ -192,7 +202,8 @@ def test_a_pubsub_replica_holds_while_backing_off_and_caps_at_max_replicas() -> 
 
 
 def test_busy_slots_mean_a_full_server_only_when_the_slots_are_the_servers() -> None:
-    for fills, want in ((True, 0.5), (False, 20.5)):
+    # full: the rate term 5,000 / 1,000 = 0.5 plus a tenth; not: 20 + 0.5 with the backlog
+    for fills, want in ((True, 0.55), (False, 20.5)):
         signal, registry = _signal(rate_window_s=10.0, slots_fill_server=fills)
         _tick(signal, 0.0, slots_full=True)
         signal.received(100_000, 20.0)
@@ -200,6 +211,32 @@ def test_busy_slots_mean_a_full_server_only_when_the_slots_are_the_servers() -> 
         _tick(signal, 10.0, slots_full=True)
         assert signal.conditions.server_full is fills
         assert _value(registry, "rowbatch_replica_load") == pytest.approx(want)
+
+
+def test_a_dip_in_the_write_rate_while_the_server_is_full_keeps_it_full(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The server takes 4,100 rows/s, 4.1 members' worth: 5 members (6 on 12 partitions, split
+    evenly) keep it full, 4 (4,000 rows/s) do not. A rebalance pause dips the write rate by
+    12 %, to 3,600 rows/s: the rate term alone, 3.6, is at the hysteresis band's edge
+    ((5 - 1) x 0.9), so it asks for 4 and the server stops being full (a flap); with a tenth to
+    spare, 3.96, the figure holds."""
+
+    def figures(headroom: float) -> list[int | None]:
+        monkeypatch.setattr(scaling, "SERVER_FULL_HEADROOM", headroom)
+        signal, _ = _signal("fleet", target_latency_s=20.0)
+        out = []
+        for t, written in enumerate((4100, 4100, 3600, 3600, 3600, 4100)):
+            signal.tick(
+                float(t), busy=False, backing_off=False, slots_full=False, server_saturated=True
+            )
+            assert signal.conditions.server_full
+            # 500,000 rows waiting: 25 members' worth, were the server not full
+            out.append(signal.fleet(500_000, written, partitions=12, own_backlog_rows=0))
+        return out
+
+    assert figures(SERVER_FULL_HEADROOM) == [6] * 6
+    assert figures(0.0) == [6, 6, 4, 4, 4, 6]  # without the headroom: 4 x 1,000 < 4,100
 
 
 def test_the_server_counts_as_full_only_when_nearly_every_sample_says_so() -> None:

@@ -4,10 +4,12 @@ within its ceiling. Time is the ``now`` the caller passes."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from rowbatch.consumer.model.openai.server_queue import QueueReading, read_queue
-from rowbatch.consumer.model.openai.window import Window
+from rowbatch.consumer.model.window import Window
 
 
 class Calls:
@@ -22,9 +24,20 @@ class Calls:
         self.rooms += 1
 
 
+class AlwaysLow(random.Random):
+    """Draws 0.0: a share of a step rounds up, and a window with a share grows every
+    reading (as if it read the queue alone); the random rounding is tested in
+    test_admission.py."""
+
+    def random(self) -> float:
+        return 0.0
+
+
 def window(initial: int = 8, ceiling: int = 16, **kwargs: float) -> tuple[Window, Calls]:
     calls = Calls()
-    w = Window(initial, ceiling, on_change=calls.change, on_room=calls.room, **kwargs)
+    w = Window(
+        initial, ceiling, on_change=calls.change, on_room=calls.room, rng=AlwaysLow(), **kwargs
+    )
     return w, calls
 
 
@@ -192,7 +205,8 @@ def test_after_a_cut_it_grows_one_place_a_reading() -> None:
         w2.server_queue(waiting=0, running=29, now=0.0)
     before = w2.limit
     assert before <= 29
-    assert grow(w2, 2, now=0.0) == [before + 1, before + 2]  # one place a reading
+    assert grow(w2, 1, now=0.5) == [before]  # not within cooldown_s of the cut
+    assert grow(w2, 2, now=1.0) == [before + 1, before + 2]  # then one place a reading
 
 
 def test_no_growth_while_a_place_is_free() -> None:
@@ -281,8 +295,10 @@ def test_a_custom_target_waiting_and_the_moving_average() -> None:
     fill(w)
     w.server_queue(waiting=4, running=8, now=0.0)
     assert w.limit == 8
-    w.server_queue(waiting=6, running=8, now=0.0)  # average 4 + 0.3 x 2 = 4.6: above 4.5
-    assert w.limit == 8 - 1  # ceil(0.6 * 8 / 14) = ceil(0.34)
+    w.server_queue(waiting=6, running=8, now=0.0)  # average 4.6: inside the band (4 +- 1)
+    assert w.limit == 8
+    w.server_queue(waiting=9, running=8, now=0.0)  # average 4.6 + 0.3 x 4.4 = 5.92: above 5
+    assert w.limit == 8 - 1  # ceil(1.92 * 8 / 17) = ceil(0.9)
 
 
 def test_no_second_cut_before_the_first_took_effect() -> None:
@@ -294,7 +310,9 @@ def test_no_second_cut_before_the_first_took_effect() -> None:
     assert w.limit == 10
     while w.in_use > w.limit:
         w.give()
-    w.server_queue(waiting=10, running=16, now=0.5)
+    w.server_queue(waiting=10, running=16, now=0.5)  # within cooldown_s: may be stale
+    assert w.limit == 10
+    w.server_queue(waiting=10, running=16, now=1.0)
     assert w.limit < 10
 
 
