@@ -32,16 +32,26 @@ class FleetParams:
     ``commit_interval_s`` (1 s), Pub/Sub acks go out in batches; plus the pipeline's own
     latency. The broker's backlog never reads 0 under load."""
 
+    def consumer_rate(self, ready: int) -> float:
+        """Rows/s ``ready`` started replicas would drain together were the server unlimited."""
+        if ready <= 0:
+            return 0.0
+        if self.partitions is None:
+            return ready * self.rows_per_s_per_replica
+        busy = min(ready, self.partitions)
+        return self.rows_per_s_per_replica * self.partitions / math.ceil(self.partitions / busy)
+
     def drain_rate(self, ready: int) -> float:
         """Rows/s ``ready`` started replicas drain together, the server's cap included."""
         if ready <= 0:
             return 0.0
-        if self.partitions is None:
-            rate = ready * self.rows_per_s_per_replica
-        else:
-            busy = min(ready, self.partitions)
-            rate = self.rows_per_s_per_replica * self.partitions / math.ceil(self.partitions / busy)
-        return min(rate, self.server_rows_per_s)
+        return min(self.consumer_rate(ready), self.server_rows_per_s)
+
+    def server_saturated(self, ready: int, waiting_rows: float) -> bool:
+        """Whether the model server, not the consumers, sets the pace: the ``ready`` replicas
+        would send more rows than it serves and that many rows wait for them, so requests
+        queue at the server (its queue stands at its target: ``rowbatch_server_saturated``)."""
+        return min(self.consumer_rate(ready), waiting_rows) > self.server_rows_per_s
 
     def useful_replicas(self) -> int:
         """The fewest replicas at the group's fastest drain: more add nothing (the server is

@@ -99,8 +99,10 @@ def simulate(trace: Trace, sc: Scenario, objective_s: float, seed: int) -> Outco
         published_messages += messages
         if t > 0 and t % SYNC_PERIOD_S == 0:
             replicas.scale_to(hpa.sync(t, replicas.count, signal.proposals(t, replicas.count)), t)
-        waiting = backlog.messages
-        done = backlog.drain(t, replicas.drain_rate(t))
+        waiting, waiting_rows = backlog.messages, backlog.rows
+        capacity = replicas.drain_rate(t)
+        ready = replicas.ready(t)
+        done = backlog.drain(t, capacity)
         unsettled = (waiting - backlog.messages) * fleet.unsettled_s
         arrived.append(rows)
         written.append(done)
@@ -112,7 +114,8 @@ def simulate(trace: Trace, sc: Scenario, objective_s: float, seed: int) -> Outco
                 arrival_rows_per_s=sum(arrived) / len(arrived),
                 written_rows_per_s=sum(written) / len(written),
                 rows_per_message=published_rows / max(1.0, published_messages),
-                ready=replicas.ready(t),
+                ready=ready,
+                server_saturated=capacity > 0 and fleet.server_saturated(ready, waiting_rows),
             )
         )
         if t < trace.duration_s:

@@ -22,6 +22,7 @@ __all__ = [
     "DesiredFormula",
     "DesiredReplicas",
     "Either",
+    "Formula",
     "KedaLag",
     "Observation",
     "ReplicaLoad",
@@ -50,6 +51,9 @@ class Observation:
     """Mean rows per message (record) published so far."""
     ready: int
     """Replicas started (reporting metrics)."""
+    server_saturated: bool = False
+    """The model server set the pace in second ``t`` (:meth:`FleetParams.server_saturated`):
+    what ``rowbatch_server_saturated`` reports, before the consumers read it."""
 
 
 @dataclass(frozen=True)
@@ -203,12 +207,23 @@ class DesiredFormula:
         )
 
 
+class Formula(Protocol):
+    """A figure the consumers export: :class:`DesiredFormula`, or one with state
+    (``bench.autoscale.consumer_figure``). Called once a second, in order."""
+
+    def needed(self, obs: Observation) -> float:
+        """The replicas needed, unrounded (``rowbatch_replica_load`` summed)."""
+
+    def __call__(self, obs: Observation) -> int:
+        """The figure (``rowbatch_desired_replicas``)."""
+
+
 @dataclass
 class DesiredReplicas:
     """``max(rowbatch_desired_replicas)`` over the replicas as an External metric with
     ``AverageValue`` 1 (so the HPA's proposal is the figure itself, within the tolerance)."""
 
-    formula: DesiredFormula
+    formula: Formula
     metric: Delayed
 
     def observe(self, obs: Observation) -> None:
@@ -226,12 +241,13 @@ class ReplicaLoad:
     so the HPA's ``ceil(current x mean)`` is the fleet's need; starting pods count as the Pods
     algorithm counts them."""
 
-    formula: DesiredFormula
+    formula: Formula
     metric: Delayed
     reporting: Delayed
 
     def observe(self, obs: Observation) -> None:
-        self.metric.offer(obs.t, self.formula.needed(obs) / obs.ready if obs.ready else 0.0)
+        needed = self.formula.needed(obs)  # every second: a formula with state sees each one
+        self.metric.offer(obs.t, needed / obs.ready if obs.ready else 0.0)
         self.reporting.offer(obs.t, obs.ready)
 
     def proposals(self, t: int, current: int) -> list[int]:
