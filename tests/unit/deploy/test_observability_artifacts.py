@@ -167,6 +167,10 @@ def test_rules_and_dashboard_name_only_exported_metrics() -> None:
         "rowbatch_budget_bytes",
         "rowbatch_end_to_end_seconds_bucket",
         "rowbatch_inference_seconds_bucket",
+        "rowbatch_server_saturated",
+        "rowbatch_endpoint_server_queue_seconds",
+        "rowbatch_endpoint_window",
+        "rowbatch_oldest_unwritten_age_seconds",
     ):
         assert must in named, must
 
@@ -198,6 +202,7 @@ def test_every_alert_has_a_severity_and_a_documented_runbook() -> None:
         "RowbatchSinkUnavailable",
         "RowbatchNoRowsWritten",
         "RowbatchModelEndpointOut",
+        "RowbatchModelServerBound",
         "RowbatchKedaScalerErrors",
         "RowbatchPubSubOldestUnacked",
     }
@@ -261,6 +266,7 @@ def test_dashboard_panels_are_well_formed_and_scoped_to_the_job() -> None:
         "end-to-end latency",
         "lag",
         "desired vs current replicas",
+        "server-bound or subscriber-bound",
         "dead letters by reason",
         "backoff",
         "in-flight bytes vs budget",
@@ -271,6 +277,23 @@ def test_dashboard_panels_are_well_formed_and_scoped_to_the_job() -> None:
         "pub/sub backlog",
     ):
         assert subject in titles, subject
+
+
+def test_the_server_bound_panel_sits_beside_the_replicas_it_explains() -> None:
+    """Whether the servers or the subscribers limit the flow is read next to the replica
+    figure: per endpoint, saturated (the replica figure's rate-term switch), the server's
+    queue time and the consumers' windows summed."""
+    panels = {p["title"]: p for p in _dashboard()["panels"]}
+    bound = panels["Server-bound or subscriber-bound"]
+    replicas = panels["Desired vs current replicas"]
+    assert bound["gridPos"]["y"] == replicas["gridPos"]["y"]
+    assert bound["gridPos"]["x"] == replicas["gridPos"]["x"] + replicas["gridPos"]["w"]
+    exprs = [target["expr"] for target in bound["targets"]]
+    assert exprs == [
+        'max by (endpoint) (rowbatch_server_saturated{job=~"$job"})',
+        'max by (endpoint) (rowbatch_endpoint_server_queue_seconds{job=~"$job"})',
+        'sum by (endpoint) (rowbatch_endpoint_window{job=~"$job"})',
+    ]
 
 
 def test_the_restarts_panel_counts_the_consumer_container() -> None:
