@@ -12,6 +12,8 @@ section and write everything to JSON.
     python -m bench multi_endpoint [--rows N]     one consumer, one model server vs two
     python -m bench oip_servers [--servers ...]   rows/s per OIP server with 2, 4, 8 in flight
     python -m bench oip_e2e [--rows N]            the same through the consumer, end to end
+    python -m bench server_admission [--repeat N] three consumers on a slow server: fixed vs
+                                                  admitted windows (issue 48)
 """
 
 from __future__ import annotations
@@ -202,6 +204,10 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0911 - one per subco
         from bench import oip_e2e  # noqa: PLC0415 - only when asked for
 
         return oip_e2e.main(given[1:])
+    if given[:1] == ["server_admission"]:  # its own stack: fixed vs admitted windows (issue 48)
+        from bench import server_admission  # noqa: PLC0415 - only when asked for
+
+        return server_admission.main(given[1:])
     args = parse_args(argv)
     _stop_cleanly_on_signals()
     command = shlex.join([Path(sys.executable).name, "-m", "bench", *(argv or sys.argv[1:])])

@@ -22,12 +22,14 @@ class FixedLatency:
     base_ms: float
     per_row_us: float = 0.0
     max_batch_size: int = 256
+    instances: int = 1
+    """Model instances (executions side by side): the template's ``instance_group`` count."""
 
     def batch_s(self, rows: int) -> float:
         return self.base_ms / 1e3 + self.per_row_us / 1e6 * rows
 
     def ceiling(self) -> float:
-        """Rows/s of one instance at full batches."""
+        """Rows/s of one instance at full batches (all of them: ``instances`` x this)."""
         return self.max_batch_size / self.batch_s(self.max_batch_size)
 
 
@@ -57,5 +59,6 @@ def fixed_latency_repository(root: Path, models: Mapping[str, FixedLatency]) -> 
             r'(key: "execute_per_row_us"\s*value: \{ string_value: ")[^"]*',
             f"{variant.per_row_us:g}",
         )
+        config = _set(config, r"(instance_group \[\s*\{\s*count: )\d+", str(variant.instances))
         (root / name / "config.pbtxt").write_text(config, encoding="utf-8")
     return root

@@ -23,12 +23,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import tritonclient.grpc as grpcclient
+
 from harness.chaos import CONTROL_ENV, ChaosControl
 from harness.errors import PrerequisiteMissing
 from harness.oip_ready import ReadyCheck
 from harness.proc import LOOPBACK, ServiceProcess, free_port
 from harness.server_venv import SERVER_PYTHON_ENV, TRITON_VENV, ServerVenv
 from harness.service import REPO_ROOT, ManagedService, RunDir
+from rowbatch.consumer.model.server_stats import QueueTotals, queue_totals
 
 log = logging.getLogger(__name__)
 
@@ -285,3 +288,17 @@ class TritonService(ManagedService[TritonEndpoint]):
         process, self._process = self._process, None
         if process is not None:
             process.kill()
+
+
+def model_queue_totals(grpc_url: str, model: str) -> QueueTotals:
+    """``model``'s queue and compute totals from the server's statistics now (what the
+    consumer's admission reads; tests and benchmarks compare two)."""
+    client = grpcclient.InferenceServerClient(grpc_url)
+    try:
+        stats = client.get_inference_statistics(model, as_json=True)
+    finally:
+        client.close()
+    totals = queue_totals(stats, model, time.monotonic())
+    if totals is None:
+        raise RuntimeError(f"Triton at {grpc_url} keeps no statistics for {model}")
+    return totals

@@ -13,7 +13,6 @@ reach 1.5-1.9x here, 1.3x with two busy loops hogging the 2 cores)."""
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from collections.abc import Iterator
 
@@ -37,8 +36,8 @@ from tests.integration.test_consumer_kafka import count_rows, started, written
 from tests.integration.test_consumer_pubsub import triton_batch_rows
 
 MODEL = "scale_fixed"
-VARIANT = FixedLatency(base_ms=80.0, per_row_us=0.0, max_batch_size=256)
 INSTANCES = 2
+VARIANT = FixedLatency(base_ms=80.0, per_row_us=0.0, max_batch_size=256, instances=INSTANCES)
 ONE_CONSUMER_MAX = VARIANT.ceiling()
 """3,200 rows/s: the most one consumer with one request in flight can write."""
 HELPS = 1.2
@@ -89,12 +88,6 @@ def withdrawn(registry: CollectorRegistry, topic: str) -> float:
 def triton(run_dir: RunDir, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonEndpoint]:
     """A tritonserver of its own serving :data:`VARIANT` on :data:`INSTANCES` instances."""
     root = fixed_latency_repository(tmp_path_factory.mktemp("scale-models"), {MODEL: VARIANT})
-    path = root / MODEL / "config.pbtxt"
-    text, count = re.subn(
-        r"(instance_group \[\s*\{\s*count: )1\b", rf"\g<1>{INSTANCES}", path.read_text()
-    )
-    assert count == 1, f"{path} has no instance count to set"
-    path.write_text(text)
     service = TritonService(
         RunDir(run_dir.root / f"scale-{time.monotonic_ns()}"), root, name="triton-scale"
     )

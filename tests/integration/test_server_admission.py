@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -25,14 +24,13 @@ from dataclasses import dataclass
 import numpy as np
 import psycopg
 import pytest
-import tritonclient.grpc as grpcclient
 from prometheus_client import CollectorRegistry
 
 from harness.model_repository import FixedLatency, fixed_latency_repository
 from harness.postgres import PostgresEndpoint
 from harness.service import RunDir
-from harness.triton import TritonEndpoint, TritonService
-from rowbatch.consumer.model.server_stats import QueueReading, QueueTotals, queue_totals
+from harness.triton import TritonEndpoint, TritonService, model_queue_totals
+from rowbatch.consumer.model.server_stats import QueueReading
 from rowbatch.consumer.service.config import ConsumerConfig
 from rowbatch.wire.chunks.encode import encode_chunk
 from tests.integration.consumer_helpers import InProcess, Topics, consumer_running, wait_until
@@ -40,8 +38,8 @@ from tests.integration.test_consumer_kafka import count_rows, written
 from tests.integration.test_consumer_pubsub import dead_lettered
 
 MODEL = "admission_fixed"
-VARIANT = FixedLatency(base_ms=80.0, per_row_us=0.0, max_batch_size=256)
 INSTANCES = 2
+VARIANT = FixedLatency(base_ms=80.0, per_row_us=0.0, max_batch_size=256, instances=INSTANCES)
 CEILING = INSTANCES * VARIANT.ceiling()
 """6,400 rows/s: both instances always busy with full requests."""
 CONSUMERS = 3
@@ -75,12 +73,6 @@ def slow_triton(
 ) -> Iterator[TritonEndpoint]:
     """A tritonserver of its own serving :data:`VARIANT` on :data:`INSTANCES` instances."""
     root = fixed_latency_repository(tmp_path_factory.mktemp("admission-models"), {MODEL: VARIANT})
-    path = root / MODEL / "config.pbtxt"
-    text, count = re.subn(
-        r"(instance_group \[\s*\{\s*count: )1\b", rf"\g<1>{INSTANCES}", path.read_text()
-    )
-    assert count == 1, f"{path} has no instance count to set"
-    path.write_text(text)
     service = TritonService(
         RunDir(run_dir.root / f"admission-{time.monotonic_ns()}"), root, name="triton-admission"
     )
@@ -90,22 +82,11 @@ def slow_triton(
         service.stop()
 
 
-def server_totals(triton: TritonEndpoint) -> QueueTotals:
-    client = grpcclient.InferenceServerClient(triton.grpc_url)
-    try:
-        stats = client.get_inference_statistics(MODEL, as_json=True)
-    finally:
-        client.close()
-    totals = queue_totals(stats, MODEL, time.monotonic())
-    assert totals is not None, f"Triton keeps no statistics for {MODEL}"
-    return totals
-
-
 async def span(triton: TritonEndpoint, seconds: float = MEASURE_S) -> QueueReading:
     """What the server did over the next ``seconds``."""
-    before = server_totals(triton)
+    before = model_queue_totals(triton.grpc_url, MODEL)
     await asyncio.sleep(seconds)
-    reading = QueueReading.between(before, server_totals(triton))
+    reading = QueueReading.between(before, model_queue_totals(triton.grpc_url, MODEL))
     assert reading is not None, "Triton's statistics went back"
     return reading
 
