@@ -31,8 +31,13 @@ TOLERANCE = 0.1
 """A figure falls only once what is needed is this share below the lower count (the HPA's
 own tolerance is the same 10 %)."""
 SERVER_FULL_SHARE = 0.9
-"""The model server counts as full when every inference slot was busy, or its queue stood at
-its target (``rowbatch_server_saturated``), in this share of the recent samples."""
+"""The model server counts as full once every inference slot was busy, or it ran full with
+requests waiting (``rowbatch_server_saturated``), in this share of the recent samples..."""
+SERVER_FREE_SHARE = 0.5
+"""...and stops counting as full only once that share falls below this one: a few seconds
+with nothing sent (a Kafka group's rebalance pause) leave a full server full, where one
+threshold would let the backlog term back for the ~10 s the pause stays in the samples (a
+jump of the figure after every membership change, in the simulator)."""
 SERVER_FULL_HEADROOM = 0.1
 """While the model server is full the need is the rate term with this share on top (never
 more than the need with the backlog): the replicas that keep up with what is written with a
@@ -334,7 +339,8 @@ class ScalingSignal:
         full = sum(1 for _, f in self._full_samples if f) / len(self._full_samples)
         self.conditions = Conditions(
             backing_off=backing_off,
-            server_full=full >= SERVER_FULL_SHARE,
+            server_full=full
+            >= (SERVER_FREE_SHARE if self.conditions.server_full else SERVER_FULL_SHARE),
         )
         measured = self._meter.sample(now, busy)
         if self.settings.rows_per_s_per_replica is None and measured:

@@ -239,18 +239,21 @@ def test_a_dip_in_the_write_rate_while_the_server_is_full_keeps_it_full(
     assert figures(0.0) == [6, 6, 4, 4, 4, 6]  # without the headroom: 4 x 1,000 < 4,100
 
 
-def test_the_server_counts_as_full_only_when_nearly_every_sample_says_so() -> None:
+def test_the_server_counts_as_full_when_nearly_every_sample_says_so_until_half_do_not() -> None:
     signal, _ = _signal()
     for t in range(10):
-        _tick(signal, float(t), slots_full=t not in (3, 6))
-    assert not signal.conditions.server_full  # 8 of the last 10 samples
+        _tick(signal, float(t), slots_full=t not in (0, 1))
+    assert not signal.conditions.server_full  # never more than 8 of the last 10 samples
     signal, _ = _signal()
     for t in range(10):
         _tick(signal, float(t), slots_full=t != 5)
     assert signal.conditions.server_full  # 9 of 10: 90 %
-    _tick(signal, 10.0)
-    _tick(signal, 11.0)
-    assert not signal.conditions.server_full  # samples older than 10 s are forgotten
+    for gap in (10.0, 11.0, 12.0):  # a gap (a rebalance pause): 6 of the last 10 still full
+        _tick(signal, gap)
+    assert signal.conditions.server_full  # full stays full down to half the samples
+    _tick(signal, 13.0)
+    _tick(signal, 14.0)
+    assert not signal.conditions.server_full  # 4 of 10 (older samples forgotten): room again
 
 
 def test_a_measured_rate_replaces_the_floor_once_known() -> None:
