@@ -34,7 +34,7 @@ from rowbatch.consumer.sources.base import (
     WithdrawsDeliveries,
     WorkBound,
 )
-from rowbatch.consumer.sources.delivery import Delivery
+from rowbatch.consumer.sources.delivery import DeadLetterReason, Delivery
 
 log = logging.getLogger(__name__)
 
@@ -272,42 +272,36 @@ class IntakeStage:
         failed the value checks on their own, ``rows`` holds the others. The failed ones are
         dead-lettered as a row part once the others are written or, with error rows, follow
         the others in the message's queued positions (``_error_rows`` sends them)."""
-        if failed is None:
-            entry = self._ledger.open(
-                delivery, rows.chunk_id, rows.rows, reserve, self._clock(), rows.row_keys
-            )
-        elif failed.bad is not None and self._as_error_rows(failed):
+        total, keys, positions = rows.rows, rows.row_keys, None
+        set_apart: tuple[tuple[int, DeadLetterReason], ...] = ()
+        if failed is not None:
+            total, positions = failed.rows, rows.positions
             bad = failed.bad
-            assert rows.positions is not None and bad.positions is not None
-            assert rows.row_keys is not None and bad.row_keys is not None
-            entry = self._ledger.open(
-                delivery,
-                rows.chunk_id,
-                failed.rows,
-                reserve,
-                self._clock(),
-                np.concatenate([rows.row_keys, bad.row_keys]),
-                positions=np.concatenate([rows.positions, bad.positions]),
-            )
-        else:
-            entry = self._ledger.open(
-                delivery,
-                rows.chunk_id,
-                failed.rows,
-                reserve,
-                self._clock(),
-                rows.row_keys,
-                failed_rows=failed.failed,
-                positions=rows.positions,
-            )
-            log.warning(
-                "%d of the %d rows of message %s fail the model's input checks on their own; "
-                "they will be dead-lettered as a row part (%s)",
-                len(failed.failed),
-                failed.rows,
-                delivery.message_id,
-                failed.failed[0][1].message,
-            )
+            if bad is not None and self._as_error_rows(failed):  # queued after the others
+                assert rows.row_keys is not None and bad.row_keys is not None
+                assert rows.positions is not None and bad.positions is not None
+                keys = np.concatenate([rows.row_keys, bad.row_keys])
+                positions = np.concatenate([rows.positions, bad.positions])
+            else:
+                set_apart = failed.failed
+                log.warning(
+                    "%d of the %d rows of message %s fail the model's input checks on their "
+                    "own; they will be dead-lettered as a row part (%s)",
+                    len(failed.failed),
+                    failed.rows,
+                    delivery.message_id,
+                    failed.failed[0][1].message,
+                )
+        entry = self._ledger.open(
+            delivery,
+            rows.chunk_id,
+            total,
+            reserve,
+            self._clock(),
+            keys,
+            failed_rows=set_apart,
+            positions=positions,
+        )
         self._tracing.opened(entry.key, delivery)
         if rows.rows == 0:
             done = self._ledger.written(entry.key, 0)

@@ -35,8 +35,9 @@ class Entry:
     is acked once its other rows are written and these are dead-lettered as a row part (a
     tuple, grown only on failure: nothing is allocated for it per message)."""
     positions: NDArray[np.int64] | None = None
-    """The message's indexes of the rows queued for the model when some failed at intake (in
-    ``failed_rows`` from the start); None: the queued row ``i`` is the message's row ``i``."""
+    """The message's indexes of the rows queued when some were set apart at intake (failed
+    from the start, in ``failed_rows``, or queued last as error rows); None: the queued row
+    ``i`` is the message's row ``i``."""
 
     def in_message(self, start: int, stop: int) -> list[tuple[int, int]]:
         """Queued rows ``[start, stop)`` as runs ``[low, high)`` of the message's rows."""
@@ -79,14 +80,16 @@ class Ledger:
         positions: NDArray[np.int64] | None = None,
     ) -> Entry:
         """Message ``delivery`` of ``rows`` rows, in flight. ``failed_rows``: those that failed
-        already (at intake; resolved from the start), ``positions`` the others' indexes."""
+        already (at intake; resolved from the start); ``positions``: the message's index of
+        each row queued, where the queue's order is not the message's (rows set apart at
+        intake: left out, or queued after the others as error rows)."""
         entry = Entry(next(self._keys), delivery, chunk_id, rows, reserved_bytes, accepted_at)
         if row_keys is not None:
             entry.row_keys = row_keys
         if failed_rows:
             entry.failed_rows = failed_rows
             entry.unresolved -= len(failed_rows)
-            entry.positions = positions
+        entry.positions = positions
         self._entries[entry.key] = entry
         return entry
 

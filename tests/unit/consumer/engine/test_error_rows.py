@@ -17,12 +17,14 @@ import numpy as np
 from rowbatch.consumer.engine.decode import MessageDecoder
 from rowbatch.consumer.engine.results import ERROR_COLUMNS
 from rowbatch.consumer.observe.metrics import Metrics
-from rowbatch.consumer.sinks.base import ColumnSpec, ResultRows, TableSpec
+from rowbatch.consumer.sinks.base import ColumnSpec, ResultRows, RowsRejected, TableSpec
 from rowbatch.consumer.sinks.sqlite.sink import SqliteSink
 from rowbatch.consumer.sources.delivery import Delivery
+from rowbatch.wire.headers.fields import H_PARENT_ROWS
 from tests.unit.consumer.engine.factories import make_pipeline
 from tests.unit.consumer.engine.test_bad_rows_intake import CHECK, delivery, negative_rejected
 from tests.unit.consumer.engine.test_pipeline import FakeSource, FnModel, Rejected, message
+from tests.unit.consumer.engine.test_row_isolation import RowsSource
 from tests.unit.consumer.engine.test_rows_failed import TOO_LONG, RowByRowModel, too_long
 
 OUTPUTS = (ColumnSpec("y", "int64"), *(ColumnSpec(name, "object") for name in ERROR_COLUMNS))
@@ -164,3 +166,32 @@ async def test_rows_an_openai_compatible_server_refuses_become_error_rows() -> N
         assert (y, reason, code) == (None, "rejected-by-model", TOO_LONG)
         assert "maximum context length" in words
     assert [sink.rows[("chunk-1", r)][0] for r in (0, 2, 3, 4)] == [2.0, 4.0, 6.0, 8.0]
+
+
+class PickyRecordingSink(RecordingSink):
+    """Refuses any write holding a result of 26 (input 13), as a CHECK constraint would."""
+
+    async def write(self, rows: ResultRows) -> int:
+        y = np.asarray(rows.outputs["y"])
+        null = rows.nulls.get("y")
+        valued = np.ones(len(y), np.bool_) if null is None else ~np.asarray(null)
+        if ((y == 26) & valued).any():
+            raise RowsRejected("value 13 refused by a CHECK constraint", code="check_violation")
+        return await super().write(rows)
+
+
+async def test_a_row_the_sink_refuses_beside_an_error_row_is_dead_lettered_as_itself() -> None:
+    """Row 1 fails the input checks (an error row, queued after the others) and row 2 is
+    refused by the sink: the row part names row 2 of the message, not the queued position
+    it had (1), which is the error row's."""
+    source, sink = RowsSource([delivery(1, [1, 0, 13, 4], nulls=[1])]), PickyRecordingSink()
+    await run(source, sink)
+    assert source.acked == ["m1"]
+    [(mid, _, attributes, reason)] = source.parts
+    assert (mid, reason.code) == ("m1", "check_violation")
+    assert attributes[H_PARENT_ROWS] == "2"
+    assert sink.rows[("chunk-1", 1)][:2] == (None, "schema-mismatch")
+    assert {k: v[0] for k, v in sink.rows.items() if k != ("chunk-1", 1)} == {
+        ("chunk-1", 0): 2,
+        ("chunk-1", 3): 8,
+    }
