@@ -75,6 +75,28 @@ class Batch:
         columns = {k: v[start:stop] for k, v in self.columns.items()}
         return Batch(columns, nulls, (segment,), self.oldest_at)
 
+    def where(self, mask: NDArray[np.bool_]) -> Batch | None:
+        """The rows ``mask`` picks, as a batch whose segments are their runs inside each
+        message (``None``: no row picked)."""
+        if not mask.any():
+            return None
+        if mask.all():
+            return self
+        segments: list[Segment] = []
+        for segment, at in zip(self.segments, self.offsets(), strict=True):
+            picked = mask[at : at + len(segment)]
+            if picked.all():
+                segments.append(segment)
+                continue
+            edges = np.flatnonzero(np.diff(np.concatenate(([False], picked, [False]))))
+            for low, high in zip(edges[::2].tolist(), edges[1::2].tolist(), strict=True):
+                segments.append(Segment(segment.message, segment.start + low, segment.start + high))
+        index = np.flatnonzero(mask)
+        nulls = {k: m[index] for k, m in self.nulls.items() if m[index].any()}
+        return Batch(
+            {k: v[index] for k, v in self.columns.items()}, nulls, tuple(segments), self.oldest_at
+        )
+
     def select(self, chosen: Sequence[Segment]) -> Batch:
         """A batch of just ``chosen`` (segments of this batch), e.g. one half of a bisection."""
         index = self.rows_of(chosen)

@@ -18,6 +18,8 @@ from rowbatch.consumer.engine.answered_queue import AnsweredQueue
 from rowbatch.consumer.engine.batcher import Batch, Segment
 from rowbatch.consumer.engine.poison import isolate
 from rowbatch.consumer.engine.results import Answered
+from rowbatch.consumer.engine.rollout_hooks import Canary, Rollout
+from rowbatch.consumer.engine.row_keys import row_keys
 from rowbatch.consumer.engine.settle import Settler
 from rowbatch.consumer.engine.stage_context import StageContext
 from rowbatch.consumer.model.answer import Answer, RowError, RowsFailed
@@ -44,8 +46,12 @@ class InferenceStage:
         model: ModelHandler,
         intake_done: asyncio.Event,
         serial_isolation: bool = True,
+        rollout: Rollout | None = None,
     ) -> None:
+        """``rollout``: a candidate model beside ``model`` (a canary answering a share of the
+        rows, or a shadow told of every answered part)."""
         self._settler = settler
+        self._ledger = context.ledger
         self._batcher = context.batcher
         self._batches = batches
         self._answered = answered
@@ -62,6 +68,19 @@ class InferenceStage:
         )
         """Held while a failed batch is bisected: one isolation at a time unless the server
         fails each request on its own rows (``[model] isolation = "concurrent"``)."""
+        self._canary: tuple[Canary, InferenceStage] | None = None
+        self._shadow = None if rollout is None else rollout.shadow
+        if rollout is not None and rollout.canary is not None:
+            candidate = InferenceStage(
+                context,
+                settler=settler,
+                batches=batches,
+                answered=answered,
+                model=rollout.canary.model,
+                intake_done=intake_done,
+                serial_isolation=serial_isolation,
+            )
+            self._canary = (rollout.canary, candidate)
 
     async def flush(self) -> None:
         """Queue each batch as it becomes ready; once intake is done, the rest, then return."""
@@ -86,15 +105,34 @@ class InferenceStage:
         while (batch := await self._batches.get()) is not None:
             self._metrics.inflight_batches.inc()
             self.in_flight += 1
+            started = self._clock()
             try:
-                answered = await self._infer(batch)
+                answered = await self._routed(batch)
             finally:
                 self.in_flight -= 1
                 self._metrics.inflight_batches.dec()
+            if self._shadow is not None:
+                self._shadowed(answered, self._clock() - started)
             for item in answered:
                 self._metrics.write_queue_batches.inc()
                 # Waits while the writers are a queue's worth behind (the sink is slower).
                 await self._answered.put(item)
+
+    async def _routed(self, batch: Batch) -> list[Answered]:
+        """The batch's answers, from the canary's two arms when there is one."""
+        if self._canary is None:
+            return await self._infer(batch)
+        canary, candidate = self._canary
+        keys = row_keys(self._ledger, batch.segments)
+        return await canary.infer(batch, keys, self._infer, candidate._infer)
+
+    def _shadowed(self, answered: list[Answered], seconds: float) -> None:
+        """The shadow told of each answered part (not error parts), with its rows' keys."""
+        assert self._shadow is not None
+        for part in answered:
+            live = [s for s in part.batch.segments if s.message in self._ledger]
+            if part.errors is None and len(live) == len(part.batch.segments):
+                self._shadow(part, row_keys(self._ledger, live), seconds)
 
     async def _infer(self, batch: Batch) -> list[Answered]:
         """The batch's answers, as parts for the writer (several when a failure was isolated);

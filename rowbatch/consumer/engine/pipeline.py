@@ -63,6 +63,7 @@ from rowbatch.consumer.engine.results import (
     split_by_message,
     split_to_rows,
 )
+from rowbatch.consumer.engine.rollout_hooks import Rollout
 from rowbatch.consumer.engine.settle import Settler
 from rowbatch.consumer.engine.sink_writer import SinkRetry, SinkWriter
 from rowbatch.consumer.engine.stage_context import StageContext, Telemetry
@@ -229,12 +230,14 @@ class PipelineHooks:
     ``clocks`` its stages run on, and ``trim``, which hands freed memory back to the system
     every watch interval (the service passes malloc's; None: never), and ``server_saturated``,
     whether the model servers' queues stand at their target (the scaling signal then stops
-    growing)."""
+    growing), and ``rollout``, a candidate model beside the production one
+    (``[model.candidate]``: a canary or a shadow)."""
 
     gate: Gate
     clocks: Clocks = SYSTEM_CLOCKS
     trim: Callable[[], None] | None = None
     server_saturated: Callable[[], bool] = lambda: False
+    rollout: Rollout | None = None
 
 
 class Pipeline:
@@ -252,7 +255,7 @@ class Pipeline:
     ) -> None:
         """``telemetry``: the metrics, the scaling signal (told of rows received and written
         and, every ``settings.watch_interval_s``, of the pipeline's state) and the spans;
-        ``hooks``: the backoff gate, the clocks and the memory trim."""
+        ``hooks``: the backoff gate, the clocks, the memory trim and the rollout."""
         clocks = hooks.clocks
         metrics = telemetry.metrics
         self._source = source
@@ -355,6 +358,7 @@ class Pipeline:
             model=model,
             intake_done=self._intake_done,
             serial_isolation=settings.serial_isolation,
+            rollout=hooks.rollout,
         )
         self._writers = WriteStage(
             context,

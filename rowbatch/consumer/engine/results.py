@@ -5,7 +5,7 @@ rows (with the columns the consumer adds itself) from them."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -13,7 +13,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from rowbatch.consumer.engine.batcher import Batch, Segment
-from rowbatch.consumer.engine.ledger import Entry, Ledger
+from rowbatch.consumer.engine.ledger import Ledger
+from rowbatch.consumer.engine.row_keys import row_keys
 from rowbatch.consumer.observe.costs import write_bytes
 from rowbatch.consumer.sinks.base import ENCODE_SLICE_BYTES, ColumnSpec, ResultRows
 from rowbatch.consumer.sources.delivery import DeadLetterReason
@@ -38,12 +39,20 @@ class Answered:
     """An error part (``on_row_error = "error-row"``): its rows failed on their own and are
     written with null outputs and these values of :data:`ERROR_COLUMNS`; ``outputs`` is
     empty."""
+    model_name: str = ""
+    """The model that answered when it is not the configured one (a canary's candidate:
+    ``model_version`` is then written as it is); ``""``: the configured model."""
 
     def take(self, index: NDArray[np.int64] | slice, batch: Batch) -> Answered:
         """Rows ``index`` of this part, whose rows ``batch`` holds."""
         outputs = {k: v[index] for k, v in self.outputs.items()}
         errors = None if self.errors is None else {k: v[index] for k, v in self.errors.items()}
-        return Answered(batch, outputs, self.model_version, self.span, errors)
+        return replace(self, batch=batch, outputs=outputs, errors=errors)
+
+    @property
+    def model(self) -> tuple[str, str]:
+        """Who answered (name, version): a write holds the parts of one."""
+        return self.model_name, self.model_version
 
 
 def error_part(rows: Batch, reason: DeadLetterReason) -> Answered:
@@ -152,7 +161,8 @@ class ResultBuilder:
 
     ``model_version``: the version written with every row; ``""`` (a server whose metadata
     names none, e.g. MLServer): the version the parts' responses named. A write's parts share
-    one answered version (the write stage does not merge parts of different versions)."""
+    one answered version (the write stage does not merge parts of different versions); a
+    canary's candidate parts name their model and version (``Answered.model_name``)."""
 
     def __init__(
         self,
@@ -212,7 +222,7 @@ class ResultBuilder:
                 if spec.dtype == "object"
                 else np.zeros(shape, dtype=spec.dtype)
             )
-        return Answered(part.batch, outputs, part.model_version, part.span)
+        return replace(part, outputs=outputs, errors=None)
 
     def _build(
         self,
@@ -222,49 +232,19 @@ class ResultBuilder:
     ) -> ResultRows:
         """``extra``: result columns (values, null mask) beside and over the outputs."""
         batch, outputs = merged
-        segments = batch.segments
-        entries = [self._ledger.get(s.message) for s in segments]
-        lengths = [len(s) for s in segments]
+        keys = row_keys(self._ledger, batch.segments)
         return ResultRows(
-            chunk_id=np.repeat(np.array([e.chunk_id for e in entries], dtype=object), lengths),
-            row_index=_keyed(segments, entries)
-            if any(e.row_keys is not None for e in entries)
-            else _row_indexes(
-                [s.start + e.delivery.row_offset for s, e in zip(segments, entries, strict=True)],
-                lengths,
-            ),
-            source_message_id=np.repeat(
-                np.array([e.delivery.message_id for e in entries], dtype=object), lengths
-            ),
+            chunk_id=keys.per_row(keys.chunk_ids),
+            row_index=keys.row_index,
+            source_message_id=keys.per_row(keys.message_ids),
             passthrough={k: batch.columns[k] for k in self._passthrough},
             outputs={col: outputs[out] for out, col in self._outputs.items()}
             | {name: values for name, (values, _) in extra.items()},
             nulls={k: m for k, m in batch.nulls.items() if k in self._passthrough}
             | {name: mask for name, (_, mask) in extra.items()},
-            model_name=self._model_name,
-            model_version=self._model_version or parts[0].model_version,
+            model_name=parts[0].model_name or self._model_name,
+            model_version=parts[0].model_version
+            if parts[0].model_name
+            else self._model_version or parts[0].model_version,
             processed_at=datetime.fromtimestamp(self._wall(), UTC),
         )
-
-
-def _keyed(segments: Sequence[Segment], entries: Sequence[Entry]) -> NDArray[np.int64]:
-    """The rows' keys where some message's rows have keys of their own (a row part: their
-    indexes in its parent chunk; rows set apart at intake: their indexes in the message),
-    shifted by the delivery's ``row_offset`` (a table-mode part of a chunk; 0 otherwise)."""
-    parts = [
-        np.arange(s.start, s.stop, dtype=np.int64) + e.delivery.row_offset
-        if e.row_keys is None
-        else e.row_keys[s.start : s.stop] + e.delivery.row_offset
-        for s, e in zip(segments, entries, strict=True)
-    ]
-    return np.concatenate(parts).astype(np.int64, copy=False)
-
-
-def _row_indexes(starts: Sequence[int], lengths: Sequence[int]) -> NDArray[np.int64]:
-    """``start, start + 1, ... start + length - 1`` for each segment, joined: one ``arange``
-    over all the rows, shifted per segment (not one ``arange`` a message)."""
-    counts = np.asarray(lengths, dtype=np.int64)
-    shifts = np.asarray(starts, dtype=np.int64) - (np.cumsum(counts) - counts)
-    indexes: NDArray[np.int64] = np.arange(int(counts.sum()), dtype=np.int64)
-    indexes += np.repeat(shifts, counts)
-    return indexes

@@ -92,7 +92,7 @@ class WriteStage:
                 if item is None:  # shutdown: write what we hold, then stop
                     self._answered.put_nowait(None)
                     break
-                if item.model_version != first.model_version:  # one version per write
+                if item.model != first.model:  # one model version per write
                     held.appendleft(item)
                     break
                 parts.append(item)

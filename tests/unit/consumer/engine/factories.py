@@ -10,6 +10,7 @@ from rowbatch.consumer.engine.budget import ByteBudget
 from rowbatch.consumer.engine.decode import MessageDecoder
 from rowbatch.consumer.engine.gate import Gate
 from rowbatch.consumer.engine.pipeline import Pipeline, PipelineHooks, PipelineSettings
+from rowbatch.consumer.engine.rollout_hooks import Rollout
 from rowbatch.consumer.engine.stage_context import Telemetry
 from rowbatch.consumer.model.handler import ModelHandler
 from rowbatch.consumer.observe.metrics import Metrics
@@ -61,13 +62,15 @@ def make_pipeline(
     decoder: MessageDecoder | None = None,
     telemetry: Telemetry | None = None,
     clocks: Clocks = SYSTEM_CLOCKS,
+    rollout: Rollout | None = None,
     **settings: Any,
 ) -> Pipeline:
     """A ``Pipeline`` from ``source`` to ``sink`` through ``model``, with the settings of
     :func:`pipeline_settings` (``settings`` override them), a budget of ``budget`` bytes (or
     that ``ByteBudget``), a decoder of column ``x`` that checks nothing unless ``decoder`` is
     given, and ``telemetry`` (default: ``metrics``, or fresh ones, no signal, no tracing). Its
-    gate reports to the telemetry's metrics; ``clocks``: its time."""
+    gate reports to the telemetry's metrics; ``clocks``: its time; ``rollout``: a candidate
+    model beside ``model``."""
     if telemetry is None:
         telemetry = Telemetry(metrics or Metrics())
     return Pipeline(
@@ -78,5 +81,5 @@ def make_pipeline(
         settings=pipeline_settings(**settings),
         budget=budget if isinstance(budget, ByteBudget) else ByteBudget(budget),
         telemetry=telemetry,
-        hooks=PipelineHooks(Gate(telemetry.metrics), clocks=clocks),
+        hooks=PipelineHooks(Gate(telemetry.metrics), clocks=clocks, rollout=rollout),
     )

@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rowbatch.consumer.engine.results import _row_indexes
+from rowbatch.consumer.engine.row_keys import _row_indexes
 
 segments = st.lists(st.tuples(st.integers(0, 10**12), st.integers(0, 40)), min_size=1, max_size=60)
 
