@@ -9,10 +9,11 @@ import contextlib
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Self
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
+from rowbatch.consumer.model.candidate import CandidateSettings
 from rowbatch.consumer.model.configured_spec import ConfiguredSpec
 from rowbatch.consumer.model.endpoints import Endpoints, EndpointSpecError, parse_endpoints
 from rowbatch.consumer.model.spec import DATATYPES, TensorSpec
@@ -91,12 +92,43 @@ class ServerSettingsBase(Section):
     only by its overload answers."""
     adapt_interval_s: float = Field(default=0.5, gt=0)
     """How often each server's queue is read."""
+    candidate: CandidateSettings | None = None
+    """``[model.candidate]``: a shadow or canary version beside this one
+    (:mod:`rowbatch.consumer.model.candidate`)."""
 
     @model_validator(mode="after")
     def _backoff_order(self) -> ServerSettingsBase:
         if self.backoff_initial_s > self.backoff_max_s:
             raise ValueError("model.backoff_initial_s must not exceed model.backoff_max_s")
         return self
+
+    @model_validator(mode="after")
+    def _candidate_valid(self) -> ServerSettingsBase:
+        self.candidate_model()  # its overrides are fields of this section, with valid values
+        return self
+
+    def candidate_model(self) -> Self | None:
+        """The candidate's model settings: these, with ``[model.candidate]``'s model fields
+        replaced (``None``: no candidate)."""
+        if self.candidate is None:
+            return None
+        overrides = self.candidate.overrides()
+        unknown = sorted(
+            (set(overrides) - set(type(self).model_fields)) | ({"candidate"} & set(overrides))
+        )
+        if unknown:
+            raise ValueError(
+                f"model.candidate: {', '.join(unknown)} is neither a rollout field (mode, "
+                "share, salt, table, backlog_rows, timeout_s) nor a field of [model]"
+            )
+        data = {**self.model_dump(exclude={"candidate"}, exclude_unset=True), **overrides}
+        try:
+            return type(self).model_validate(data)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+            )
+            raise ValueError(f"model.candidate: {problems}") from None
 
     @property
     def backoff(self) -> Backoff:

@@ -91,6 +91,9 @@ commands:
   openai-batch --config FILE --input FILE --output FILE [--state DIR]
                               run an OpenAI Batch API file through the [model]'s
                               OpenAI-compatible server (openai-batch --help)
+  compare --config FILE [--table NAME] [--tolerance COLUMN=ATOL[:RTOL]]... [--json PATH]
+                              report how a shadow candidate's answers agree with the
+                              production model's, from its comparison table (compare --help)
 
 rowbatch-consumer COMMAND --help shows one command's usage, options and exit codes.
 
@@ -492,6 +495,10 @@ def main(argv: list[str] | None = None) -> int:
         from rowbatch.consumer.service.openai_batch import main as batch_main  # noqa: PLC0415
 
         return batch_main(argv[1:])
+    if argv[:1] == ["compare"]:  # its own options and help: rollout/compare_cli.py
+        from rowbatch.consumer.rollout.compare_cli import main as compare_main  # noqa: PLC0415
+
+        return compare_main(argv[1:], load_config)
     return _command(argv)
 
 

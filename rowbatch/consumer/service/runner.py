@@ -48,6 +48,7 @@ from rowbatch.consumer.service.build_model import (
     per_endpoint_limit,
 )
 from rowbatch.consumer.service.build_openai import open_openai
+from rowbatch.consumer.service.build_rollout import CandidateModel, RolloutSide, open_rollout
 from rowbatch.consumer.service.config import ConsumerConfig
 from rowbatch.consumer.service.gc_tuning import tune_gc
 from rowbatch.consumer.service.health import HealthServer
@@ -319,11 +320,21 @@ async def run_consumer(
     # is paused. Made before the retries, which close it, and given to the pipeline.
     gate = Gate(metrics)
     model: ModelSide | None = None
+    rollout: RolloutSide | None = None
     try:
         model = await unless_stopped(_open_model(config, passthrough_types, metrics, gate), stop)
         spec, handler, binding = model.spec, model.handler, model.binding
         target = handler.target_batch_size
         running = Running(metrics, health, spec, target, balancer=model.balancer)
+
+        async def open_candidate(cfg: ConsumerConfig, own: Gate, apart: Metrics) -> CandidateModel:
+            side = await _open_model(cfg, passthrough_types, apart, own)
+            return CandidateModel(side.spec, side.handler, side.in_flight, side.close)
+
+        rollout = await unless_stopped(
+            open_rollout(config, spec, open_model=open_candidate, gate=gate, metrics=metrics),
+            stop,
+        )
         sink = sink or make_sink(config.sink, metrics.registry)
         await unless_stopped(open_sink(sink, table_spec(config, spec), config.sink), stop)
         signal = scaling_signal(config.source, metrics, slots_fill_server=model.slots_fill_server)
@@ -359,9 +370,14 @@ async def run_consumer(
             decoder=decoder,
             model=handler,
             settings=settings,
-            budget=ByteBudget(config.budget_bytes),
+            budget=ByteBudget(config.budget_bytes - (rollout.budget_bytes if rollout else 0)),
             telemetry=Telemetry(metrics, signal, pipeline_tracing(config, spec.name)),
-            hooks=PipelineHooks(gate, trim=trim, server_saturated=model.saturated),
+            hooks=PipelineHooks(
+                gate,
+                trim=trim,
+                server_saturated=model.saturated,
+                rollout=None if rollout is None else rollout.rollout,
+            ),
         )
         log.info(
             "consuming: %s, budget %d bytes; a kill costs at most %d rows of model work",
@@ -369,6 +385,9 @@ async def run_consumer(
             config.budget_bytes,
             settings.model_work_at_risk,
         )
+        if rollout is not None:
+            log.info("rolling out: %s", rollout.describe)
+            rollout.start()
         tune_gc()
         running.ready = True
         if on_running is not None:
@@ -382,6 +401,8 @@ async def run_consumer(
     except StoppedDuringStartup:
         log.info("stopped during start-up, before consuming anything")
     finally:
+        if rollout is not None:
+            await close_bounded("candidate model", rollout.close(), CLOSE_STEP_S)
         if model is not None:
             await close_bounded("inference clients", model.close(), CLOSE_STEP_S)
         await close_bounded("health server", health.close(), CLOSE_STEP_S)

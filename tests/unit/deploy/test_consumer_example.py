@@ -14,6 +14,7 @@ import pytest
 from pydantic import BaseModel
 
 from harness.service import REPO_ROOT
+from rowbatch.consumer.model.candidate import CandidateSettings
 from rowbatch.consumer.model.settings import ModelSettings
 from rowbatch.consumer.observe.tracing_settings import TracingConfig
 from rowbatch.consumer.service.config import ConsumerConfig, ServerSettings, load_config
@@ -68,7 +69,8 @@ def test_the_example_names_every_setting() -> None:
         "source.pubsub": names(PubSubSettings),
         "source.kafka": names(KafkaSettings),
         "source.table": names(TableSettings),
-        "model": names(ModelSettings) - {"inputs", "outputs"},
+        "model": names(ModelSettings) - {"inputs", "outputs", "candidate"},
+        "model.candidate": names(CandidateSettings),
         "model.inputs": {"name", "datatype", "dims"},
         "model.outputs": {"name", "datatype", "dims"},
         "sink": sinks,
@@ -97,6 +99,8 @@ def test_the_example_names_no_setting_that_does_not_exist() -> None:
         "source.kafka": names(KafkaSettings),
         "source.table": names(TableSettings),
         "model": names(ModelSettings),
+        # the candidate's own keys, and any [model] key (replaced for the candidate)
+        "model.candidate": names(CandidateSettings) | names(ModelSettings),
         "model.inputs": {"name", "datatype", "dims"},
         "model.outputs": {"name", "datatype", "dims"},
         "binding": {"inputs", "outputs", "passthrough"},

@@ -27,7 +27,8 @@ def model_keys(text: str) -> set[str]:
 
 
 def test_the_example_names_every_openai_setting() -> None:
-    missing = set(OpenAISettings.model_fields) - model_keys(EXAMPLE.read_text())
+    # [model.candidate] is a table of its own, named in a comment (keys: consumer.example.toml)
+    missing = set(OpenAISettings.model_fields) - {"candidate"} - model_keys(EXAMPLE.read_text())
     assert not missing, f"absent from {EXAMPLE.name}: {sorted(missing)}"
 
 

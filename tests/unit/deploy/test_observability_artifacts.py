@@ -22,6 +22,7 @@ from harness.prometheus import CONSUMER_JOB, ScrapeJob, local_stack_prometheus, 
 from harness.service import REPO_ROOT, RunDir
 from rowbatch.consumer.observe.lag import LagGauges
 from rowbatch.consumer.observe.metrics import Metrics
+from rowbatch.consumer.rollout.metrics import RolloutMetrics
 from rowbatch.consumer.service.config import ServerSettings
 from tests.required_tools import require_tool
 
@@ -106,9 +107,11 @@ def metric_names(expr: str) -> set[str]:
 
 def exported_series_names() -> set[str]:
     """The sample names a consumer serves on /metrics (its registry with the Kafka lag
-    gauges), with the suffixes Prometheus sees (``_total``, ``_bucket``...)."""
+    gauges, and a rollout's series: ``[model.candidate]``), with the suffixes Prometheus sees
+    (``_total``, ``_bucket``...)."""
     metrics = Metrics()
     LagGauges(metrics.registry)
+    RolloutMetrics(metrics.registry, "shadow", ["score"])
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
     return {
         family.name + suffix

@@ -13,6 +13,7 @@ from collections.abc import Callable
 import pytest
 
 from bench.help_text import description
+from rowbatch.consumer.rollout.compare_cli import build_parser as compare_parser
 
 MARKUP = re.compile(r"``|:[a-z]+:`")
 
@@ -66,6 +67,7 @@ def _user_parsers() -> dict[str, argparse.ArgumentParser]:
         "rowbatch-consumer": _consumer_parser(),
         **_consumer_command_parsers(),
         "rowbatch-consumer dlq": _dlq_parser(),
+        "rowbatch-consumer compare": compare_parser(),
         **_producer_parsers(),
     }
 

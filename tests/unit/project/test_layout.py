@@ -36,6 +36,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("rowbatch.consumer.observe",),
     ("rowbatch.consumer.sources", "rowbatch.consumer.model", "rowbatch.consumer.sinks"),
     ("rowbatch.consumer.engine", "rowbatch.consumer.dlq"),
+    ("rowbatch.consumer.rollout",),
     ("rowbatch.consumer.service",),
     ("rowbatch.producer",),
 )
