@@ -10,6 +10,11 @@ that Triton's answers equal these functions' answers exactly.
   at least two 3-grams, so the norm is never zero.
 - ``scorer``: :func:`score` — ``SCORE = tanh(mean(FEATURES)) + 0.01 * log1p(max(COUNT, 0))``
   (computed in float64, returned as float32) and ``LABEL = 1 if SCORE > 0 else 0`` (int32).
+- ``scorer`` version 2 (``harness/models/scorer_v2.py``, served beside version 1 by
+  ``harness.model_repository.scorer_versions_repository``): :func:`score_v2` — :func:`score`
+  except on the rows :func:`v2_differs` names (``COUNT % 10 == 7``), where ``SCORE`` is
+  ``-|s| - 0.5`` if version 1's ``LABEL`` is 1 and ``|s| + 0.5`` if it is 0 (float32), so
+  ``LABEL`` flips on every one of them and on no other row.
 - ``fixed_latency``: ``SCORE`` of :func:`score` (no ``LABEL``), each execution lasting
   :func:`fixed_latency_batch_s` of wall time (asleep): a model whose ceiling does not move.
 - ``expander``: :func:`expand` — ``Y[i, j] = sin(X[i] + j)`` for ``j < 2048`` (computed in
@@ -29,6 +34,10 @@ EMBEDDING_DIM = 384
 FEATURE_DIM = 16
 EXPAND_DIM = 2048
 EXPAND_WIDE_DIM = 4096
+V2_DIFFERS_MODULUS = 10
+V2_DIFFERS = 7
+"""``scorer`` version 2 differs from version 1 on the rows whose ``COUNT % V2_DIFFERS_MODULUS ==
+V2_DIFFERS`` (numpy's floored modulo: a COUNT of -3 is one of them)."""
 
 
 def embed(text: str) -> npt.NDArray[np.float32]:
@@ -57,6 +66,26 @@ def score(
     scores = (np.tanh(mean) + 0.01 * np.log1p(counts)).astype(np.float32)
     labels = (scores > 0).astype(np.int32)
     return scores, labels
+
+
+def v2_differs(count: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+    """Which rows ``scorer`` version 2 answers differently from version 1 (same shape as
+    ``count``): those whose ``COUNT % 10 == 7``."""
+    return np.asarray(count % V2_DIFFERS_MODULUS == V2_DIFFERS, dtype=np.bool_)
+
+
+def score_v2(
+    features: npt.NDArray[np.float32], count: npt.NDArray[np.int64]
+) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int32]]:
+    """``SCORE`` and ``LABEL`` of ``scorer`` version 2, shaped as :func:`score`'s: version 1's
+    answer, with ``SCORE`` moved across zero (by at least 0.5) on the rows :func:`v2_differs`
+    names."""
+    scores, labels = score(features, count)
+    magnitude = np.abs(scores)
+    flipped = np.where(labels == 1, -magnitude - np.float32(0.5), magnitude + np.float32(0.5))
+    differs = v2_differs(count.reshape(scores.shape))
+    scores = np.where(differs, flipped, scores).astype(np.float32)
+    return scores, (scores > 0).astype(np.int32)
 
 
 def expand(x: npt.NDArray[np.int64], dim: int = EXPAND_DIM) -> npt.NDArray[np.float32]:
