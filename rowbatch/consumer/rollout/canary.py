@@ -6,6 +6,7 @@ as the production model alone does, both at once."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 
@@ -15,6 +16,7 @@ from rowbatch.consumer.engine.rollout_hooks import Infer
 from rowbatch.consumer.engine.row_keys import RowKeys
 from rowbatch.consumer.model.handler import ModelHandler
 from rowbatch.consumer.rollout.arms import in_share, key_places
+from rowbatch.consumer.rollout.metrics import RolloutMetrics
 
 
 @dataclass(frozen=True)
@@ -28,8 +30,10 @@ class Canary:
     """The candidate model's name, written with its rows."""
     version: str
     """Its configured version; ``""``: as each of its answers names it."""
-    on_rows: Callable[[str, int], None] = lambda arm, rows: None
-    """Told of the rows each arm (``production``, ``candidate``) is given."""
+    metrics: RolloutMetrics | None = None
+    """Where each arm's rows (answered; failed: dead-lettered or nacked) and request time
+    are counted."""
+    clock: Callable[[], float] = time.monotonic
 
     def split(self, batch: Batch, keys: RowKeys) -> tuple[Batch | None, Batch | None]:
         """The batch's production rows and candidate rows."""
@@ -45,13 +49,21 @@ class Canary:
         own, theirs = self.split(batch, keys)
         runs: list[Awaitable[list[Answered]]] = []
         if own is not None:
-            self.on_rows("production", len(own))
-            runs.append(production(own))
+            runs.append(self._counted("production", own, production))
         if theirs is not None:
-            self.on_rows("candidate", len(theirs))
-            runs.append(self._stamped(candidate(theirs)))
+            runs.append(self._stamped(self._counted("candidate", theirs, candidate)))
         answered = await asyncio.gather(*runs)
         return [part for parts in answered for part in parts]
+
+    async def _counted(self, arm: str, rows: Batch, infer: Infer) -> list[Answered]:
+        started = self.clock()
+        parts = await infer(rows)
+        if self.metrics is not None:
+            self.metrics.timed(arm, self.clock() - started)
+            answered = sum(len(p.batch) for p in parts if p.errors is None)
+            self.metrics.counted(arm, "answered", answered)
+            self.metrics.counted(arm, "failed", len(rows) - answered)
+        return parts
 
     async def _stamped(self, run: Awaitable[list[Answered]]) -> list[Answered]:
         return [

@@ -16,19 +16,16 @@ from typing import Final, Protocol
 
 from rowbatch.consumer.model.candidate import CandidateSettings
 from rowbatch.consumer.rollout.compare import (
-    NotComparable,
-    Tolerance,
     check_layout,
     compare_table,
 )
 from rowbatch.consumer.rollout.compare_report import report_json, report_lines
-from rowbatch.consumer.rollout.read_table import (
-    ReadFailed,
-    SinkSettings,
-    TableMissing,
-    locate,
-    read_comparison,
+from rowbatch.consumer.rollout.compare_values import (
+    NotComparable,
+    Tolerance,
 )
+from rowbatch.consumer.rollout.read_table import SinkSettings, locate, read_comparison
+from rowbatch.consumer.rollout.table_where import ReadFailed, TableMissing
 
 EXIT_FAILED: Final = 1
 """The store failed the read."""

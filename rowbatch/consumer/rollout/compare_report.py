@@ -11,6 +11,8 @@ from typing import Any, Final
 
 from rowbatch.consumer.rollout.compare import (
     MATRIX_VALUES,
+)
+from rowbatch.consumer.rollout.compare_values import (
     Comparison,
     Differing,
     OutputFigures,

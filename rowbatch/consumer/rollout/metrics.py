@@ -10,10 +10,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 ARMS = ("production", "candidate")
 OUTCOMES = ("answered", "failed", "skipped", "unwritten", "dropped")
-"""``answered``: the arm's model answered the rows; ``failed``: a shadow's candidate failed
-them (written to the comparison table with the error); ``skipped``: the shadow's backlog was
-full; ``unwritten``: the comparison table refused the write; ``dropped``: still waiting when
-the consumer stopped."""
+"""``answered``: the arm's model answered the rows; ``failed``: it did not (a shadow's
+candidate: written to the comparison table with the error; a canary's arm: rows dead-lettered,
+written as error rows, or nacked with their message); ``skipped``: the shadow's backlog was
+full or its candidate is not up; ``unwritten``: the comparison table refused the write;
+``dropped``: still waiting when the consumer stopped."""
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 

@@ -153,7 +153,7 @@ async def open_rollout(
             settings.salt,
             name,
             model.spec.version,
-            on_rows=lambda arm, rows: watch.counted(arm, "answered", rows),
+            metrics=watch,
         )
         return RolloutSide(Rollout(canary=canary), 0, f"{head}", [model.close])
     table = comparison_spec(

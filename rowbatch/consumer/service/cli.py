@@ -25,6 +25,7 @@ from rowbatch.consumer.model.binding import Binding, BindingError, check_binding
 from rowbatch.consumer.model.discovery import ModelDiscoveryError
 from rowbatch.consumer.model.openai.settings import OpenAISettings
 from rowbatch.consumer.model.spec import ModelConfigError
+from rowbatch.consumer.model.spec_match import same_spec
 from rowbatch.consumer.observe.memory import dump_traced, return_freed_memory
 from rowbatch.consumer.observe.tracing_settings import start_consumer_tracing
 from rowbatch.consumer.service import admin, logs
@@ -34,6 +35,7 @@ from rowbatch.consumer.service.build_model import (
     describe_batching,
     describe_origin,
 )
+from rowbatch.consumer.service.build_rollout import check_candidate
 from rowbatch.consumer.service.config import ConfigError, ConsumerConfig, load_config
 from rowbatch.consumer.service.runner import Running, run_consumer
 from rowbatch.consumer.service.shutdown import (
@@ -474,6 +476,16 @@ async def _check(config: ConsumerConfig) -> None:
     for tensor in spec.outputs:
         print(f"  output {tensor}")
     print(f"{describe_batching(spec, config.model)}; binding OK")
+    candidate = config.model.candidate_model()
+    if candidate is not None and config.model.candidate is not None:
+        theirs = same_spec(await check_endpoints(candidate))
+        check_binding(theirs, binding)
+        check_candidate(spec, theirs, config.binding.outputs)
+        print(
+            f"candidate ({config.model.candidate.mode}) {theirs.name} version "
+            f"{theirs.version or '(server default)'} on {candidate.url}: answers the bound "
+            "outputs as the production model does"
+        )
 
 
 def entry() -> int:

@@ -19,6 +19,7 @@ from rowbatch.consumer.model.answer import Answer
 from rowbatch.consumer.observe.metrics import Metrics
 from rowbatch.consumer.rollout.arms import in_share, key_places
 from rowbatch.consumer.rollout.canary import Canary
+from rowbatch.consumer.rollout.metrics import RolloutMetrics
 from rowbatch.consumer.sinks.base import ResultRows
 from tests.unit.consumer.engine.factories import make_pipeline
 from tests.unit.consumer.engine.test_pipeline import (
@@ -65,7 +66,8 @@ async def run_canary(
     share: float, deliveries: list[Any], candidate: FnModel | None = None, salt: str = ""
 ) -> tuple[FakeSource, ModelSink, Metrics]:
     source, sink, metrics = FakeSource(deliveries), ModelSink(), Metrics()
-    canary = Canary(candidate or times(3.0, "7"), share, salt, "m-next", "")
+    watch = RolloutMetrics(metrics.registry, "canary", ["y"])
+    canary = Canary(candidate or times(3.0, "7"), share, salt, "m-next", "", metrics=watch)
     pipeline = make_pipeline(
         source,
         sink,
@@ -123,10 +125,24 @@ async def test_rows_the_candidate_rejects_are_isolated_like_production_s() -> No
     # Message 3's rows are negative: the arm holding each is the one that rejects it.
     batch = deliveries(8, 10)
     batch[3] = message(3, [-1.0] * 10)
-    source, sink, _ = await run_canary(0.5, batch)
+    source, sink, metrics = await run_canary(0.5, batch)
     assert [mid for mid, _ in source.dead] == ["m3"]
     assert len(sink.rows) == 70
     assert not any(k[0] == "chunk-3" for k in sink.rows)
+    arms = {k[1] for k in expected_arms(8, 10, 0.5) if k[0] == "chunk-3"}
+    counts = {
+        (arm, outcome): metrics.registry.get_sample_value(
+            "rowbatch_rollout_rows_total", {"mode": "canary", "arm": arm, "outcome": outcome}
+        )
+        or 0.0
+        for arm in ("production", "candidate")
+        for outcome in ("answered", "failed")
+    }
+    # Each arm failed its share of message 3's rows; every other row was answered once
+    # (isolation sends rows again, but counts each batch's rows once, at its end).
+    assert counts[("candidate", "failed")] == len(arms)
+    assert counts[("production", "failed")] == 10 - len(arms)
+    assert counts[("candidate", "answered")] + counts[("production", "answered")] == 70
 
 
 def test_split_keeps_each_row_once_in_batch_order() -> None:

@@ -19,14 +19,16 @@ import pytest
 from rowbatch.consumer.rollout.compare import (
     MATRIX_VALUES,
     TOP_PAIRS,
-    Comparison,
-    NotComparable,
-    Tolerance,
     compare_table,
     output_names,
 )
 from rowbatch.consumer.rollout.compare_cli import comparison_table, parse_tolerances
 from rowbatch.consumer.rollout.compare_report import report_json, report_lines
+from rowbatch.consumer.rollout.compare_values import (
+    Comparison,
+    NotComparable,
+    Tolerance,
+)
 from rowbatch.consumer.rollout.read_table import read_comparison
 from rowbatch.consumer.service import cli
 from rowbatch.consumer.service.config import load_config

@@ -22,15 +22,13 @@ from pydantic import SecretStr
 
 from harness.proc import free_port
 from rowbatch.consumer.rollout.comparison import comparison_spec
+from rowbatch.consumer.rollout.read_sql import pg_arrow_type, pg_table
 from rowbatch.consumer.rollout.read_table import (
-    ReadFailed,
-    TableMissing,
     locate,
     parquet_root,
-    pg_arrow_type,
-    pg_table,
     read_comparison,
 )
+from rowbatch.consumer.rollout.table_where import ReadFailed, TableMissing
 from rowbatch.consumer.sinks.base import ColumnSpec, ResultRows, TableSpec
 from rowbatch.consumer.sinks.iceberg.catalog import LedgerCatalog
 from rowbatch.consumer.sinks.iceberg.sink import IcebergSink
