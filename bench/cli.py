@@ -14,6 +14,10 @@ section and write everything to JSON.
     python -m bench oip_e2e [--rows N]            the same through the consumer, end to end
     python -m bench server_admission [--repeat N] three consumers on a slow server: fixed vs
                                                   admitted windows (issue 48)
+    python -m bench rollout [--repeat N] [--rows N]
+                                                  one consumer with no candidate, a shadow, a
+                                                  shadow whose candidate is down, a 10 % canary:
+                                                  rows/s and CPU (docs/rollout.md)
 """
 
 from __future__ import annotations
@@ -178,7 +182,7 @@ def _sections(args: BenchArgs, done: dict[str, Any]) -> dict[str, Callable[[Benc
     }
 
 
-def main(argv: list[str] | None = None) -> int:  # noqa: PLR0911 - one per subcommand
+def main(argv: list[str] | None = None) -> int:  # noqa: PLR0911, PLR0912 - one per subcommand
     given = sys.argv[1:] if argv is None else argv
     if given[:1] == ["chaos"]:  # a subcommand of its own: the fault campaign (docs/chaos.md)
         from bench import chaos  # noqa: PLC0415 - only when asked for
@@ -208,6 +212,10 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0911 - one per subco
         from bench import server_admission  # noqa: PLC0415 - only when asked for
 
         return server_admission.main(given[1:])
+    if given[:1] == ["rollout"]:  # its own stack: shadow and canary against none
+        from bench import rollout  # noqa: PLC0415 - only when asked for
+
+        return rollout.main(given[1:])
     args = parse_args(argv)
     _stop_cleanly_on_signals()
     command = shlex.join([Path(sys.executable).name, "-m", "bench", *(argv or sys.argv[1:])])
