@@ -18,8 +18,6 @@ import random
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any
 
-from tritonclient.utils import InferenceServerException
-
 from rowbatch.consumer.model.admission import AdmissionSettings, QueueFollower, StatsClient
 from rowbatch.consumer.model.answer import Answer
 from rowbatch.consumer.model.endpoint_probe import HealthTiming, Prober, Reference
@@ -42,6 +40,10 @@ from rowbatch.consumer.model.window import Window
 from rowbatch.timing import SYSTEM_CLOCKS, Clocks
 
 log = logging.getLogger(__name__)
+
+UNREAD_RESET = 3
+"""Failed readings of a server's statistics in a row after which its window is back at the
+endpoint's limit."""
 
 
 def _ignore(_: InferenceError) -> None:
@@ -374,7 +376,9 @@ class Balancer:
         self, ep: Endpoint, client: StatsClient, follower: QueueFollower, interval_s: float
     ) -> None:
         """Every ``interval_s``, the server's totals to ``ep``'s follower (while it takes
-        requests); ends when the server keeps no statistics (its window stays fixed)."""
+        requests); ends when the server keeps no statistics (its window stays fixed). After
+        :data:`UNREAD_RESET` readings in a row fail, whatever the error, the window is back at
+        the endpoint's limit (no reading could grow it again) until one succeeds."""
         failures = 0
         while True:
             await self._sleep(interval_s)
@@ -383,10 +387,20 @@ class Balancer:
                 continue
             try:
                 totals = await client.queue_totals(self._clock())
-            except (TimeoutError, InferenceServerException, OSError, ValueError, TypeError) as exc:
+            except Exception as exc:  # noqa: BLE001  # never ends the reading, never stops a request
                 failures += 1
-                if failures == 3:
-                    log.warning("cannot read the statistics of %s: %s", ep.address, exc)
+                follower.last = None
+                if failures == UNREAD_RESET:
+                    log.warning(
+                        "cannot read the statistics of %s (%s: %s); its window is back at %d "
+                        "until a reading succeeds",
+                        ep.address,
+                        type(exc).__name__,
+                        exc,
+                        ep.limit,
+                    )
+                    if ep.window is not None:
+                        ep.window.reset(ep.limit)
                 continue
             failures = 0
             if totals is None:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from rowbatch.consumer.model.admission import AdmissionSettings, QueueFollower
-from rowbatch.consumer.model.balancer import Balancer
+from rowbatch.consumer.model.balancer import UNREAD_RESET, Balancer
 from rowbatch.consumer.model.server_stats import QueueReading, QueueTotals, queue_totals
 from rowbatch.consumer.model.window import Window
 from rowbatch.timing import Clocks
@@ -263,3 +263,34 @@ async def test_a_server_without_statistics_keeps_the_fixed_limit(admitted: Any) 
     assert ep.watch is None and server.reads == 1  # read once, then never again
     await time.advance(5.0)
     assert server.reads == 1 and ep.allowed == 8 and not balancer.saturated
+
+
+async def test_readings_that_keep_failing_put_the_window_back_at_the_limit(admitted: Any) -> None:
+    time, server, _, balancer = admitted
+    [ep] = balancer.endpoints
+    server.hold.clear()
+    requests = [asyncio.create_task(balancer.infer([1], ["Y"])) for _ in range(8)]
+    await settle()
+    queue_ns = compute_ns = 0
+    for _ in range(6):  # 8 in flight on 2 slots: the window is cut
+        queue_ns += int(6 * 0.5e9)
+        compute_ns += int(2 * 0.5e9)
+        server.totals = QueueTotals(0.0, 100, queue_ns, compute_ns)
+        await time.advance(0.5)
+    assert ep.allowed < 8
+
+    async def broken(at: float, client_timeout: float = 2.0) -> QueueTotals | None:
+        server.reads += 1
+        raise RuntimeError("an error no one expected")
+
+    server.queue_totals = broken
+    reads = server.reads
+    for _ in range(UNREAD_RESET - 1):
+        await time.advance(0.5)
+    assert ep.allowed < 8  # not yet
+    await time.advance(0.5)
+    assert ep.allowed == 8 and server.reads == reads + UNREAD_RESET
+    await time.advance(5.0)  # the reading goes on (it did not end with the error)
+    assert ep.watch is not None and not ep.watch.done() and server.reads > reads + UNREAD_RESET
+    server.hold.set()
+    await asyncio.gather(*requests)
