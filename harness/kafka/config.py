@@ -12,7 +12,12 @@ Settings chosen for tests (see :func:`server_properties`):
 - ``group.initial.rebalance.delay.ms=0``: a group's first join completes at once;
 - ``broker.session.timeout.ms=4000`` (9 s by default): a broker restarted after a crash
   registers again after ~4 s instead of ~9 s;
-- replication factor 1 / min ISR 1 for every internal topic (one broker).
+- replication factor 1 / min ISR 1 for every internal topic (one broker), the share
+  coordinator's ``__share_group_state`` included.
+
+A share-group broker (Kafka >= 4.2: :data:`~harness.kafka.jars.SHARE_KAFKA_VERSION`) adds
+:data:`SHARE_BROKER_OVERRIDES` to these. Share groups themselves need no setting: a fresh 4.4
+format gives ``share.version=2``.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ import base64
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
+from typing import Final
 
 from harness.proc import LOOPBACK
 
@@ -60,6 +67,25 @@ def server_properties(
     }
     props.update(overrides or {})
     return props
+
+
+SHARE_BROKER_OVERRIDES: Final[Mapping[str, str]] = MappingProxyType(
+    {
+        # __share_group_state with 6 partitions instead of 50 (as __consumer_offsets): the
+        # first share group waits for fewer partitions to be created.
+        "share.coordinator.state.topic.num.partitions": "6",
+        # A group may set share.record.lock.duration.ms down to 1 s (the broker's floor for
+        # this minimum; 15 s by default), so a test sees a lock expire quickly. The broker-wide
+        # lock stays at its default (30 s).
+        "group.share.min.record.lock.duration.ms": "1000",
+        # A member's heartbeat every 1 s instead of 5 s (both the default and the minimum): a
+        # second member gets its assignment within about a second of joining.
+        "group.share.min.heartbeat.interval.ms": "1000",
+        "group.share.heartbeat.interval.ms": "1000",
+    }
+)
+"""``server.properties`` entries of the share-group tests' broker, on top of
+:func:`server_properties` (whose ``overrides`` they are)."""
 
 
 def write_properties(path: Path, props: Mapping[str, str]) -> None:

@@ -10,17 +10,33 @@ import re
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Final
 
 from harness.errors import PrerequisiteMissing
 from harness.service import cache_dir
 
 KAFKA_VERSION = "4.1.1"
+"""The broker every test and the local stack run, unless a launcher names another version."""
 LOG4J_VERSION = "2.24.3"
 """The log4j2 that ``kafka_2.13`` 4.1.1 depends on; its slf4j binding is added next to it
 (Kafka's published pom brings slf4j-api and log4j-core but no binding, so without
 ``log4j-slf4j-impl`` the broker would log nothing)."""
+
+SHARE_KAFKA_VERSION = "4.4.0"
+"""The broker of the share-group (KIP-932) tests: 4.1.1 has share groups off (its
+``share.version=1`` needs an unstable metadata version) and confluent-kafka's ShareConsumer
+wants >= 4.2; a fresh 4.4.0 format has ``share.version=2`` with no flag."""
+SHARE_LOG4J_VERSION = "2.25.5"
+"""The log4j2 that ``kafka-server`` 4.4.0's pom depends on (log4j-api and log4j-core)."""
+
+LOG4J_VERSIONS: Final[Mapping[str, str]] = MappingProxyType(
+    {KAFKA_VERSION: LOG4J_VERSION, SHARE_KAFKA_VERSION: SHARE_LOG4J_VERSION}
+)
+"""The log4j2 each Kafka version that the harness runs depends on; another version gets
+:data:`LOG4J_VERSION` unless its caller names one (:func:`kafka_libs`)."""
 
 #: How much of a failed tool's output (mvn, kafka-storage) an error message quotes.
 OUTPUT_TAIL_CHARS: Final = 3000
@@ -74,13 +90,22 @@ def _libs_complete(libs: Path, version: str) -> bool:
     )
 
 
-def kafka_libs(version: str = KAFKA_VERSION, log4j_version: str = LOG4J_VERSION) -> Path:
-    """The folder of the broker's jars, fetched with Maven on first use.
+def log4j_version_for(version: str) -> str:
+    """The log4j2 to put next to Kafka ``version``'s jars (:data:`LOG4J_VERSIONS`)."""
+    return LOG4J_VERSIONS.get(version, LOG4J_VERSION)
+
+
+def kafka_libs(version: str = KAFKA_VERSION, log4j_version: str | None = None) -> Path:
+    """The folder of the broker's jars, fetched with Maven on first use. ``log4j_version``:
+    the log4j2 whose slf4j binding goes with them (default: :func:`log4j_version_for`); each
+    Kafka version has a cache folder of its own, so two versions can run side by side.
 
     Maven downloads into a temporary folder next to the cache entry, which is then renamed into
     place in one step: a cache folder that exists is complete, and an interrupted download
     leaves nothing that looks like one.
     """
+    if log4j_version is None:
+        log4j_version = log4j_version_for(version)
     target = cache_dir() / f"kafka-{version}" / "libs"
     if _libs_complete(target, version):
         return target
