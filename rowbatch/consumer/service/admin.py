@@ -23,6 +23,7 @@ from rowbatch.consumer.service.config import ConfigError, SourceSettings, load_c
 from rowbatch.consumer.sources.admin_plan import AdminFailed, AdminUnreachable, Plan
 from rowbatch.consumer.sources.base import SourceConfigError
 from rowbatch.consumer.sources.kafka.settings import KafkaSettings
+from rowbatch.consumer.sources.kafka_share.settings import KafkaShareSettings
 from rowbatch.consumer.sources.pubsub.settings import PubSubSettings
 from rowbatch.pubsub_env import project_of
 
@@ -110,6 +111,11 @@ async def ensure_source(
     if isinstance(settings, PubSubSettings):
         return await asyncio.to_thread(
             _ensure_pubsub, settings, dry_run=dry_run, timeout_s=timeout_s
+        )
+    if isinstance(settings, KafkaShareSettings):
+        raise SourceConfigError(
+            f"admin ensure does not create a share group's topics yet: create {settings.topic!r} "
+            f"and {settings.dlq_topic!r} (docs/kafka-share.md)"
         )
     if not isinstance(settings, KafkaSettings):
         raise SourceConfigError(

@@ -27,6 +27,7 @@ from rowbatch.consumer.sinks.settings import (
 from rowbatch.consumer.sources.base import Source, SourceUnreachable
 from rowbatch.consumer.sources.delivery import DeadLetterReason, Delivery
 from rowbatch.consumer.sources.kafka.settings import KafkaSettings
+from rowbatch.consumer.sources.kafka_share.settings import KafkaShareSettings
 from rowbatch.consumer.sources.pubsub.settings import PubSubSettings
 from rowbatch.consumer.sources.scaling_settings import ScalingInputs
 from rowbatch.consumer.sources.table.settings import TableSettings
@@ -102,6 +103,12 @@ def make_source(
         from rowbatch.consumer.sources.pubsub.streaming import PubSubSource  # noqa: PLC0415
 
         return PubSubSource(settings, consumer_version=__version__, on_dead_letter=on_dead_letter)
+    if isinstance(settings, KafkaShareSettings):
+        from rowbatch.consumer.sources.kafka_share.source import KafkaShareSource  # noqa: PLC0415
+
+        return KafkaShareSource(
+            settings, consumer_version=__version__, on_dead_letter=on_dead_letter
+        )
     from rowbatch.consumer.sources.kafka.source import KafkaSource  # noqa: PLC0415
 
     if signal is None and metrics is not None:

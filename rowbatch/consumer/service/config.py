@@ -36,6 +36,7 @@ from rowbatch.consumer.sinks.settings import (
     SqliteSinkSettings,
 )
 from rowbatch.consumer.sources.kafka.settings import KafkaSettings
+from rowbatch.consumer.sources.kafka_share.settings import KafkaShareSettings
 from rowbatch.consumer.sources.pubsub.settings import PubSubSettings
 from rowbatch.consumer.sources.table.settings import TableSettings
 
@@ -50,10 +51,12 @@ __all__ = [
 
 
 SourceSettings = Annotated[
-    PubSubSettings | KafkaSettings | TableSettings, Field(discriminator="kind")
+    PubSubSettings | KafkaSettings | KafkaShareSettings | TableSettings,
+    Field(discriminator="kind"),
 ]
 """The ``[source]`` section: each source's own settings type, chosen by ``kind`` (``table``:
-offline table mode, ``sources/table/``)."""
+offline table mode, ``sources/table/``; ``kafka-share``: a Kafka share group, experimental,
+``sources/kafka_share/``)."""
 
 
 def _model_kind(value: object) -> str:
@@ -118,6 +121,8 @@ class ConsumerConfig(BaseSettings):
             raise ValueError(
                 f"binding: result column(s) {sorted(clash)} are both passthrough and output"
             )
+        if isinstance(self.source, KafkaShareSettings):
+            self.source.check_fits(self.model.max_wait_ms / 1000)
         return self
 
     @classmethod
@@ -167,7 +172,9 @@ def _describe(exc: ValidationError, path: Path | None) -> str:
 
 
 _MODEL_TAGS = frozenset({"oip", "openai"})
-_UNION_TAGS = frozenset({"pubsub", "kafka", "table", "sqlite", "postgres", "parquet", "iceberg"})
+_UNION_TAGS = frozenset(
+    {"pubsub", "kafka", "kafka-share", "table", "sqlite", "postgres", "parquet", "iceberg"}
+)
 """The ``kind`` tags pydantic puts in an error's location inside ``[source]`` and ``[sink]``."""
 
 

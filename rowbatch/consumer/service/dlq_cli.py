@@ -26,6 +26,7 @@ from rowbatch.consumer.dlq.stats import Stats
 from rowbatch.consumer.service.config import ConfigError, ConsumerConfig, load_config
 from rowbatch.consumer.sources.base import SourceConfigError
 from rowbatch.consumer.sources.kafka.settings import KafkaSettings
+from rowbatch.consumer.sources.kafka_share.settings import KafkaShareSettings
 from rowbatch.consumer.sources.pubsub.settings import PubSubSettings
 from rowbatch.consumer.sources.table.settings import TableSettings
 
@@ -148,6 +149,12 @@ def open_queue(config: ConsumerConfig, timeout_s: float, lease_s: int = 60) -> D
         from rowbatch.consumer.dlq.kafka_queue import KafkaDeadLetterQueue  # noqa: PLC0415
 
         return KafkaDeadLetterQueue(source, timeout_s=timeout_s)
+    if isinstance(source, KafkaShareSettings):
+        raise ConfigError(
+            "the dlq commands do not read a share group's configuration yet: point them at a "
+            f'[source] kind = "kafka" configuration whose dead_letter_topic is '
+            f"{source.dlq_topic!r} (docs/kafka-share.md)"
+        )
     if isinstance(source, PubSubSettings):
         if source.dead_letter_topic is None:
             raise ConfigError(
