@@ -79,12 +79,20 @@ class KafkaShareSettings(ScalingInputs):
     def dlq_topic(self) -> str:
         return self.dead_letter_topic or f"{self.topic}.dlq"
 
+    def client_config(self) -> dict[str, str | int]:
+        """What every client of the source takes (confluent-kafka / librdkafka keys): the
+        brokers' address and this client's identity."""
+        return {"bootstrap.servers": self.bootstrap_servers, "client.id": self.client_id}
+
     def consumer_config(self) -> dict[str, str | int]:
-        """A share consumer's configuration (confluent-kafka / librdkafka keys)."""
+        """A share consumer's configuration."""
         return {
-            "bootstrap.servers": self.bootstrap_servers,
+            **self.client_config(),
             "group.id": self.group_id,
-            "client.id": self.client_id,
             "share.acknowledgement.mode": "explicit",
             "max.poll.records": self.max_poll_records,
         }
+
+    def producer_config(self) -> dict[str, str | int | bool]:
+        """The dead-letter producer's configuration (idempotent, every replica's ack)."""
+        return {**self.client_config(), "enable.idempotence": True, "acks": "all"}

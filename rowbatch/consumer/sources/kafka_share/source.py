@@ -127,7 +127,7 @@ class KafkaShareSource:
         ConfigResource = admin_api.ConfigResource  # noqa: N806
         ResourceType = admin_api.ResourceType  # noqa: N806
 
-        admin = AdminClient({"bootstrap.servers": self._s.bootstrap_servers})
+        admin = AdminClient(self._s.client_config())
         try:
             topics = admin.list_topics(timeout=self._s.check_timeout_s).topics
         except kafka.KafkaException as exc:
@@ -281,13 +281,7 @@ class KafkaShareSource:
     ) -> None:
         kafka = _confluent()
         if self._producer is None:
-            self._producer = kafka.Producer(
-                {
-                    "bootstrap.servers": self._s.bootstrap_servers,
-                    "enable.idempotence": True,
-                    "acks": "all",
-                }
-            )
+            self._producer = kafka.Producer(self._s.producer_config())
         outcome: list[Any] = []
         self._producer.produce(
             self._s.dlq_topic,
