@@ -107,7 +107,10 @@ def make_source(
         from rowbatch.consumer.sources.kafka_share.source import KafkaShareSource  # noqa: PLC0415
 
         return KafkaShareSource(
-            settings, consumer_version=__version__, on_dead_letter=on_dead_letter
+            settings,
+            consumer_version=__version__,
+            on_dead_letter=on_dead_letter,
+            registry=registry,
         )
     from rowbatch.consumer.sources.kafka.source import KafkaSource  # noqa: PLC0415
 

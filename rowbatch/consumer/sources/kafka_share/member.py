@@ -3,23 +3,38 @@ per thread) on a thread of its own. It polls a batch of records, hands them to t
 and acknowledges each as the source settles it (accept, release, reject); only once every
 record of the batch is acknowledged does it commit the acknowledgements and poll again (in
 explicit mode the client refuses a poll before). While paused it does not poll: records are
-never released to wait out an outage (a release counts a delivery)."""
+never released to wait out an outage (a release counts a delivery).
+
+A client that fails while running (a poll or a commit raising) is closed and made again after a
+backoff, for as long as the source runs: what it held unacknowledged comes back from the broker
+once its lock runs out (acknowledgements for it that arrive later are dropped, or land on its
+redelivery, which the idempotent sink makes harmless). A client that cannot even be made (its
+configuration refused) ends the member: :attr:`Member.failure` says why."""
 
 from __future__ import annotations
 
 import enum
 import logging
 import queue
+import random
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+from rowbatch.timing import Backoff
 
 log = logging.getLogger(__name__)
 
 POLL_TIMEOUT_S = 0.5
 """How long one poll waits for records (and how soon a member notices a stop or a pause)."""
 COMMIT_TIMEOUT_S = 10.0
+RESTART_BACKOFF = Backoff(initial_s=1.0, max_s=30.0)
+"""Waits between remaking a failed share consumer (reset by a batch taken)."""
+WARN_EVERY_S = 60.0
+"""A poll error of one kind is logged at most once a minute (a broker outage is an error on
+every poll)."""
 
 
 class Ack(enum.Enum):
@@ -81,6 +96,20 @@ def record_of(message: ShareMessage) -> ShareRecord:
     )
 
 
+def _ignore(_: object) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class MemberEvents:
+    """What a member tells its source besides records: ``late_acks(n)``, acknowledgements of
+    ``n`` partitions the broker refused at commit (their locks had run out: the records were
+    delivered again meanwhile); ``restarted(exc)``, its client failed and is being remade."""
+
+    late_acks: Callable[[int], None] = _ignore
+    restarted: Callable[[BaseException], None] = _ignore
+
+
 Handoff = Callable[["Member", Sequence[ShareRecord]], None]
 """Given each poll's records (called on the member's thread; the source passes them to its
 event loop)."""
@@ -88,8 +117,7 @@ event loop)."""
 
 class Member:
     """A share consumer on its thread. ``ack_types`` maps :class:`Ack` to the client's
-    ``AcknowledgeType`` values; ``on_late_ack`` is told of each acknowledgement the broker
-    refused at commit (its lock had expired: the record was delivered again meanwhile)."""
+    ``AcknowledgeType`` values; ``events`` hears of refused acknowledgements and restarts."""
 
     def __init__(
         self,
@@ -98,20 +126,30 @@ class Member:
         topic: str,
         handoff: Handoff,
         ack_types: dict[Ack, Any],
-        on_late_ack: Callable[[int], None] = lambda n: None,
+        *,
+        events: MemberEvents | None = None,
+        backoff: Backoff = RESTART_BACKOFF,
+        rng: random.Random | None = None,
     ) -> None:
         self.index = index
         self._client = client
         self._topic = topic
         self._handoff = handoff
         self._ack_types = ack_types
-        self._on_late_ack = on_late_ack
+        self._events = events or MemberEvents()
+        self._backoff = backoff
+        self._rng = rng
+        self._failures = 0
+        """Failures since the last batch taken (the backoff's attempt)."""
+        self._warned: dict[str, float] = {}
         self._acks: queue.SimpleQueue[tuple[tuple[int, int], Ack] | None] = queue.SimpleQueue()
         self._running = threading.Event()
         self._running.set()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"rowbatch-share-{index}")
         self.failure: BaseException | None = None
+        """Why the member ended for good: its client could not be made."""
+        self.restarts = 0
         self.records = 0
         """Records this member took (for reports of each member's share)."""
 
@@ -139,38 +177,59 @@ class Member:
         return not self._thread.is_alive()
 
     def _run(self) -> None:
-        try:
-            client = self._client()
-        except BaseException as exc:  # noqa: BLE001  # the source reports it (its deliveries end)
-            self.failure = exc
-            return
-        try:
-            client.subscribe([self._topic])
-            while True:
-                if not self._running.wait(POLL_TIMEOUT_S):
-                    continue  # paused: no poll, nothing released
-                if self._stopping.is_set():
-                    break
-                self._one_batch(client)
-        except BaseException as exc:
-            self.failure = exc
-            log.exception("share consumer %d failed", self.index)
-        finally:
+        while not self._stopping.is_set():
             try:
-                client.close()
-            except Exception:
-                log.exception("closing share consumer %d failed", self.index)
+                client = self._client()
+            except BaseException as exc:  # noqa: BLE001  # the source reports it (its deliveries end)
+                self.failure = exc
+                return
+            try:
+                self._consume(client)
+            except Exception as exc:  # noqa: BLE001  # remade after a backoff, below
+                self._failed(exc)
+            finally:
+                try:
+                    client.close()
+                except Exception:
+                    log.exception("closing share consumer %d failed", self.index)
+
+    def _consume(self, client: ShareClient) -> None:
+        client.subscribe([self._topic])
+        while True:
+            if not self._running.wait(POLL_TIMEOUT_S):
+                continue  # paused: no poll, nothing released
+            if self._stopping.is_set():
+                return
+            self._one_batch(client)
+
+    def _failed(self, exc: Exception) -> None:
+        """A running client failed: wait (stop cuts it short), then the caller remakes it."""
+        self._failures += 1
+        self.restarts += 1
+        delay = self._backoff.wait(self._failures, self._rng)
+        log.warning(
+            "share consumer %d failed (%s: %s); what it held unacknowledged comes back once its "
+            "lock runs out; making a new one in %.1f s",
+            self.index,
+            type(exc).__name__,
+            exc,
+            delay,
+            exc_info=exc,
+        )
+        self._events.restarted(exc)
+        self._stopping.wait(delay)
 
     def _one_batch(self, client: ShareClient) -> None:
         held: dict[tuple[int, int], Any] = {}
         for message in client.poll(POLL_TIMEOUT_S):
             error = message.error()
             if error is not None:
-                log.warning("share consumer %d: %s", self.index, error)
+                self._warn(error)
                 continue
             held[(message.partition() or 0, message.offset() or 0)] = message
         if not held:
             return
+        self._failures = 0
         self.records += len(held)
         self._handoff(self, [record_of(m) for m in held.values()])
         while held and not self._stopping.is_set():
@@ -183,6 +242,15 @@ class Member:
         for message in held.values():  # ...and the rest given back
             client.acknowledge(message, self._ack_types[Ack.RELEASE])
         self._commit(client)
+
+    def _warn(self, error: Any) -> None:
+        """A poll's error, logged once a minute per kind (the client retries on its own)."""
+        kind = str(error.code()) if hasattr(error, "code") else str(error)
+        now = time.monotonic()
+        last = self._warned.get(kind)
+        if last is None or now - last >= WARN_EVERY_S:
+            self._warned[kind] = now
+            log.warning("share consumer %d: %s", self.index, error)
 
     def _apply(
         self,
@@ -205,7 +273,7 @@ class Member:
             if error is not None
         ]
         if refused:
-            self._on_late_ack(len(refused))
+            self._events.late_acks(len(refused))
             log.warning(
                 "share consumer %d: the broker refused acknowledgements of %d partition(s) "
                 "(their locks had run out: the records were delivered again): %s",

@@ -17,6 +17,8 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
 from rowbatch.consumer.sources.base import (
     DeadLetterFailed,
     DeliveryIterator,
@@ -28,9 +30,11 @@ from rowbatch.consumer.sources.kafka.dead_letters import dead_letter_headers
 from rowbatch.consumer.sources.kafka_share.member import (
     Ack,
     Member,
+    MemberEvents,
     ShareClient,
     ShareRecord,
 )
+from rowbatch.consumer.sources.kafka_share.metrics import ShareMetrics
 from rowbatch.consumer.sources.kafka_share.settings import KafkaShareSettings
 from rowbatch.wire.dead_letter import ReasonClass
 from rowbatch.wire.errors import WireError
@@ -86,10 +90,12 @@ class KafkaShareSource:
         *,
         consumer_version: str,
         on_dead_letter: Callable[[DeadLetterReason], None] | None = None,
+        registry: CollectorRegistry | None = None,
         client: Callable[[], ShareClient] | None = None,
         ack_types: dict[Ack, Any] | None = None,
     ) -> None:
-        """``client``/``ack_types``: the share consumer and its acknowledgement types (tests
+        """``registry``: where the source's counters go (:mod:`.metrics`; default: its own).
+        ``client``/``ack_types``: the share consumer and its acknowledgement types (tests
         give fakes; default: confluent-kafka's)."""
         self._s = settings
         self._version = consumer_version
@@ -104,8 +110,7 @@ class KafkaShareSource:
         self._closed = False
         self._paused = False
         self._tasks: set[asyncio.Future[None]] = set()
-        self.late_acks = 0
-        """Acknowledgements the broker refused (locks that ran out first)."""
+        self.metrics = ShareMetrics(registry or CollectorRegistry(), settings.topic)
 
     @property
     def members(self) -> Sequence[Member]:
@@ -191,15 +196,14 @@ class KafkaShareSource:
                 self._s.topic,
                 self._handoff,
                 self._ack_types,
-                on_late_ack=self._late,
+                events=MemberEvents(
+                    late_acks=self.metrics.refused_commits, restarted=self.metrics.restarted
+                ),
             )
             if self._paused:
                 member.pause()
             self._members.append(member)
             member.start()
-
-    def _late(self, n: int) -> None:
-        self.late_acks += n
 
     def _handoff(self, member: Member, records: Sequence[ShareRecord]) -> None:
         """On the member's thread: the records to the event loop."""
@@ -207,6 +211,9 @@ class KafkaShareSource:
         self._loop.call_soon_threadsafe(self._take, member, records)
 
     def _take(self, member: Member, records: Sequence[ShareRecord]) -> None:
+        self.metrics.took(
+            member.index, len(records), sum(1 for r in records if r.delivery_count > 1)
+        )
         for record in records:
             delivery, bad = delivery_of(record)
             self._held[delivery] = (member, record)
@@ -254,6 +261,7 @@ class KafkaShareSource:
             return
         member, record = held
         member.settle(record.partition, record.offset, ack)
+        self.metrics.acknowledged(ack)
 
     async def ack(self, delivery: Delivery) -> None:
         self._settle(delivery, Ack.ACCEPT)

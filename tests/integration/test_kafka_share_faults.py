@@ -1,0 +1,254 @@
+"""The ``kafka-share`` source (issue 51) through faults, on a real Kafka 4.4.0 broker with share
+groups, real Triton and PostgreSQL:
+
+- four consumer processes on a ONE-partition topic, two of them killed with SIGKILL mid-run:
+  the records the dead ones held come back to the others once their lock runs out (counted as
+  redeliveries), and every row is in the table exactly once, nothing dead-lettered;
+- a model-server outage longer than the record lock: the members stop polling, the records in
+  flight lose their lock and are delivered again once the server is back; no row lost, none
+  archived by the broker, none dead-lettered, none released.
+
+The lock is 5 s and the outage two locks (10 s) by default, to keep the suite short;
+``ROWBATCH_TEST_SHARE_LOCK_S=30`` runs the issue's own figures (a 30 s lock, a 60 s outage)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psycopg
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from harness.consumer_process import ConsumerProcess, to_toml
+from harness.faults import RestartableTriton
+from harness.kafka import KafkaEndpoint, create_topic
+from harness.kafka.share import share_group_lag
+from harness.postgres import PostgresEndpoint
+from harness.proc import free_port
+from harness.service import RunDir
+from harness.triton import TritonEndpoint
+from rowbatch.consumer.service.config import ConsumerConfig, load_config
+from tests.integration import share_fixtures
+from tests.integration.consumer_helpers import consumer_running, wait_until
+from tests.integration.test_consumer_process import SCORER_BINDING, unique_table, wait_for
+from tests.integration.test_kafka_share import chunks_of, produce
+
+share_kafka = share_fixtures.share_kafka  # the fixture, where pytest finds it
+
+pytestmark = pytest.mark.timeout(600)
+
+LOCK_S = float(os.environ.get("ROWBATCH_TEST_SHARE_LOCK_S", "5"))
+OUTAGE_S = 2 * LOCK_S
+
+
+def config_dict(
+    endpoint: KafkaEndpoint, topic: str, triton: TritonEndpoint, dsn: str, table: str
+) -> dict[str, Any]:
+    return {
+        "source": {
+            "kind": "kafka-share",
+            "bootstrap_servers": endpoint.bootstrap_servers,
+            "topic": topic,
+            "group_id": f"{topic}-group",
+            "members": 2,
+            "max_poll_records": 8,
+            "lock_duration_s": LOCK_S,
+        },
+        "model": {"url": triton.grpc_url, "name": "scorer", "max_wait_ms": 20},
+        "binding": SCORER_BINDING,
+        "sink": {"kind": "postgres", "dsn": dsn, "table": table},
+        "log_format": "text",
+    }
+
+
+async def new_topic(endpoint: KafkaEndpoint) -> str:
+    topic = f"share-{uuid.uuid4().hex[:8]}"
+    await create_topic(endpoint, topic, partitions=1)
+    await create_topic(endpoint, f"{topic}.dlq", partitions=1)
+    return topic
+
+
+def dead_letter_count(endpoint: KafkaEndpoint, topic: str) -> int:
+    """Records on the dead-letter topic (its one partition's end offset)."""
+    consumer = Consumer({"bootstrap.servers": endpoint.bootstrap_servers, "group.id": "peek"})
+    try:
+        low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+    finally:
+        consumer.close()
+    return int(high - low)
+
+
+def lag_is_zero(endpoint: KafkaEndpoint, group: str, topic: str) -> bool:
+    """The group has every record of the partition done (accepted, rejected or archived)."""
+    lag = share_group_lag(endpoint.bootstrap_servers, group, {topic: [0]})
+    return lag[(topic, 0)].lag == 0
+
+
+def table_rows(dsn: str, table: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(dsn) as conn:
+        return conn.execute(f"SELECT id, score FROM {table} ORDER BY id").fetchall()
+
+
+def assert_every_row_once(rows: list[tuple[Any, ...]], total: int, want: np.ndarray) -> None:
+    assert [int(r[0]) for r in rows] == list(range(total)), "every id exactly once"
+    np.testing.assert_array_equal(np.array([r[1] for r in rows], dtype=np.float32), want)
+
+
+def pg_rows(dsn: str, table: str) -> int:
+    with psycopg.connect(dsn) as conn:
+        if conn.execute("SELECT to_regclass(%s)", (table,)).fetchone() == (None,):
+            return 0
+        row = conn.execute(f"SELECT count(*) FROM {table}").fetchone()
+    return int(row[0]) if row else 0
+
+
+@pytest.fixture
+def processes(tmp_path: Path) -> Iterator[list[ConsumerProcess]]:
+    started: list[ConsumerProcess] = []
+    try:
+        yield started
+    finally:
+        for proc in started:
+            proc.stop()
+
+
+def start_process(
+    tmp_path: Path, name: str, config: dict[str, Any], started: list[ConsumerProcess]
+) -> ConsumerProcess:
+    port = free_port()
+    path = tmp_path / f"consumer-{name}.toml"
+    path.write_text(to_toml({**config, "server": {"host": "127.0.0.1", "port": port}}))
+    load_config(path)  # a typo fails here, not in the child's log
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROWBATCH_")}
+    proc = ConsumerProcess(name, path, tmp_path / f"consumer-{name}.log", port, env)
+    started.append(proc)
+    proc.start()
+    return proc
+
+
+async def test_kill_9_of_two_of_four_members_loses_and_duplicates_nothing(
+    share_kafka: KafkaEndpoint,
+    triton: TritonEndpoint,
+    postgres: PostgresEndpoint,
+    tmp_path: Path,
+    processes: list[ConsumerProcess],
+) -> None:
+    total = 150_000
+    topic = await new_topic(share_kafka)
+    chunks, want = chunks_of(total, 100, seed=57)
+    table = unique_table("share_kill")
+    cfg = config_dict(share_kafka, topic, triton, postgres.dsn, table)
+    await asyncio.to_thread(produce, share_kafka, topic, chunks)
+    procs = [start_process(tmp_path, f"m{i}", cfg, processes) for i in range(4)]
+    for proc in procs:
+        await asyncio.to_thread(wait_for, proc.ready, 90, "/readyz", proc)
+    await asyncio.to_thread(
+        wait_for, lambda: pg_rows(postgres.dsn, table) >= total // 10, 240, "a tenth", procs[0]
+    )
+    killed, survivors = procs[:2], procs[2:]
+    before = {p.name: p.rows_written() for p in killed}
+    for proc in killed:
+        proc.send(signal.SIGKILL)
+    for proc in killed:
+        assert await asyncio.to_thread(proc.wait, 10) == -signal.SIGKILL
+    at_kill = pg_rows(postgres.dsn, table)
+    assert at_kill < total, "the backlog was gone before the kill"
+    await asyncio.to_thread(
+        wait_for, lambda: pg_rows(postgres.dsn, table) >= total, 300, "every row", survivors[0]
+    )
+    group = f"{topic}-group"
+    await asyncio.to_thread(
+        wait_for, lambda: lag_is_zero(share_kafka, group, topic), 60, "share lag 0", survivors[0]
+    )
+    metrics = {p.name: p.metrics() or {} for p in survivors}
+    for proc in survivors:
+        assert await asyncio.to_thread(proc.terminate, 60) == 0, proc.log()
+    redelivered = sum(
+        m.get("rowbatch_kafka_share_redelivered_records_total", 0) for m in metrics.values()
+    )
+    written = {n: m.get("rowbatch_rows_written_total", 0) for n, m in metrics.items()}
+    lettered = sum(m.get("rowbatch_messages_dead_lettered_total", 0) for m in metrics.values())
+    print(
+        f"\nshare group, 1 partition, 4 processes x 2 members, {len(chunks)} records of 100 rows; "
+        f"killed m0, m1 at {at_kill} rows (they had written {before}); survivors wrote "
+        f"{written}; records delivered again: {redelivered:.0f}"
+    )
+    assert_every_row_once(table_rows(postgres.dsn, table), total, want)
+    assert redelivered > 0, "the killed members' records were not delivered again"
+    assert lettered == 0
+    assert dead_letter_count(share_kafka, f"{topic}.dlq") == 0
+
+
+@pytest.fixture
+def own_triton(run_dir: RunDir) -> Iterator[tuple[RestartableTriton, TritonEndpoint]]:
+    service = RestartableTriton(RunDir(run_dir.root / f"triton-share-{time.monotonic_ns()}"))
+    try:
+        yield service, service.start()
+    finally:
+        service.stop()
+
+
+def sample(registry: Any, name: str, **labels: str) -> float:
+    return float(registry.get_sample_value(name, labels) or 0.0)
+
+
+async def test_a_model_outage_longer_than_the_lock_loses_archives_and_dead_letters_nothing(
+    share_kafka: KafkaEndpoint,
+    own_triton: tuple[RestartableTriton, TritonEndpoint],
+    postgres: PostgresEndpoint,
+) -> None:
+    service, triton = own_triton
+    total = 30_000
+    topic = await new_topic(share_kafka)
+    chunks, want = chunks_of(total, 100, seed=58)
+    table = unique_table("share_outage")
+    cfg = ConsumerConfig.model_validate(
+        config_dict(share_kafka, topic, triton, postgres.dsn, table) | {"server": {"port": 0}}
+    )
+    first, rest = chunks[: len(chunks) // 3], chunks[len(chunks) // 3 :]
+    async with consumer_running(cfg) as run:
+        await wait_until(lambda: bool(run.running), 60, "running", run.task)
+        registry = run.running[0].metrics.registry
+        await asyncio.to_thread(produce, share_kafka, topic, first)
+        await wait_until(lambda: pg_rows(postgres.dsn, table) > 0, 60, "the first rows", run.task)
+        await asyncio.to_thread(service.interrupt, signal.SIGTERM)
+        down_at = time.monotonic()
+        await asyncio.to_thread(produce, share_kafka, topic, rest)
+        at_outage = pg_rows(postgres.dsn, table)
+        await asyncio.sleep(max(0.0, OUTAGE_S - (time.monotonic() - down_at)))
+        assert pg_rows(postgres.dsn, table) == at_outage, "rows written with the server down"
+        await asyncio.to_thread(service.resume)
+        outage_s = time.monotonic() - down_at
+        await wait_until(lambda: pg_rows(postgres.dsn, table) >= total, 180, "every row", run.task)
+        group = f"{topic}-group"
+        await wait_until(lambda: lag_is_zero(share_kafka, group, topic), 60, "lag 0", run.task)
+        labels = {"topic": topic}
+        counts = {
+            what: sample(registry, f"rowbatch_kafka_share_{what}_total", **labels)
+            for what in ("redelivered_records", "refused_acknowledgements", "member_restarts")
+        }
+        released = sample(
+            registry, "rowbatch_kafka_share_acknowledgements_total", type="release", **labels
+        )
+        lettered = sum(
+            s.value
+            for m in registry.collect()
+            for s in m.samples
+            if s.name == "rowbatch_messages_dead_lettered_total"
+        )
+    print(
+        f"\nshare group: model server down {outage_s:.1f} s with a {LOCK_S:g} s lock, "
+        f"{at_outage} of {total} rows written when it went down; {counts}, released {released}"
+    )
+    assert_every_row_once(table_rows(postgres.dsn, table), total, want)  # none archived
+    assert counts["redelivered_records"] > 0, "no lock ran out during the outage"
+    assert released == 0 and lettered == 0
+    assert dead_letter_count(share_kafka, f"{topic}.dlq") == 0
