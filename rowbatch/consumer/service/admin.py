@@ -5,7 +5,10 @@ difference (nothing that exists is changed).
 Pub/Sub: the topic (``source.topic``), the dead-letter topic, a subscription on it that keeps
 the dead letters, and the subscription with its ack deadline, retry policy and dead-letter
 policy. Kafka: the topic (partitions, replication factor, ``retention.ms``) and its
-dead-letter topic (``<topic>.dlq`` by default).
+dead-letter topic (``<topic>.dlq`` by default). A Kafka share group (``kind = "kafka-share"``):
+the same two topics, and the group's ``share.auto.offset.reset`` and
+``share.record.lock.duration.ms`` where they are not set on the group yet (unless
+``configure_group = false``; a value set on the group to something else differs).
 
 Exit codes: 0 everything exists as configured (or was created; a dry run: could be);
 1 the broker refused a call; 2 bad configuration; 3 something exists but differs;
@@ -15,12 +18,13 @@ Exit codes: 0 everything exists as configured (or was created; a dry run: could 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from rowbatch.consumer.service.config import ConfigError, SourceSettings, load_config
-from rowbatch.consumer.sources.admin_plan import AdminFailed, AdminUnreachable, Plan
+from rowbatch.consumer.sources.admin_plan import AdminFailed, AdminUnreachable, Plan, Step
 from rowbatch.consumer.sources.base import SourceConfigError
 from rowbatch.consumer.sources.kafka.settings import KafkaSettings
 from rowbatch.consumer.sources.kafka_share.settings import KafkaShareSettings
@@ -103,6 +107,33 @@ async def _ensure_kafka(settings: KafkaSettings, *, dry_run: bool, timeout_s: fl
         return await ensure_kafka(admin, topics, dry_run=dry_run)
 
 
+async def _ensure_kafka_share(
+    settings: KafkaShareSettings, *, dry_run: bool, timeout_s: float
+) -> Plan:
+    """The topics as for the classic source (the same brokers, security and layout), then the
+    share group's configs."""
+    planned = await _ensure_kafka(settings.classic_view(), dry_run=dry_run, timeout_s=timeout_s)
+    if not settings.configure_group:
+        note = (
+            f"configure_group = false: the configs of share group {settings.group_id!r} are "
+            "left as they are"
+        )
+        return dataclasses.replace(planned, notes=(*planned.notes, note))
+    group = await asyncio.to_thread(
+        _ensure_share_group, settings, dry_run=dry_run, timeout_s=timeout_s
+    )
+    return dataclasses.replace(planned, steps=(*planned.steps, group))
+
+
+def _ensure_share_group(settings: KafkaShareSettings, *, dry_run: bool, timeout_s: float) -> Step:
+    from rowbatch.consumer.sources.kafka_share import group_config  # noqa: PLC0415
+
+    configs = group_config.ConfluentGroupConfigs.of(settings, timeout_s=timeout_s)
+    return group_config.ensure(
+        configs, settings.group_id, group_config.wanted(settings), dry_run=dry_run
+    )
+
+
 async def ensure_source(
     settings: SourceSettings, *, dry_run: bool = False, timeout_s: float = 30.0
 ) -> Plan:
@@ -113,10 +144,7 @@ async def ensure_source(
             _ensure_pubsub, settings, dry_run=dry_run, timeout_s=timeout_s
         )
     if isinstance(settings, KafkaShareSettings):
-        raise SourceConfigError(
-            f"admin ensure does not create a share group's topics yet: create {settings.topic!r} "
-            f"and {settings.dlq_topic!r} (docs/kafka-share.md)"
-        )
+        return await _ensure_kafka_share(settings, dry_run=dry_run, timeout_s=timeout_s)
     if not isinstance(settings, KafkaSettings):
         raise SourceConfigError(
             f"admin ensure: [source] kind = {settings.kind!r} reads a stored table and has no "

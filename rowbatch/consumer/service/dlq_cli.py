@@ -41,9 +41,10 @@ filters (each given must match; repeat one to allow several values):
   --code CODE, --table NAME, --chunk-id ID, --source TOPIC/PARTITION or SUBSCRIPTION
   --since, --until: an ISO 8601 time (UTC unless it names an offset) or an age: 30m, 2h, 7d
 
-reading consumes nothing: Kafka's dead-letter topic is read by offsets (no consumer group);
-Pub/Sub's dead-letter subscription is pulled, held while the command runs, and nacked at the
-end (a command killed midway hides what it held for --lease seconds).
+reading consumes nothing: Kafka's dead-letter topic (kind "kafka" or "kafka-share") is read
+by offsets (no consumer group); Pub/Sub's dead-letter subscription is pulled, held while the
+command runs, and nacked at the end (a command killed midway hides what it held for --lease
+seconds).
 
 replay publishes each selected letter (payload, key and attributes as the producer sent them,
 plus rowbatch-replayed-from and rowbatch-replay-count), waits for the confirmation, then
@@ -150,11 +151,11 @@ def open_queue(config: ConsumerConfig, timeout_s: float, lease_s: int = 60) -> D
 
         return KafkaDeadLetterQueue(source, timeout_s=timeout_s)
     if isinstance(source, KafkaShareSettings):
-        raise ConfigError(
-            "the dlq commands do not read a share group's configuration yet: point them at a "
-            f'[source] kind = "kafka" configuration whose dead_letter_topic is '
-            f"{source.dlq_topic!r} (docs/kafka-share.md)"
-        )
+        # An ordinary topic, read (and replayed to the share group's topic) as the classic
+        # source's, with the same brokers, SASL and TLS.
+        from rowbatch.consumer.dlq.kafka_queue import KafkaDeadLetterQueue  # noqa: PLC0415
+
+        return KafkaDeadLetterQueue(source.classic_view(), timeout_s=timeout_s)
     if isinstance(source, PubSubSettings):
         if source.dead_letter_topic is None:
             raise ConfigError(

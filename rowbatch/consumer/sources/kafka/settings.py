@@ -9,17 +9,13 @@ import ssl
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, model_validator
 
 from rowbatch.consumer.section import MiB
 from rowbatch.consumer.sources.kafka.errors import KafkaConfigError
+from rowbatch.consumer.sources.kafka_layout import KafkaTopicLayout
+from rowbatch.consumer.sources.kafka_security import KafkaSecurity
 from rowbatch.consumer.sources.scaling_settings import ScalingInputs
-
-_DAY_MS = 24 * 3600 * 1000
-
-SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
-SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
-
 
 FETCH_BUDGET_SHARE: Final = 32
 """Unless ``fetch_max_bytes`` is set, a fetch response brings at most this fraction of the
@@ -33,11 +29,13 @@ the same speed."""
 MIN_FETCH_BYTES: Final = 64 * 1024
 
 
-class KafkaSettings(ScalingInputs):
+class KafkaSettings(KafkaTopicLayout, KafkaSecurity, ScalingInputs):
     """An Apache Kafka topic read as a consumer-group member (offsets committed by the
     consumer, per partition, only below records that are written or dead-lettered). See
     ``sources/kafka/source.py`` for how commits, rebalances, pauses and retries work. The
-    autoscaling inputs shared with Pub/Sub are :class:`ScalingInputs`."""
+    autoscaling inputs shared with Pub/Sub are :class:`ScalingInputs`; SASL and TLS
+    (:class:`KafkaSecurity`) and what ``admin ensure`` creates (:class:`KafkaTopicLayout`)
+    are shared with the share-group source."""
 
     kind: Literal["kafka"] = "kafka"
     bootstrap_servers: str = Field(min_length=1)
@@ -87,17 +85,6 @@ class KafkaSettings(ScalingInputs):
     record batch larger than this, so a large message is never stuck."""
     max_poll_records: int = Field(default=500, ge=1)
     """Most records taken from the client per poll (also bounded by the read-ahead room)."""
-    security_protocol: SecurityProtocol = "PLAINTEXT"
-    sasl_mechanism: SaslMechanism | None = None
-    """Required with ``SASL_PLAINTEXT``/``SASL_SSL``."""
-    sasl_plain_username: str | None = None
-    sasl_plain_password: SecretStr | None = None
-    ssl_cafile: Path | None = None
-    """CA bundle for the brokers' certificates (default: the system's)."""
-    ssl_certfile: Path | None = None
-    """Client certificate for mutual TLS (with ``ssl_keyfile``)."""
-    ssl_keyfile: Path | None = None
-    ssl_key_password: SecretStr | None = None
     client_id: str = "rowbatch-consumer"
     lag_interval_s: float = Field(default=5.0, gt=0)
     """How often per-partition lag is measured and exported."""
@@ -114,42 +101,9 @@ class KafkaSettings(ScalingInputs):
     """How long start-up waits for brokers that do not answer (retrying with backoff, as for
     the model server and the sink) before giving up with an error: a broker that restarts
     with the consumer is not a reason to exit."""
-    # What ``admin ensure`` creates and checks; the consumer itself does not read these.
-    partitions: int = Field(default=6, ge=1)
-    """The topic's partition count: also the most consumer replicas that get work (an
-    autoscaler's cap)."""
-    replication_factor: int = Field(default=3, ge=1, le=32767)
-    """Of the topic and its dead-letter topic (1 on a single-broker cluster)."""
-    retention_ms: int = Field(default=7 * _DAY_MS, ge=-1)
-    """``retention.ms`` of the topic and its dead-letter topic (-1: forever)."""
-    dead_letter_partitions: int = Field(default=1, ge=1)
-    """The dead-letter topic's partition count (dead letters are few)."""
 
     @model_validator(mode="after")
     def _consistent(self) -> KafkaSettings:
-        sasl = self.security_protocol.startswith("SASL_")
-        if sasl and (
-            self.sasl_mechanism is None
-            or not self.sasl_plain_username
-            or self.sasl_plain_password is None
-        ):
-            raise ValueError(
-                f"security_protocol {self.security_protocol} needs sasl_mechanism (PLAIN, "
-                f"SCRAM-SHA-256 or SCRAM-SHA-512), sasl_plain_username and sasl_plain_password"
-            )
-        if not sasl and self.sasl_mechanism is not None:
-            raise ValueError(
-                f"sasl_mechanism {self.sasl_mechanism} needs security_protocol SASL_PLAINTEXT "
-                f"or SASL_SSL, not {self.security_protocol}"
-            )
-        tls_files = [n for n in ("ssl_cafile", "ssl_certfile", "ssl_keyfile") if getattr(self, n)]
-        if tls_files and not self.tls:
-            raise ValueError(
-                f"{', '.join(tls_files)} need security_protocol SSL or SASL_SSL, "
-                f"not {self.security_protocol}"
-            )
-        if self.ssl_keyfile and not self.ssl_certfile:
-            raise ValueError("ssl_keyfile needs ssl_certfile")
         if self.heartbeat_interval_ms >= self.session_timeout_ms:
             raise ValueError(
                 f"heartbeat_interval_ms ({self.heartbeat_interval_ms}) must be below "
@@ -171,10 +125,6 @@ class KafkaSettings(ScalingInputs):
         """The dead-letter topic: ``dead_letter_topic``, else ``<topic>.dlq``."""
         return self.dead_letter_topic or f"{self.topic}.dlq"
 
-    @property
-    def tls(self) -> bool:
-        return self.security_protocol in ("SSL", "SASL_SSL")
-
     def client_options(self) -> dict[str, Any]:
         """What both aiokafka clients take: address, identity, security (secrets unwrapped);
         ``KafkaConfigError`` when the TLS files cannot be used."""
@@ -183,7 +133,7 @@ class KafkaSettings(ScalingInputs):
             "client_id": self.client_id,
             "security_protocol": self.security_protocol,
         }
-        if self.security_protocol.startswith("SASL_"):
+        if self.sasl:
             assert self.sasl_plain_password is not None  # checked above
             options.update(
                 sasl_mechanism=self.sasl_mechanism,

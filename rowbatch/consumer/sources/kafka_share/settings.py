@@ -1,4 +1,9 @@
-"""The ``[source]`` settings of a Kafka share group (``kind = "kafka-share"``)."""
+"""The ``[source]`` settings of a Kafka share group (``kind = "kafka-share"``): brokers, topic,
+group, members, the record lock, SASL and TLS (:class:`KafkaSecurity`, shared with the classic
+Kafka source) and what ``rowbatch-consumer admin ensure`` creates (:class:`KafkaTopicLayout`,
+shared too); turned into confluent-kafka's (librdkafka's) configuration of the source's
+clients, or, for the tools that read and replay the dead-letter topic, into the classic
+source's settings of the same topics (:meth:`KafkaShareSettings.classic_view`)."""
 
 from __future__ import annotations
 
@@ -6,18 +11,21 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from rowbatch.consumer.sources.kafka.settings import KafkaSettings
+from rowbatch.consumer.sources.kafka_layout import KafkaTopicLayout
+from rowbatch.consumer.sources.kafka_security import KafkaSecurity
 from rowbatch.consumer.sources.scaling_settings import ScalingInputs
 
 LOCK_SHARE_FOR_WAIT = 4
 """``model.max_wait_ms`` may take at most 1/4 of a record's lock."""
 
 
-class KafkaShareSettings(ScalingInputs):
+class KafkaShareSettings(KafkaTopicLayout, KafkaSecurity, ScalingInputs):
     """A topic read as a member of a share group: records are locked to this consumer for
     ``lock_duration_s`` from their delivery, and acknowledged one by one once written
     (accepted), dead-lettered (rejected, after rowbatch's own dead letter is confirmed) or given
-    back (released). Experimental: the client (confluent-kafka's ``ShareConsumer``) is Preview,
-    PLAINTEXT only here."""
+    back (released). Experimental: the client (confluent-kafka's ``ShareConsumer``) is
+    Preview."""
 
     kind: Literal["kafka-share"] = "kafka-share"
     bootstrap_servers: str = Field(min_length=1)
@@ -42,7 +50,8 @@ class KafkaShareSettings(ScalingInputs):
     write a no-op). Set on the group when ``configure_group`` is on."""
     configure_group: bool = True
     """At start-up, set the group's ``share.auto.offset.reset`` and
-    ``share.record.lock.duration.ms`` (an admin call on the group's configuration)."""
+    ``share.record.lock.duration.ms`` (an admin call on the group's configuration); also what
+    ``admin ensure`` sets on the group (off: it leaves the group's configuration alone)."""
     auto_offset_reset: Literal["earliest", "latest"] = "earliest"
     """Where the group starts on partitions it has not read (Kafka's default is ``latest``:
     records produced before the first member joined are skipped)."""
@@ -60,6 +69,8 @@ class KafkaShareSettings(ScalingInputs):
                 "max_delivery_attempts above 10: the broker archives a record after at most 10 "
                 "deliveries (group.share.delivery.count.limit is 2-10)"
             )
+        if self.dead_letter_topic == self.topic:
+            raise ValueError(f"dead_letter_topic must differ from topic ({self.topic!r})")
         return self
 
     def check_fits(self, max_wait_s: float) -> None:
@@ -79,10 +90,41 @@ class KafkaShareSettings(ScalingInputs):
     def dlq_topic(self) -> str:
         return self.dead_letter_topic or f"{self.topic}.dlq"
 
+    @property
+    def lock_duration_ms(self) -> int:
+        """``lock_duration_s`` as the group's ``share.record.lock.duration.ms``."""
+        return int(self.lock_duration_s * 1000)
+
     def client_config(self) -> dict[str, str | int]:
         """What every client of the source takes (confluent-kafka / librdkafka keys): the
-        brokers' address and this client's identity."""
-        return {"bootstrap.servers": self.bootstrap_servers, "client.id": self.client_id}
+        brokers' address, this client's identity, SASL and TLS (secrets unwrapped);
+        ``SourceConfigError`` when a TLS file does not exist."""
+        return {
+            "bootstrap.servers": self.bootstrap_servers,
+            "client.id": self.client_id,
+            **self.librdkafka_security(),
+        }
+
+    def classic_view(self) -> KafkaSettings:
+        """The classic Kafka source's settings of the same brokers, SASL and TLS, topic,
+        dead-letter topic and topic layout: the dead-letter topic is an ordinary topic, read,
+        replayed (to ``topic``, where the share group takes the records again) and created by
+        the same code as the classic source's (the ``dlq`` commands, ``admin ensure``). Not for
+        consuming: its ``group_id`` is the share group's, which no consumer group can join."""
+        shared = {
+            name: getattr(self, name)
+            for name in (*KafkaSecurity.model_fields, *KafkaTopicLayout.model_fields)
+        }
+        return KafkaSettings(
+            bootstrap_servers=self.bootstrap_servers,
+            topic=self.topic,
+            group_id=self.group_id,
+            dead_letter_topic=self.dlq_topic,
+            client_id=self.client_id,
+            dead_letter_timeout_s=self.dead_letter_timeout_s,
+            check_timeout_s=self.check_timeout_s,
+            **shared,
+        )
 
     def consumer_config(self) -> dict[str, str | int]:
         """A share consumer's configuration."""
