@@ -27,6 +27,7 @@ from rowbatch.consumer.sources.base import (
 )
 from rowbatch.consumer.sources.delivery import DeadLetterReason, Delivery
 from rowbatch.consumer.sources.kafka.dead_letters import dead_letter_headers
+from rowbatch.consumer.sources.kafka_share.client_log import client_logger
 from rowbatch.consumer.sources.kafka_share.member import (
     Ack,
     Member,
@@ -42,6 +43,9 @@ from rowbatch.wire.headers.fields import kafka_headers_to_attributes
 
 log = logging.getLogger(__name__)
 
+RECONNECT_BACKOFF_MS = 1000
+"""librdkafka's first wait before it connects to a broker again (doubling up to 10 s); its
+default, 100 ms, has the share consumer try dozens of times a second while a broker is down."""
 STOP_WAIT_S = 15.0
 """How long ``close`` waits for each member's thread (its last commit included)."""
 
@@ -59,6 +63,12 @@ def _confluent() -> Any:
             "kafka-share source needs 2.15 or later"
         )
     return confluent_kafka
+
+
+def client_logging() -> dict[str, Any]:
+    """What each librdkafka client of the source is given: its log through Python's logging,
+    thinned (:mod:`.client_log`), and a reconnect backoff that does not flood it."""
+    return {"logger": client_logger(), "reconnect.backoff.ms": RECONNECT_BACKOFF_MS}
 
 
 def delivery_of(record: ShareRecord) -> tuple[Delivery, WireError | None]:
@@ -127,12 +137,8 @@ class KafkaShareSource:
         kafka = _confluent()
         admin_api = importlib.import_module("confluent_kafka.admin")
         AdminClient = admin_api.AdminClient  # noqa: N806
-        AlterConfigOpType = admin_api.AlterConfigOpType  # noqa: N806
-        ConfigEntry = admin_api.ConfigEntry  # noqa: N806
-        ConfigResource = admin_api.ConfigResource  # noqa: N806
-        ResourceType = admin_api.ResourceType  # noqa: N806
 
-        admin = AdminClient(self._s.client_config())
+        admin = AdminClient({**self._s.client_config(), **client_logging()})
         try:
             topics = admin.list_topics(timeout=self._s.check_timeout_s).topics
         except kafka.KafkaException as exc:
@@ -143,32 +149,16 @@ class KafkaShareSource:
         if missing:
             raise SourceConfigError(
                 f"topic(s) {missing} do not exist on {self._s.bootstrap_servers} "
-                "(rowbatch-consumer admin ensure does not create share-group topics yet)"
+                "(rowbatch-consumer admin ensure creates them)"
             )
         if not self._s.configure_group:
             return
-        entries = [
-            ConfigEntry(
-                "share.auto.offset.reset",
-                self._s.auto_offset_reset,
-                incremental_operation=AlterConfigOpType.SET,
-            ),
-            ConfigEntry(
-                "share.record.lock.duration.ms",
-                str(int(self._s.lock_duration_s * 1000)),
-                incremental_operation=AlterConfigOpType.SET,
-            ),
-        ]
-        resource = ConfigResource(ResourceType.GROUP, self._s.group_id, incremental_configs=entries)
-        future = admin.incremental_alter_configs([resource])[resource]
-        try:
-            future.result(timeout=self._s.check_timeout_s)
-        except kafka.KafkaException as exc:
-            raise SourceConfigError(
-                f"cannot configure share group {self._s.group_id!r} (share.auto.offset.reset, "
-                f"share.record.lock.duration.ms; set configure_group = false to leave it as it "
-                f"is): {exc}"
-            ) from exc
+        from rowbatch.consumer.sources.kafka_share import group_config  # noqa: PLC0415
+
+        configs = group_config.ConfluentGroupConfigs(
+            admin, address=self._s.bootstrap_servers, timeout_s=self._s.check_timeout_s
+        )
+        group_config.configure_share_group(configs, self._s)
 
     # --- deliveries ---------------------------------------------------------------------------
 
@@ -181,7 +171,7 @@ class KafkaShareSource:
         self._loop = asyncio.get_running_loop()
         if self._client is None or self._ack_types is None:
             kafka = _confluent()
-            config = self._s.consumer_config()
+            config = {**self._s.consumer_config(), **client_logging()}
             self._client = self._client or (lambda: kafka.ShareConsumer(config))
             kinds = kafka.AcknowledgeType
             self._ack_types = self._ack_types or {
@@ -289,7 +279,7 @@ class KafkaShareSource:
     ) -> None:
         kafka = _confluent()
         if self._producer is None:
-            self._producer = kafka.Producer(self._s.producer_config())
+            self._producer = kafka.Producer({**self._s.producer_config(), **client_logging()})
         outcome: list[Any] = []
         self._producer.produce(
             self._s.dlq_topic,
