@@ -18,6 +18,9 @@ section and write everything to JSON.
                                                   one consumer with no candidate, a shadow, a
                                                   shadow whose candidate is down, a 10 % canary:
                                                   rows/s and CPU (docs/rollout.md)
+    python -m bench share [--repeat N] [--rows N]  a Kafka share group with 1, 2, 4 consumer
+                                                  processes on one partition against the classic
+                                                  group with 1 and 4 (docs/benchmarks.md)
 """
 
 from __future__ import annotations
@@ -216,6 +219,10 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0911, PLR0912 - one 
         from bench import rollout  # noqa: PLC0415 - only when asked for
 
         return rollout.main(given[1:])
+    if given[:1] == ["share"]:  # its own stack: a share group past the partition count
+        from bench import share  # noqa: PLC0415 - only when asked for
+
+        return share.main(given[1:])
     args = parse_args(argv)
     _stop_cleanly_on_signals()
     command = shlex.join([Path(sys.executable).name, "-m", "bench", *(argv or sys.argv[1:])])
