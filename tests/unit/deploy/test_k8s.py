@@ -35,8 +35,8 @@ from tests.unit.deploy.kustomize import kustomize
 
 ROOT = Path(__file__).resolve().parents[3]
 K8S = ROOT / "deploy" / "k8s"
-OVERLAYS = ("gke-pubsub", "kafka-keda", "triton")
-CONSUMER_OVERLAYS = ("gke-pubsub", "kafka-keda")
+OVERLAYS = ("gke-pubsub", "kafka-keda", "kafka-share-keda", "triton")
+CONSUMER_OVERLAYS = ("gke-pubsub", "kafka-keda", "kafka-share-keda")
 STANDALONE = ("base", "backfill")  # kustomizations of their own, not under overlays/
 K8S_VERSION = "1.32.0"
 CONFIG_PATH = "/etc/rowbatch/consumer.toml"

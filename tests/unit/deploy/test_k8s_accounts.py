@@ -16,7 +16,12 @@ import pytest
 from tests.unit.deploy.kustomize import kustomize
 
 K8S = Path(__file__).resolve().parents[3] / "deploy" / "k8s"
-WITH_ACCOUNTS = ("base", "overlays/gke-pubsub", "overlays/kafka-keda")
+WITH_ACCOUNTS = (
+    "base",
+    "overlays/gke-pubsub",
+    "overlays/kafka-keda",
+    "overlays/kafka-share-keda",
+)
 WORKLOADS = ("Deployment", "Job")
 
 

@@ -22,19 +22,25 @@ from tests.unit.deploy.kustomize import kustomize, overlay
 ROOT = Path(__file__).resolve().parents[3]
 K8S = ROOT / "deploy" / "k8s"
 DEPLOY_DOC = ROOT / "docs" / "deploy.md"
-WITH_ADMIN_JOB = ("base", "gke-pubsub", "kafka-keda")  # triton has no consumer and no Job
+# triton has no consumer and no Job
+WITH_ADMIN_JOB = ("base", "gke-pubsub", "kafka-keda", "kafka-share-keda")
 # The rendered Job is admin-<the ConfigMap's hashed name>; admin-job.yaml names it
 # rowbatch-admin-ensure, which patches use.
 JOB_PREFIX = "admin-"
 CONFIG_MAP = "rowbatch-consumer-config"
 HASHED = re.compile(rf"{CONFIG_MAP}-[a-z0-9]{{10}}")  # kustomize's generator suffix
 LABEL_VALUE_MAX = 63  # the Job controller labels its pods job-name=<the Job's name>
-# Where each kustomization's consumer.toml comes from (kafka-keda replaces the base's), and a
-# value admin ensure compares on the broker.
+# Where each kustomization's consumer.toml comes from (the Kafka overlays replace the base's),
+# and a value admin ensure compares on the broker.
 CONFIG_SOURCE = {
     "base": ("base/consumer.toml", "ack_deadline_s = 60", "ack_deadline_s = 120"),
     "gke-pubsub": ("base/consumer.toml", "ack_deadline_s = 60", "ack_deadline_s = 120"),
     "kafka-keda": ("overlays/kafka-keda/consumer.toml", "partitions = 12", "partitions = 24"),
+    "kafka-share-keda": (
+        "overlays/kafka-share-keda/consumer.toml",
+        "partitions = 6",
+        "partitions = 12",
+    ),
 }
 
 

@@ -25,6 +25,7 @@ RENDERED = (
     "base",
     "overlays/gke-pubsub",
     "overlays/kafka-keda",
+    "overlays/kafka-share-keda",
     "overlays/vllm",
     "overlays/triton",
     "backfill",

@@ -1,14 +1,14 @@
 """deploy/k8s/components/network-policy, included as its comments say: in an overlay of the
-consumers (kafka-keda with the kafka sub-component, gke-pubsub with google-apis), it renders and
-validates, isolates every pod of rowbatch's (the consumers and admin ensure) in both
-directions, and lets through only what they need. The test asks a small evaluator of
-NetworkPolicy's rules (selectors, namespaces, ipBlocks, named ports) whether a connection is
-allowed: DNS to kube-dns, the brokers the consumers are configured with (Strimzi's pods in the
-namespace the bootstrap address names), the model servers (Triton's and vLLM's pods, as their
-overlays render them, on the port the consumers' model.url names), the sink, Google's APIs and
-the GKE metadata server; metrics scraped from the monitoring namespaces only; and nothing else.
-It leaves the model servers' pods alone (it does not select them), and holds under an
-operator's namePrefix and instance label."""
+consumers (kafka-keda and kafka-share-keda with the kafka sub-component, gke-pubsub with
+google-apis), it renders and validates, isolates every pod of rowbatch's (the consumers and
+admin ensure) in both directions, and lets through only what they need. The test asks a
+small evaluator of NetworkPolicy's rules (selectors, namespaces, ipBlocks, named ports)
+whether a connection is allowed: DNS to kube-dns, the brokers the consumers are configured
+with (Strimzi's pods in the namespace the bootstrap address names), the model servers
+(Triton's and vLLM's pods, as their overlays render them, on the port the consumers'
+model.url names), the sink, Google's APIs and the GKE metadata server; metrics scraped from
+the monitoring namespaces only; and nothing else. It leaves the model servers' pods alone (it
+does not select them), and holds under an operator's namePrefix and instance label."""
 
 from __future__ import annotations
 
@@ -36,7 +36,8 @@ NAMESPACE = "rowbatch"  # where the operator applies the overlay
 MONITORING = ("monitoring", "gmp-system")  # kube-prometheus-stack's, GKE managed collection's
 POSTGRES_PORT = 5432
 # Which sub-component each consumer overlay takes with the component.
-BROKERS = {"kafka-keda": "kafka", "gke-pubsub": "google-apis"}
+BROKERS = {"kafka-keda": "kafka", "kafka-share-keda": "kafka", "gke-pubsub": "google-apis"}
+KAFKA_OVERLAYS = [where for where, broker in BROKERS.items() if broker == "kafka"]
 ROWBATCH = ("rowbatch-consumer", "rowbatch-admin")  # app.kubernetes.io/name of their pods
 GOOGLE_API_IP = "142.250.72.10"  # one of Google's public addresses (pubsub.googleapis.com)
 GKE_METADATA = (("169.254.169.254", 80), ("169.254.169.252", 988))
@@ -194,14 +195,13 @@ def _model_servers() -> list[tuple[Pod, int]]:
     ]
 
 
-def _brokers() -> list[tuple[Pod, int]]:
-    """A pod of the Strimzi cluster the kafka-keda bootstrap address names, in its
-    namespace, with Strimzi's labels for a Kafka broker."""
-    (trigger,) = next(d for d in _render("kafka-keda") if d["kind"] == "ScaledObject")["spec"][
-        "triggers"
-    ]
+def _brokers(where: str) -> list[tuple[Pod, int]]:
+    """A pod of the Strimzi cluster the overlay's bootstrap address (its consumer.toml's; in
+    kafka-keda KEDA's is held the same) names, in its namespace, with Strimzi's labels for a
+    Kafka broker."""
     brokers = []
-    for host, port in bootstrap_addresses(trigger["metadata"]["bootstrapServers"]):
+    servers = _config(_render(where))["source"]["bootstrap_servers"]
+    for host, port in bootstrap_addresses(servers):
         named = STRIMZI_BOOTSTRAP.fullmatch(host)
         assert named is not None, host
         labels = {
@@ -252,9 +252,12 @@ def test_dns_reaches_kube_dns_only(where: str, tmp_path: Path) -> None:
             assert not allowed(docs, "Egress", pod, STRANGER, 53, protocol)
 
 
-def test_the_consumers_and_admin_ensure_reach_the_configured_brokers(tmp_path: Path) -> None:
-    docs = _include(tmp_path, "kafka-keda")
-    for broker, port in _brokers():
+@pytest.mark.parametrize("where", KAFKA_OVERLAYS)
+def test_the_consumers_and_admin_ensure_reach_the_configured_brokers(
+    where: str, tmp_path: Path
+) -> None:
+    docs = _include(tmp_path, where)
+    for broker, port in _brokers(where):
         for name, pod in _rowbatch_pods(docs).items():
             assert allowed(docs, "Egress", pod, broker, port), name
             assert not allowed(docs, "Egress", pod, broker, port + 1), name
@@ -346,8 +349,8 @@ def test_an_instance_under_a_prefix_and_its_own_label_keeps_the_same_rules(
         assert allowed(docs, "Egress", consumer, server, port)
     prometheus = Pod("10.8.4.10", MONITORING[0], {"app.kubernetes.io/name": "prometheus"})
     assert allowed(docs, "Ingress", consumer, prometheus, consumer.ports["metrics"])
-    if where == "kafka-keda":
-        for broker, port in _brokers():
+    if BROKERS[where] == "kafka":
+        for broker, port in _brokers(where):
             assert allowed(docs, "Egress", consumer, broker, port)
     # another instance's pods are not this one's to open
     other = Pod(consumer.ip, NAMESPACE, {**consumer.labels, "app.kubernetes.io/instance": "prod"})
