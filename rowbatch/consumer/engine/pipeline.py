@@ -71,7 +71,7 @@ from rowbatch.consumer.engine.watch import WATCH_INTERVAL_S, PipelineState, Watc
 from rowbatch.consumer.engine.write_stage import WriteLimits, WriteStage
 from rowbatch.consumer.model.handler import ModelHandler
 from rowbatch.consumer.sinks.base import BuffersFiles, ColumnSpec, CommitsWrites, Sink
-from rowbatch.consumer.sources.base import KeepsRowProgress, Source, WorkBound
+from rowbatch.consumer.sources.base import KeepsRowProgress, SaturatesItself, Source, WorkBound
 from rowbatch.timing import SYSTEM_CLOCKS, Backoff, Clocks
 
 __all__ = [
@@ -377,7 +377,7 @@ class Pipeline:
         self.watch = Watch(
             context,
             state=PipelineState(
-                waiting_for_room=lambda: self._intake.waiting_for_room,
+                waiting_for_room=self._waiting_for_room,
                 backing_off=lambda: not self.gate.is_open,
                 in_flight=lambda: self._inference.in_flight,
                 max_in_flight=settings.max_in_flight,
@@ -389,6 +389,13 @@ class Pipeline:
         metrics.budget_bytes.set(budget.limit)
         metrics.read_ahead_bytes.set_function(lambda: budget.ahead)
         metrics.target_batch_size.set(settings.target_batch_size)
+
+    def _waiting_for_room(self) -> bool:
+        """The replica runs at its capacity: work waits for room in the pipeline, or a source
+        that bounds itself hands out all it can."""
+        if self._intake.waiting_for_room:
+            return True
+        return isinstance(self._source, SaturatesItself) and self._source.at_capacity()
 
     def _source_follows_gate(self, is_open: bool) -> None:
         """Consumption pauses while the gate is closed (something is backing off)."""

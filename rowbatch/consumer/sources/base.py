@@ -119,6 +119,18 @@ class DeliversVectors(Protocol):
 
 
 @runtime_checkable
+class SaturatesItself(Protocol):
+    """Optional part of :class:`Source`: a source that bounds what it hands out by itself (a
+    share group's members each hold one poll until it is acknowledged) can be the limit of a
+    replica's rate without work ever waiting for room in the pipeline. ``at_capacity()``: it
+    hands out all it can now (every member holds records), so the replica's rate is its
+    capacity, as when the pipeline is full (the scaling signal's measured
+    ``rows_per_s_per_replica``)."""
+
+    def at_capacity(self) -> bool: ...
+
+
+@runtime_checkable
 class AcksVectors(Protocol):
     """Optional part of :class:`Source`: ``ack`` of many deliveries at once (the messages of
     one sink write), with the bookkeeping done once."""

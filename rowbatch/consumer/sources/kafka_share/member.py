@@ -150,6 +150,8 @@ class Member:
         self.failure: BaseException | None = None
         """Why the member ended for good: its client could not be made."""
         self.restarts = 0
+        self.holding = False
+        """Records of this member's last poll are in the pipeline, not all acknowledged."""
         self.records = 0
         """Records this member took (for reports of each member's share)."""
 
@@ -231,6 +233,13 @@ class Member:
             return
         self._failures = 0
         self.records += len(held)
+        self.holding = True
+        try:
+            self._settle_batch(client, held)
+        finally:
+            self.holding = False
+
+    def _settle_batch(self, client: ShareClient, held: dict[tuple[int, int], Any]) -> None:
         self._handoff(self, [record_of(m) for m in held.values()])
         while held and not self._stopping.is_set():
             self._apply(client, held, self._acks.get())

@@ -297,6 +297,13 @@ class KafkaShareSource:
 
     # --- flow ---------------------------------------------------------------------------------
 
+    def at_capacity(self) -> bool:
+        """Every member holds records the pipeline has not settled: this replica handles all
+        it can take (``SaturatesItself``), so its rate is its capacity. Not while paused (an
+        outage is not a measure of capacity)."""
+        members = self._members
+        return not self._paused and bool(members) and all(m.holding for m in members)
+
     def pause(self) -> None:
         self._paused = True
         for member in self._members:

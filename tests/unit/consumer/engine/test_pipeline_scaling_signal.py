@@ -182,3 +182,33 @@ async def test_the_watch_reports_backoff_and_full_slots_to_the_signal() -> None:
     assert not signal.conditions.backing_off
     stop.set()
     await asyncio.wait_for(task, 10)
+
+
+class SelfBoundSource(FakeSource):
+    """A source that bounds what it hands out itself (``SaturatesItself``)."""
+
+    full = False
+
+    def at_capacity(self) -> bool:
+        return self.full
+
+
+def test_a_source_at_its_own_capacity_makes_the_replica_count_as_saturated() -> None:
+    """A share group's members each hold one poll: the replica can run at its capacity with
+    no work waiting for room in the pipeline, and then its rate is still its capacity."""
+    source = SelfBoundSource([], hold_open=True)
+    pipeline = make_pipeline(
+        source, FakeSink(), FnModel(double), target_batch_size=4, max_wait_s=0.0, max_in_flight=1
+    )
+    assert not pipeline._waiting_for_room()
+    source.full = True
+    assert pipeline._waiting_for_room()
+    plain = make_pipeline(
+        FakeSource([]),
+        FakeSink(),
+        FnModel(double),
+        target_batch_size=4,
+        max_wait_s=0.0,
+        max_in_flight=1,
+    )
+    assert not plain._waiting_for_room()

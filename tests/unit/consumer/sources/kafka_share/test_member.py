@@ -167,3 +167,23 @@ def test_refused_commits_are_told() -> None:
         member.stop()
         assert member.join(5.0)
     assert refused == [1] and member.restarts == 0
+
+
+async def test_the_source_is_at_capacity_while_every_member_holds_records() -> None:
+    fake = FakeShareConsumer([[Message(0)]])
+    source = KafkaShareSource(
+        settings(), consumer_version="test", client=lambda: fake, ack_types={a: a for a in Ack}
+    )
+    assert not source.at_capacity()  # no member yet
+    [d] = await take(source, 1)
+    assert source.at_capacity()  # its one member holds the record
+    source.pause()
+    assert not source.at_capacity()  # an outage measures no capacity
+    source.resume()
+    await source.ack(d)
+    for _ in range(500):
+        if not source.at_capacity():
+            break
+        await asyncio.sleep(0.01)
+    assert not source.at_capacity()
+    await source.close()
