@@ -29,7 +29,6 @@ import argparse
 import os
 import re
 import shlex
-import signal
 import sys
 import time
 import traceback
@@ -58,6 +57,7 @@ from bench import (
 )
 from bench.help_text import description
 from bench.report import Report, RunInfo
+from bench.run_start import stop_cleanly_on_signals
 from bench.stack import Bench, bench_stack, drop_pubsub_feeds
 from bench.targets import check_targets
 from harness.service import REPO_ROOT
@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0911, PLR0912 - one 
 
         return share.main(given[1:])
     args = parse_args(argv)
-    _stop_cleanly_on_signals()
+    stop_cleanly_on_signals()
     command = shlex.join([Path(sys.executable).name, "-m", "bench", *(argv or sys.argv[1:])])
     started = time.monotonic()
     here = machine.describe()
@@ -259,17 +259,6 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0911, PLR0912 - one 
         _write_tables(report, args.out.with_suffix(".txt"))
     print(f"\nTotal {time.monotonic() - started:.0f} s; results in {args.out}")
     return 1 if report.errors else 0
-
-
-def _stop_cleanly_on_signals() -> None:
-    """SIGTERM, and SIGINT even where a background shell set it to be ignored, end the run
-    through its ``with`` blocks, so every service it started is stopped by pid."""
-
-    def stop(signum: int, _frame: object) -> None:
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _run_sections(args: BenchArgs, report: Report, bench: Bench) -> None:

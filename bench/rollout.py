@@ -23,7 +23,6 @@ import dataclasses
 import json
 import os
 import platform
-import shlex
 import sys
 import time
 import traceback
@@ -53,17 +52,15 @@ from bench.rollout_report import (
     order,
     span_of,
 )
+from bench.run_start import Log, error_text, header, machine_ticks, stop_cleanly_on_signals
 from bench.server_admission import (
     CHUNK_ROWS,
     Consumer,
     Setup,
-    _drop_feeds,
-    _error,
-    _stop_cleanly_on_signals,
     consumer_config,
     dead_letters,
+    drop_feeds,
     fleet,
-    header,
     must,
     publish_rows,
     table_count,
@@ -127,18 +124,6 @@ def rollout_config(
 
 
 # --- readings --------------------------------------------------------------------------------
-
-
-def machine_ticks(stat: Path = Path("/proc/stat")) -> tuple[int, int]:
-    """The machine's busy and total CPU ticks since boot (``/proc/stat``'s ``cpu`` line; busy:
-    all but idle and iowait); (0, 0) where it cannot be read."""
-    try:
-        with stat.open() as f:
-            fields = [int(v) for v in f.readline().split()[1:]]
-    except (OSError, ValueError):
-        return 0, 0
-    total = sum(fields[:8])  # guest times are counted in user already
-    return total - sum(fields[3:5]), total
 
 
 def sample(registry: CollectorRegistry) -> Sample:
@@ -304,17 +289,6 @@ async def one_round(rig: Rig, mode: Mode, index: int, position: int, rows: int) 
     )
 
 
-class Log:
-    """What the run prints, kept for the ``.txt`` beside the JSON."""
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def __call__(self, text: str) -> None:
-        print(text, flush=True)
-        self.lines.append(text)
-
-
 async def run_all(rig: Rig, repeat: int, rows: int, say: Log) -> Rollout:
     rounds: list[Round] = []
     failed: list[Failed] = []
@@ -323,9 +297,9 @@ async def run_all(rig: Rig, repeat: int, rows: int, say: Log) -> Rollout:
         await one_round(rig, "off", 0, 0, WARM_UP_ROWS)
     except Exception as exc:  # noqa: BLE001 - the rounds still run
         traceback.print_exc()
-        say(f"  FAILED: {_error(exc)}")
+        say(f"  FAILED: {error_text(exc)}")
     finally:
-        _drop_feeds(rig.setup.pubsub)
+        drop_feeds(rig.setup.pubsub)
     for index in range(1, repeat + 1):
         for position, mode in enumerate(order(index), 1):
             say(f"[round {index} of {repeat}, {position}. {mode}] ...")
@@ -333,8 +307,8 @@ async def run_all(rig: Rig, repeat: int, rows: int, say: Log) -> Rollout:
                 r = await one_round(rig, mode, index, position, rows)
             except Exception as exc:  # noqa: BLE001 - one failed round must not lose the rest
                 traceback.print_exc()
-                failed.append(Failed(mode, index, _error(exc)))
-                say(f"  FAILED: {_error(exc)}")
+                failed.append(Failed(mode, index, error_text(exc)))
+                say(f"  FAILED: {error_text(exc)}")
             else:
                 rounds.append(r)
                 compared = "" if r.compared_rows is None else f", compared {r.compared_rows:,}"
@@ -349,7 +323,7 @@ async def run_all(rig: Rig, repeat: int, rows: int, say: Log) -> Rollout:
                     f"{r.arm_mismatches}"
                 )
             finally:
-                _drop_feeds(rig.setup.pubsub)
+                drop_feeds(rig.setup.pubsub)
     params = Params(
         model=MODEL,
         candidate=CANDIDATE,
@@ -409,15 +383,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     given = list(argv if argv is not None else sys.argv[2:])
     args = parse_args(given)
-    _stop_cleanly_on_signals()
+    stop_cleanly_on_signals()
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run = RunDir(REPO_ROOT / ".stack" / "rollout" / stamp)
     out: Path = args.out or RESULTS / f"rollout-{time.strftime('%Y-%m-%d')}.json"
     here = machine.describe()
-    head = {
-        **header(given, time.strftime("%Y-%m-%d %H:%M:%S %z"), here),
-        "command": shlex.join([Path(sys.executable).name, "-m", "bench", "rollout", *given]),
-    }
+    head = header("rollout", given, time.strftime("%Y-%m-%d %H:%M:%S %z"), here)
     say = Log()
     say(
         f"rowbatch rollout, {head['started_at']}\n"

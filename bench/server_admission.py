@@ -20,9 +20,6 @@ import dataclasses
 import json
 import os
 import platform
-import shlex
-import signal
-import subprocess
 import sys
 import time
 import traceback
@@ -31,7 +28,6 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import psycopg
@@ -41,6 +37,7 @@ from prometheus_client import CollectorRegistry
 from bench import machine
 from bench.help_text import description
 from bench.multi_endpoint import Feed
+from bench.run_start import error_text, header, stop_cleanly_on_signals
 from bench.server_admission_report import (
     MODES,
     Failed,
@@ -459,10 +456,6 @@ async def leave_join(setup: Setup, seed: int) -> LeaveJoin:
     )
 
 
-def _error(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
-
-
 async def run_all(setup: Setup, repeat: int) -> ServerAdmission:
     rounds: list[Round] = []
     failed: list[Failed] = []
@@ -473,8 +466,8 @@ async def run_all(setup: Setup, repeat: int) -> ServerAdmission:
                 got = await one_round(setup, mode_, index, seed=100 * index + len(rounds))
             except Exception as exc:  # noqa: BLE001 - one failed round must not lose the rest
                 traceback.print_exc()
-                failed.append(Failed(mode_, index, _error(exc)))
-                print(f"  FAILED: {_error(exc)}", flush=True)
+                failed.append(Failed(mode_, index, error_text(exc)))
+                print(f"  FAILED: {error_text(exc)}", flush=True)
             else:
                 rounds.append(got)
                 print(
@@ -486,7 +479,7 @@ async def run_all(setup: Setup, repeat: int) -> ServerAdmission:
                     flush=True,
                 )
             finally:
-                _drop_feeds(setup.pubsub)
+                drop_feeds(setup.pubsub)
     print("[leave/join, admitted] ...", flush=True)
     moves: LeaveJoin | None = None
     moves_error: str | None = None
@@ -494,10 +487,10 @@ async def run_all(setup: Setup, repeat: int) -> ServerAdmission:
         moves = await leave_join(setup, seed=4800)
     except Exception as exc:  # noqa: BLE001 - reported in the record
         traceback.print_exc()
-        moves_error = _error(exc)
+        moves_error = error_text(exc)
         print(f"  FAILED: {moves_error}", flush=True)
     finally:
-        _drop_feeds(setup.pubsub)
+        drop_feeds(setup.pubsub)
     params = Params(
         consumers=CONSUMERS,
         instances=INSTANCES,
@@ -516,7 +509,7 @@ async def run_all(setup: Setup, repeat: int) -> ServerAdmission:
     return ServerAdmission(params, tuple(rounds), tuple(failed), moves, moves_error)
 
 
-def _drop_feeds(pubsub: PubSubEndpoint) -> None:
+def drop_feeds(pubsub: PubSubEndpoint) -> None:
     """The emulator keeps a topic's messages until it is deleted: drop the round's."""
     try:
         drop_pubsub_feeds(pubsub)
@@ -532,40 +525,6 @@ def slow_repository(root: Path) -> Path:
     return fixed_latency_repository(root, {MODEL: VARIANT})
 
 
-def _git(*args: str) -> str:
-    try:
-        done = subprocess.run(
-            ["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, check=False, timeout=30
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    return done.stdout.strip() if done.returncode == 0 else ""
-
-
-def header(argv: Sequence[str], started_at: str, here: machine.Machine) -> dict[str, Any]:
-    status = _git("status", "--porcelain")
-    return {
-        "command": shlex.join(
-            [Path(sys.executable).name, "-m", "bench", "server_admission", *argv]
-        ),
-        "started_at": started_at,
-        "git_commit": _git("rev-parse", "HEAD"),
-        "git_uncommitted_files": len(status.splitlines()) if status else 0,
-        "machine": {"node": platform.node(), **dataclasses.asdict(here)},
-    }
-
-
-def _stop_cleanly_on_signals() -> None:
-    """SIGTERM and SIGINT end the run through its ``with`` blocks: every service it started
-    is stopped by its process id."""
-
-    def stop(signum: int, _frame: object) -> None:
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench server_admission", description=description(__doc__)
@@ -577,13 +536,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
-    _stop_cleanly_on_signals()
+    stop_cleanly_on_signals()
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run = RunDir(REPO_ROOT / ".stack" / "server-admission" / stamp)
     out: Path = args.out or run.root / "server-admission.json"
     here = machine.describe()
-    head = header(list(argv if argv is not None else sys.argv[2:]), time.strftime(
-        "%Y-%m-%d %H:%M:%S %z"), here)  # fmt: skip
+    head = header(
+        "server_admission",
+        list(argv if argv is not None else sys.argv[2:]),
+        time.strftime("%Y-%m-%d %H:%M:%S %z"),
+        here,
+    )
     print(
         f"rowbatch server admission, {head['started_at']}\n"
         f"  command   {head['command']}\n"

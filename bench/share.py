@@ -33,7 +33,6 @@ import contextlib
 import dataclasses
 import json
 import platform
-import shlex
 import signal
 import subprocess
 import sys
@@ -53,8 +52,7 @@ from psycopg import sql
 from bench import machine
 from bench.help_text import description
 from bench.procs import ConsumerProcess, consumers, wait_ready
-from bench.rollout import Log, machine_ticks
-from bench.server_admission import header
+from bench.run_start import Log, error_text, header, machine_ticks, stop_cleanly_on_signals
 from bench.share_report import (
     CLASSIC_ONE,
     SHARE_ONE,
@@ -380,10 +378,6 @@ def one_run(rig: Rig, config: Config, index: int, position: int, rows: int) -> R
     )
 
 
-def _error(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
-
-
 def _line(r: Run) -> str:
     shares = " / ".join(f"{s:.1%}" for s in r.shares)
     check = "ok" if r.clean else "ROW CHECK FAILED"
@@ -406,7 +400,7 @@ def run_all(rig: Rig, repeat: int, rows: int, say: Log) -> tuple[list[Run], list
             warm = one_run(rig, config, 0, 0, WARM_UP_ROWS)
         except Exception as exc:  # noqa: BLE001 - the rounds still run
             traceback.print_exc()
-            say(f"  FAILED: {_error(exc)}")
+            say(f"  FAILED: {error_text(exc)}")
         else:
             say(_line(warm))
             if not warm.clean:  # not a figure, but a lost or doubled row fails the bench
@@ -426,8 +420,8 @@ def run_all(rig: Rig, repeat: int, rows: int, say: Log) -> tuple[list[Run], list
                 r = one_run(rig, config, index, position, rows)
             except Exception as exc:  # noqa: BLE001 - one failed run must not lose the rest
                 traceback.print_exc()
-                failed.append(Failed(config.kind, config.processes, index, _error(exc)))
-                say(f"  FAILED: {_error(exc)}")
+                failed.append(Failed(config.kind, config.processes, index, error_text(exc)))
+                say(f"  FAILED: {error_text(exc)}")
             else:
                 runs.append(r)
                 say(_line(r))
@@ -467,29 +461,15 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return args
 
 
-def _stop_cleanly_on_signals() -> None:
-    """SIGTERM and SIGINT end the run through its ``with`` blocks: every process it started
-    is stopped by its process id."""
-
-    def stop(signum: int, _frame: object) -> None:
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     given = list(argv if argv is not None else sys.argv[2:])
     args = parse_args(given)
-    _stop_cleanly_on_signals()
+    stop_cleanly_on_signals()
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = RunDir(REPO_ROOT / ".stack" / "share" / stamp)
     out: Path = args.out or RESULTS / f"share-{time.strftime('%Y-%m-%d')}.json"
     here = machine.describe()
-    head = {
-        **header(given, time.strftime("%Y-%m-%d %H:%M:%S %z"), here),
-        "command": shlex.join([Path(sys.executable).name, "-m", "bench", "share", *given]),
-    }
+    head = header("share", given, time.strftime("%Y-%m-%d %H:%M:%S %z"), here)
     say = Log()
     say(
         f"rowbatch share group vs classic group, {head['started_at']}\n"

@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from bench import cli
+from bench.run_start import stop_cleanly_on_signals
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
@@ -17,7 +17,7 @@ def test_a_signal_unwinds_the_run(signum: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # as `cmd &` in a script leaves it
     unwound = []
     try:
-        cli._stop_cleanly_on_signals()
+        stop_cleanly_on_signals()
         with pytest.raises((SystemExit, KeyboardInterrupt)):
             try:
                 os.kill(os.getpid(), signum)
