@@ -15,12 +15,14 @@ The lock is 5 s and the outage two locks (10 s) by default, to keep the suite sh
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,7 @@ import numpy as np
 import psycopg
 import pytest
 from confluent_kafka import Consumer, TopicPartition
+from prometheus_client import CollectorRegistry
 
 from harness.consumer_process import ConsumerProcess, to_toml
 from harness.faults import RestartableTriton
@@ -38,12 +41,15 @@ from harness.proc import free_port
 from harness.service import RunDir
 from harness.triton import TritonEndpoint
 from rowbatch.consumer.service.config import ConsumerConfig, load_config
+from rowbatch.wire.chunks.encode import EncodedChunk
 from tests.integration import share_fixtures
-from tests.integration.consumer_helpers import consumer_running, wait_until
+from tests.integration.consumer_helpers import InProcess, consumer_running, wait_until
+from tests.integration.test_consumer_faults import own_triton
 from tests.integration.test_consumer_process import SCORER_BINDING, unique_table, wait_for
 from tests.integration.test_kafka_share import chunks_of, produce
 
-share_kafka = share_fixtures.share_kafka  # the fixture, where pytest finds it
+share_kafka = share_fixtures.share_kafka  # the fixtures, where pytest finds them
+__all__ = ["own_triton", "share_kafka"]  # fixtures used here
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -229,13 +235,44 @@ async def test_kill_9_of_two_of_four_members_loses_and_duplicates_nothing(
     assert dead_letter_count(share_kafka, f"{topic}.dlq") == 0
 
 
-@pytest.fixture
-def own_triton(run_dir: RunDir) -> Iterator[tuple[RestartableTriton, TritonEndpoint]]:
-    service = RestartableTriton(RunDir(run_dir.root / f"triton-share-{time.monotonic_ns()}"))
-    try:
-        yield service, service.start()
-    finally:
-        service.stop()
+@dataclass(frozen=True)
+class Run:
+    """One in-process consumer's scenario: ``first`` is produced and some of it written before
+    the fault, ``rest`` after it; ``want`` is the model's score of every row."""
+
+    topic: str
+    table: str
+    config: ConsumerConfig
+    first: list[EncodedChunk]
+    rest: list[EncodedChunk]
+    want: np.ndarray
+
+
+async def scenario(
+    endpoint: KafkaEndpoint, triton: TritonEndpoint, dsn: str, seed: int, before: float
+) -> Run:
+    """30,000 rows in 300 records; the share ``before`` of them is produced before the fault."""
+    topic = await new_topic(endpoint)
+    chunks, want = chunks_of(30_000, 100, seed=seed)
+    table = unique_table(f"share_{seed}")
+    config = ConsumerConfig.model_validate(
+        config_dict(endpoint, topic, triton, dsn, table) | {"server": {"port": 0}}
+    )
+    cut = int(len(chunks) * before)
+    return Run(topic, table, config, chunks[:cut], chunks[cut:], want)
+
+
+@contextlib.asynccontextmanager
+async def first_rows_written(
+    run: Run, endpoint: KafkaEndpoint, dsn: str
+) -> AsyncIterator[tuple[InProcess, CollectorRegistry]]:
+    """The consumer running, ``run.first`` produced and some of its rows written."""
+    async with consumer_running(run.config) as consumer:
+        await wait_until(lambda: bool(consumer.running), 60, "running", consumer.task)
+        registry = consumer.running[0].metrics.registry
+        await asyncio.to_thread(produce, endpoint, run.topic, run.first)
+        await wait_until(lambda: pg_rows(dsn, run.table) > 0, 60, "the first rows", consumer.task)
+        yield consumer, registry
 
 
 def sample(registry: Any, name: str, **labels: str) -> float:
@@ -249,21 +286,12 @@ async def test_a_model_outage_longer_than_the_lock_loses_archives_and_dead_lette
 ) -> None:
     service, triton = own_triton
     total = 30_000
-    topic = await new_topic(share_kafka)
-    chunks, want = chunks_of(total, 100, seed=58)
-    table = unique_table("share_outage")
-    cfg = ConsumerConfig.model_validate(
-        config_dict(share_kafka, topic, triton, postgres.dsn, table) | {"server": {"port": 0}}
-    )
-    first, rest = chunks[: len(chunks) // 3], chunks[len(chunks) // 3 :]
-    async with consumer_running(cfg) as run:
-        await wait_until(lambda: bool(run.running), 60, "running", run.task)
-        registry = run.running[0].metrics.registry
-        await asyncio.to_thread(produce, share_kafka, topic, first)
-        await wait_until(lambda: pg_rows(postgres.dsn, table) > 0, 60, "the first rows", run.task)
+    case = await scenario(share_kafka, triton, postgres.dsn, seed=58, before=1 / 3)
+    topic, table, want = case.topic, case.table, case.want
+    async with first_rows_written(case, share_kafka, postgres.dsn) as (run, registry):
         await asyncio.to_thread(service.interrupt, signal.SIGTERM)
         down_at = time.monotonic()
-        await asyncio.to_thread(produce, share_kafka, topic, rest)
+        await asyncio.to_thread(produce, share_kafka, topic, case.rest)
         at_outage = pg_rows(postgres.dsn, table)
         await asyncio.sleep(max(0.0, OUTAGE_S - (time.monotonic() - down_at)))
         assert pg_rows(postgres.dsn, table) == at_outage, "rows written with the server down"
@@ -312,23 +340,14 @@ async def test_a_broker_crash_mid_run_is_ridden_through(
     endpoint = own_share_broker.endpoint
     assert endpoint is not None
     total = 30_000
-    topic = await new_topic(endpoint)
-    chunks, want = chunks_of(total, 100, seed=59)
-    table = unique_table("share_crash")
-    cfg = ConsumerConfig.model_validate(
-        config_dict(endpoint, topic, triton, postgres.dsn, table) | {"server": {"port": 0}}
-    )
-    first, rest = chunks[: len(chunks) // 2], chunks[len(chunks) // 2 :]
-    async with consumer_running(cfg) as run:
-        await wait_until(lambda: bool(run.running), 60, "running", run.task)
-        registry = run.running[0].metrics.registry
-        await asyncio.to_thread(produce, endpoint, topic, first)
-        await wait_until(lambda: pg_rows(postgres.dsn, table) > 0, 60, "the first rows", run.task)
+    case = await scenario(endpoint, triton, postgres.dsn, seed=59, before=1 / 2)
+    topic, table, want = case.topic, case.table, case.want
+    async with first_rows_written(case, endpoint, postgres.dsn) as (run, registry):
         began = time.monotonic()
         endpoint = await asyncio.to_thread(own_share_broker.restart, crash=True)
         down_s = time.monotonic() - began
         at_crash = pg_rows(postgres.dsn, table)
-        await asyncio.to_thread(produce, endpoint, topic, rest)
+        await asyncio.to_thread(produce, endpoint, topic, case.rest)
         await wait_until(lambda: pg_rows(postgres.dsn, table) >= total, 240, "every row", run.task)
         labels = {"topic": topic}
         restarts = sample(registry, "rowbatch_kafka_share_member_restarts_total", **labels)
