@@ -21,7 +21,7 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,7 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from prometheus_client import CollectorRegistry
 
+from harness.chaos import ChaosControl
 from harness.consumer_process import ConsumerProcess, to_toml
 from harness.faults import RestartableTriton
 from harness.kafka import KafkaEndpoint, KafkaService, create_topic
@@ -45,7 +46,9 @@ from rowbatch.wire.chunks.encode import EncodedChunk
 from tests.integration import share_fixtures
 from tests.integration.consumer_helpers import InProcess, consumer_running, wait_until
 from tests.integration.test_consumer_faults import own_triton
+from tests.integration.test_consumer_kafka import CHAOS_BINDING
 from tests.integration.test_consumer_process import SCORER_BINDING, unique_table, wait_for
+from tests.integration.test_consumer_pubsub import text_chunk
 from tests.integration.test_kafka_share import chunks_of, produce
 
 share_kafka = share_fixtures.share_kafka  # the fixtures, where pytest finds them
@@ -360,3 +363,60 @@ async def test_a_broker_crash_mid_run_is_ridden_through(
     )
     assert_every_row_once(table_rows(postgres.dsn, table), total, want)
     assert dead_letter_count(endpoint, f"{topic}.dlq") == 0
+
+
+@pytest.fixture
+def stuck_model(triton: TritonEndpoint) -> Iterator[TritonEndpoint]:
+    """The chaos model taking 10 s a batch: whatever a consumer takes, it is still holding."""
+    ChaosControl(delay_s=10.0).write(triton.chaos_control)
+    yield triton
+    ChaosControl().write(triton.chaos_control)
+
+
+async def test_a_record_past_max_delivery_attempts_is_dead_lettered_with_its_reason(
+    share_kafka: KafkaEndpoint,
+    stuck_model: TritonEndpoint,
+    postgres: PostgresEndpoint,
+    tmp_path: Path,
+    processes: list[ConsumerProcess],
+) -> None:
+    """Two consumers in turn take the records and die holding them (SIGKILL): each lock runs
+    out and the broker delivers the records again, counting. The third consumer gets them on
+    their third delivery, past ``max_delivery_attempts = 2``, and dead-letters each with its
+    reason (``too-many-attempts``) before the broker's own limit would archive it silently."""
+    records = 10
+    topic = await new_topic(share_kafka)
+    table = unique_table("share_attempts")
+    cfg = config_dict(share_kafka, topic, stuck_model, postgres.dsn, table)
+    cfg["source"] |= {"members": 1, "max_poll_records": 50, "max_delivery_attempts": 2}
+    cfg["source"]["lock_duration_s"] = 2.0
+    cfg["model"] = {"url": stuck_model.grpc_url, "name": "chaos", "max_wait_ms": 20}
+    cfg["binding"] = CHAOS_BINDING
+    chunks = [text_chunk(n, 10) for n in range(records)]
+    await asyncio.to_thread(produce, share_kafka, topic, chunks)
+
+    def took_all(proc: ConsumerProcess) -> Callable[[], bool]:
+        return lambda: (
+            (proc.metrics() or {}).get("rowbatch_kafka_share_records_total", 0) >= records
+        )
+
+    for attempt in (1, 2):
+        proc = start_process(tmp_path, f"holder{attempt}", cfg, processes)
+        await asyncio.to_thread(wait_for, took_all(proc), 90, f"all {records} records", proc)
+        proc.send(signal.SIGKILL)
+        assert await asyncio.to_thread(proc.wait, 10) == -signal.SIGKILL
+    last = start_process(tmp_path, "third", cfg, processes)
+
+    def too_many() -> float:
+        return (last.metrics() or {}).get(
+            'rowbatch_messages_dead_lettered_total{reason="too-many-attempts"}', 0.0
+        )
+
+    await asyncio.to_thread(wait_for, lambda: too_many() >= records, 90, "dead letters", last)
+    group = f"{topic}-group"
+    await asyncio.to_thread(
+        wait_for, lambda: lag_is_zero(share_kafka, group, topic), 60, "share lag 0", last
+    )
+    assert await asyncio.to_thread(last.terminate, 60) == 0, last.log()
+    assert dead_letter_count(share_kafka, f"{topic}.dlq") == records
+    assert pg_rows(postgres.dsn, table) == 0
