@@ -97,6 +97,7 @@ def config(
         "members": 2,
         "max_poll_records": 8,
         "lock_duration_s": 30,
+        "lag_interval_s": 1.0,
     }
     return ConsumerConfig.model_validate(
         {
@@ -161,6 +162,13 @@ async def test_two_consumers_past_the_partition_count_write_every_row_once(
             first.task,
         )
         shares = [r.get_sample_value("rowbatch_rows_written_total") or 0 for r in registries]
+        # Each consumer reads the group's lag from the broker: every record done.
+        await wait_until(
+            lambda: all(share_lag(r, topic) == 0 for r in registries),
+            30,
+            "share lag 0",
+            first.task,
+        )
     print(
         f"\nshare group, 1 partition, 2 consumers x 2 members, {len(chunks)} records of 100 "
         f"rows: rows written by each consumer {shares}"
@@ -173,6 +181,11 @@ async def test_two_consumers_past_the_partition_count_write_every_row_once(
     letters = await asyncio.to_thread(dead_letters, share_kafka, f"{topic}.dlq", poison)
     assert len(letters) == poison
     assert {h[ATTR_REASON] for h in letters} == {b"undecodable"}
+
+
+def share_lag(registry: Any, topic: str) -> float | None:
+    value = registry.get_sample_value("rowbatch_kafka_share_lag_total", {"topic": topic})
+    return None if value is None else float(value)
 
 
 def undecodable(registry: Any) -> float:

@@ -61,6 +61,9 @@ class KafkaShareSettings(KafkaTopicLayout, KafkaSecurity, ScalingInputs):
     client_id: str = "rowbatch-consumer"
     target_latency_s: float = Field(default=20.0, gt=0)
     """The scaling signal's target (as for the other sources)."""
+    lag_interval_s: float = Field(default=15.0, gt=0)
+    """How often the share group's lag is read from its coordinator (DescribeShareGroupOffsets,
+    Kafka >= 4.2) and exported as ``rowbatch_kafka_share_lag``."""
 
     @model_validator(mode="after")
     def _attempts(self) -> KafkaShareSettings:

@@ -11,6 +11,7 @@ and ``max_delivery_attempts`` dead-letters a record before the broker would arch
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import logging
 import time
@@ -28,6 +29,7 @@ from rowbatch.consumer.sources.base import (
 from rowbatch.consumer.sources.delivery import DeadLetterReason, Delivery
 from rowbatch.consumer.sources.kafka.dead_letters import dead_letter_headers
 from rowbatch.consumer.sources.kafka_share.client_log import client_logger
+from rowbatch.consumer.sources.kafka_share.lag import ShareLagMonitor
 from rowbatch.consumer.sources.kafka_share.member import (
     Ack,
     Member,
@@ -37,6 +39,7 @@ from rowbatch.consumer.sources.kafka_share.member import (
 )
 from rowbatch.consumer.sources.kafka_share.metrics import ShareMetrics
 from rowbatch.consumer.sources.kafka_share.settings import KafkaShareSettings
+from rowbatch.consumer.sources.kafka_share.share_offsets import ShareOffsetsReader
 from rowbatch.wire.dead_letter import ReasonClass
 from rowbatch.wire.errors import WireError
 from rowbatch.wire.headers.fields import kafka_headers_to_attributes
@@ -103,10 +106,13 @@ class KafkaShareSource:
         registry: CollectorRegistry | None = None,
         client: Callable[[], ShareClient] | None = None,
         ack_types: dict[Ack, Any] | None = None,
+        lag_reader: ShareOffsetsReader | None = None,
     ) -> None:
-        """``registry``: where the source's counters go (:mod:`.metrics`; default: its own).
-        ``client``/``ack_types``: the share consumer and its acknowledgement types (tests
-        give fakes; default: confluent-kafka's)."""
+        """``registry``: where the source's counters and the group's lag go (:mod:`.metrics`,
+        :mod:`.lag`; default: its own). ``client``/``ack_types``: the share consumer and its
+        acknowledgement types (tests give fakes; default: confluent-kafka's). ``lag_reader``:
+        where the lag is read (default: the brokers, when the share consumer is
+        confluent-kafka's; with a fake consumer and no reader, the lag is not read)."""
         self._s = settings
         self._version = consumer_version
         self._on_dead_letter = on_dead_letter or (lambda reason: None)
@@ -120,7 +126,11 @@ class KafkaShareSource:
         self._closed = False
         self._paused = False
         self._tasks: set[asyncio.Future[None]] = set()
-        self.metrics = ShareMetrics(registry or CollectorRegistry(), settings.topic)
+        registry = registry or CollectorRegistry()
+        self.metrics = ShareMetrics(registry, settings.topic)
+        self.lag = ShareLagMonitor(settings, registry, reader=lag_reader)
+        self._reads_lag = client is None or lag_reader is not None
+        self._lag_task: asyncio.Task[None] | None = None
 
     @property
     def members(self) -> Sequence[Member]:
@@ -179,6 +189,8 @@ class KafkaShareSource:
                 Ack.RELEASE: kinds.RELEASE,
                 Ack.REJECT: kinds.REJECT,
             }
+        if self._reads_lag and self._lag_task is None:
+            self._lag_task = asyncio.create_task(self.lag.run(), name="kafka-share-lag")
         for index in range(self._s.members):
             member = Member(
                 index,
@@ -320,6 +332,11 @@ class KafkaShareSource:
         if self._closed:
             return
         self._closed = True
+        if self._lag_task is not None:
+            self._lag_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._lag_task
+        await self.lag.close()
         await asyncio.gather(*self._tasks, return_exceptions=True)  # dead letters under way
         for delivery in list(self._held):
             self._settle(delivery, Ack.RELEASE)
