@@ -16,6 +16,7 @@ from aiokafka import TopicPartition
 from prometheus_client import CollectorRegistry
 
 from rowbatch.consumer.observe.lag import LagGauges, partition_lag
+from rowbatch.consumer.observe.read_staleness import ReadStaleness
 from rowbatch.consumer.observe.scaling import ScalingGauges, ScalingSignal, SignalSettings, Window
 from rowbatch.consumer.sources.kafka.settings import KafkaSettings
 from rowbatch.timing import Clock, Sleep
@@ -49,13 +50,13 @@ class LagMonitor:
         self._config = config
         self._wall = wall
         self._sleep = sleep
-        self._last_read: float | None = None
-        """``clock()`` of the last successful read (None: none yet)."""
-        self._failing_since: float | None = None
-        self._last_warned: float | None = None
-        self.stale = False
-        """No successful read for ``stale_after_s``: the scaling figures are NaN."""
         self._gauges = LagGauges(registry)
+        self._health = ReadStaleness(
+            f"the Kafka lag of {config.topic}",
+            self.stale_after_s,
+            withdrawn="the scaling figures",
+            log=_LOG,
+        )
         self._rows_per_record = rows_per_record
         self.signal = signal
         self._clock = clock
@@ -113,42 +114,18 @@ class LagMonitor:
         except Exception as exc:  # noqa: BLE001 - lag is informative; consuming goes on
             self._failed(now, exc)
             return False
-        if self.stale or self._failing_since is not None:
-            _LOG.warning(
-                "Kafka lag of %s read again after %.0f s of failures; scaling signal current",
-                self._config.topic,
-                now - (self._failing_since or now),
-            )
-        self._last_read, self._failing_since, self._last_warned = now, None, None
-        self.stale = False
+        self._health.succeeded(now)
         return True
 
+    @property
+    def stale(self) -> bool:
+        """No successful read for ``stale_after_s``: the scaling figures are NaN."""
+        return self._health.stale
+
     def _failed(self, now: float, exc: BaseException) -> None:
-        topic = self._config.topic
-        self._gauges.read_failures.labels(topic).inc()
-        if self._failing_since is None:
-            self._failing_since = now
-        since = self._last_read if self._last_read is not None else self._failing_since
-        age = now - since
-        became_stale = not self.stale and age >= self.stale_after_s
-        if became_stale:
-            self.stale = True
+        self._gauges.read_failures.labels(self._config.topic).inc()
+        if self._health.failed(now, exc):
             self.signal.unknown()
-        if became_stale or self._last_warned is None or now - self._last_warned >= 60.0:
-            self._last_warned = now
-            what = (
-                "the scaling figures are NaN (not known) until a read succeeds"
-                if self.stale
-                else f"the scaling figures are withdrawn after {self.stale_after_s:.0f} s"
-            )
-            _LOG.warning(
-                "could not read the Kafka lag of %s for %.0f s (%s: %s); %s",
-                topic,
-                age,
-                type(exc).__name__,
-                exc,
-                what,
-            )
 
     def _group_rows_per_s(self, committed: dict[int, int | None]) -> float:
         """Records/s the group committed over the rate window (every member's writes)."""

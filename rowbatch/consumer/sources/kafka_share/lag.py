@@ -14,18 +14,18 @@ acquired, not yet delivered: KIP-1226's share-partition lag) are exported:
 Each replica reads the whole group's view (every partition, every member's work): aggregate
 across replicas with ``max by (topic, partition)``, not ``sum``. A failing read is counted and
 logged (at once, then at most once a minute); once reads have failed for ``stale_after_s`` the
-gauges are NaN until one succeeds, as the classic source's lag (:class:`ReadStaleness`)."""
+gauges are NaN until one succeeds, as the classic source's lag (``observe/read_staleness.py``)."""
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
 import time
 from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from rowbatch.consumer.observe.read_staleness import ReadStaleness
 from rowbatch.consumer.sources.kafka_share.settings import KafkaShareSettings
 from rowbatch.consumer.sources.kafka_share.share_offsets import (
     ShareOffsetsError,
@@ -33,79 +33,6 @@ from rowbatch.consumer.sources.kafka_share.share_offsets import (
     SharePartitionOffset,
 )
 from rowbatch.timing import Clock, Sleep, WallClock
-
-_LOG = logging.getLogger(__name__)
-
-WARN_EVERY_S = 60.0
-"""A read failing again and again is logged at most this often."""
-
-
-class ReadStaleness:
-    """Whether a figure read periodically is current, and the log of its failures: a warning
-    at the first failure and then at most every ``warn_every_s`` (saying for how long), one
-    when it turns stale (no successful read for ``stale_after_s``, counted from the last
-    success, or from the first failure when none succeeded yet) and one when a read
-    succeeds again. The staleness policy of the classic source's ``LagMonitor``
-    (rowbatch/consumer/sources/kafka/lag.py), which could use this class too."""
-
-    def __init__(
-        self,
-        what: str,
-        stale_after_s: float,
-        *,
-        withdrawn: str = "the figures",
-        warn_every_s: float = WARN_EVERY_S,
-        log: logging.Logger = _LOG,
-    ) -> None:
-        self._what = what
-        self.stale_after_s = stale_after_s
-        self._withdrawn = withdrawn
-        self._warn_every_s = warn_every_s
-        self._log = log
-        self._last_read: float | None = None
-        self._failing_since: float | None = None
-        self._last_warned: float | None = None
-        self.stale = False
-        """No successful read for ``stale_after_s``: the figures are withdrawn (NaN)."""
-
-    def succeeded(self, now: float) -> None:
-        """A read succeeded at ``now`` (monotonic seconds)."""
-        if self._failing_since is not None:
-            self._log.warning(
-                "%s read again after %.0f s of failures; %s are current again",
-                self._what,
-                now - self._failing_since,
-                self._withdrawn,
-            )
-        self._last_read, self._failing_since, self._last_warned = now, None, None
-        self.stale = False
-
-    def failed(self, now: float, exc: BaseException) -> bool:
-        """A read failed at ``now`` with ``exc``; True when the figures just turned stale (the
-        caller withdraws them)."""
-        if self._failing_since is None:
-            self._failing_since = now
-        since = self._last_read if self._last_read is not None else self._failing_since
-        age = now - since
-        became_stale = not self.stale and age >= self.stale_after_s
-        self.stale = self.stale or became_stale
-        due = self._last_warned is None or now - self._last_warned >= self._warn_every_s
-        if became_stale or due:
-            self._last_warned = now
-            what = (
-                f"{self._withdrawn} are NaN (not known) until a read succeeds"
-                if self.stale
-                else f"{self._withdrawn} are withdrawn after {self.stale_after_s:.0f} s"
-            )
-            self._log.warning(
-                "could not read %s for %.0f s (%s: %s); %s",
-                self._what,
-                age,
-                type(exc).__name__,
-                exc,
-                what,
-            )
-        return became_stale
 
 
 class ShareLagGauges:
@@ -251,4 +178,4 @@ class ShareLagMonitor:
         await self._reader.close()
 
 
-__all__ = ["WARN_EVERY_S", "ReadStaleness", "ShareLagGauges", "ShareLagMonitor"]
+__all__ = ["ShareLagGauges", "ShareLagMonitor"]
