@@ -19,10 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import dataclasses
-import json
 import os
-import platform
 import sys
 import time
 import traceback
@@ -52,7 +49,15 @@ from bench.rollout_report import (
     order,
     span_of,
 )
-from bench.run_start import Log, error_text, header, machine_ticks, stop_cleanly_on_signals
+from bench.run_start import (
+    Log,
+    error_text,
+    header,
+    machine_ticks,
+    open_log,
+    stop_cleanly_on_signals,
+    write_record,
+)
 from bench.server_admission import (
     CHUNK_ROWS,
     Consumer,
@@ -389,14 +394,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out: Path = args.out or RESULTS / f"rollout-{time.strftime('%Y-%m-%d')}.json"
     here = machine.describe()
     head = header("rollout", given, time.strftime("%Y-%m-%d %H:%M:%S %z"), here)
-    say = Log()
-    say(
-        f"rowbatch rollout, {head['started_at']}\n"
-        f"  command   {head['command']}\n"
-        f"  commit    {head['git_commit']} ({head['git_uncommitted_files']} files uncommitted)\n"
-        f"  host      {head['machine']['node']}: {here.header()}\n"
-        f"  run dir   {run.root}"
-    )
+    say = open_log("rowbatch rollout", head, here, run.root)
     pubsub_service = PubSubService(run)
     postgres_service = PostgresService(run)
     triton_service = TritonService(run, repository(run.data("models")), name="triton-rollout")
@@ -416,13 +414,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         rig = Rig(Setup(pubsub, postgres, triton.grpc_url, stats), f"127.0.0.1:{free_port()}")
         result = asyncio.run(run_all(rig, args.repeat, args.rows, say))
     say(result.render())
-    done = machine.finish(here)
-    record = result.to_json(
-        {**head, "machine": {"node": platform.node(), **dataclasses.asdict(done)}}
-    )
-    record["elapsed_s"] = round(time.monotonic() - started, 1)
-    say(f"\n  host after {done.header()}\nTotal {record['elapsed_s']:.0f} s; results in {out}")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")
-    out.with_suffix(".txt").write_text("\n".join(say.lines) + "\n", encoding="utf-8")
+    write_record(result.to_json, head, here, started, out, say)
     return 0 if result.clean else 1

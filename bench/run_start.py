@@ -5,12 +5,14 @@ ticks, an error in one line, and signals that end the run through its ``with`` b
 from __future__ import annotations
 
 import dataclasses
+import json
 import platform
 import shlex
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -81,3 +83,44 @@ def machine_ticks(stat: Path = Path("/proc/stat")) -> tuple[int, int]:
         return 0, 0
     total = sum(fields[:8])  # guest times are counted in user already
     return total - sum(fields[3:5]), total
+
+
+def open_log(
+    title: str,
+    head: Mapping[str, Any],
+    here: machine.Machine,
+    run_dir: Path,
+    notes: Sequence[str] = (),
+) -> Log:
+    """The run's log, opened with its header: what, the command, the commit, the host,
+    ``notes`` (each a line), and where its services keep their files."""
+    say = Log()
+    lines = [
+        f"{title}, {head['started_at']}",
+        f"  command   {head['command']}",
+        f"  commit    {head['git_commit']} ({head['git_uncommitted_files']} files uncommitted)",
+        f"  host      {head['machine']['node']}: {here.header()}",
+        *(f"  note      {note}" for note in notes),
+        f"  run dir   {run_dir}",
+    ]
+    say("\n".join(lines))
+    return say
+
+
+def write_record(
+    record_of: Callable[[dict[str, Any]], dict[str, Any]],
+    head: Mapping[str, Any],
+    here: machine.Machine,
+    started: float,
+    out: Path,
+    say: Log,
+) -> None:
+    """The run's JSON (``record_of`` the header, its machine as it is now at the end) at
+    ``out`` and its log beside it (``.txt``); ``started``: ``time.monotonic()`` at the start."""
+    done = machine.finish(here)
+    record = record_of({**head, "machine": {"node": platform.node(), **dataclasses.asdict(done)}})
+    record["elapsed_s"] = round(time.monotonic() - started, 1)
+    say(f"\n  host after {done.header()}\nTotal {record['elapsed_s']:.0f} s; results in {out}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")
+    out.with_suffix(".txt").write_text("\n".join(say.lines) + "\n", encoding="utf-8")

@@ -30,9 +30,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import dataclasses
-import json
-import platform
 import signal
 import subprocess
 import sys
@@ -52,7 +49,15 @@ from psycopg import sql
 from bench import machine
 from bench.help_text import description
 from bench.procs import ConsumerProcess, consumers, wait_ready
-from bench.run_start import Log, error_text, header, machine_ticks, stop_cleanly_on_signals
+from bench.run_start import (
+    Log,
+    error_text,
+    header,
+    machine_ticks,
+    open_log,
+    stop_cleanly_on_signals,
+    write_record,
+)
 from bench.share_report import (
     CLASSIC_ONE,
     SHARE_ONE,
@@ -470,14 +475,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     out: Path = args.out or RESULTS / f"share-{time.strftime('%Y-%m-%d')}.json"
     here = machine.describe()
     head = header("share", given, time.strftime("%Y-%m-%d %H:%M:%S %z"), here)
-    say = Log()
-    say(
-        f"rowbatch share group vs classic group, {head['started_at']}\n"
-        f"  command   {head['command']}\n"
-        f"  commit    {head['git_commit']} ({head['git_uncommitted_files']} files uncommitted)\n"
-        f"  host      {head['machine']['node']}: {here.header()}\n"
-        f"  note      a shared machine: other work (integration tests) may run beside it\n"
-        f"  run dir   {run_dir.root}"
+    say = open_log(
+        "rowbatch share group vs classic group",
+        head,
+        here,
+        run_dir.root,
+        notes=["a shared machine: other work (integration tests) may run beside it"],
     )
     kafka_service: KafkaService = share_kafka_service(run_dir, name="kafka-share")
     postgres_service = PostgresService(run_dir)
@@ -496,13 +499,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         runs, failed = run_all(rig, args.repeat, args.rows, say)
     result = ShareBench(params(args.rows, args.repeat, here.cores), tuple(runs), tuple(failed))
     say(result.render())
-    done = machine.finish(here)
-    record = result.to_json(
-        {**head, "machine": {"node": platform.node(), **dataclasses.asdict(done)}}
-    )
-    record["elapsed_s"] = round(time.monotonic() - started, 1)
-    say(f"\n  host after {done.header()}\nTotal {record['elapsed_s']:.0f} s; results in {out}")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")
-    out.with_suffix(".txt").write_text("\n".join(say.lines) + "\n", encoding="utf-8")
+    write_record(result.to_json, head, here, started, out, say)
     return 0 if result.clean else 1
